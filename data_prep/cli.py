@@ -1,0 +1,85 @@
+"""`rrtrain prep ...`: command-line front end of the data-prep stage.
+
+Bad input becomes one line on stderr and exit status 2 (argparse errors included); Ctrl-C or
+SIGTERM leaves OUT as it was and exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from data_prep.prep import PrepOptions, run_prep
+from data_prep.writer import parse_size
+from rrtrain.errors import UsageError, fail
+
+PROG = "rrtrain prep"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Tokenize and pack a corpus into MDS shards (train/, val/) plus manifest.json.")
+    p.add_argument("--source", required=True,
+                   help="synthetic:stories | FILE.txt|.jsonl|.parquet | DIR (files, or a datasets.save_to_disk dir) | hf:NAME[:SPLIT]")
+    p.add_argument("--tokenizer", default="byte", help="byte | bpe:VOCAB | hf:PATH_OR_NAME | tiktoken:NAME (default: byte)")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per training sequence; rows hold seq_len+1 ids (default: 128)")
+    p.add_argument("--out", required=True, help="output directory (written atomically)")
+    p.add_argument("--val-fraction", type=float, default=0.005, help="share of documents held out for validation, in (0, 0.5]")
+    p.add_argument("--min-val-samples", type=int, default=64,
+                   help="validation never has fewer rows than this; set it to at least one eval batch (default: 64)")
+    p.add_argument("--workers", type=int, default=1, help="tokenizing processes (default: 1)")
+    p.add_argument("--num-docs", type=int, default=None, help="number of documents (synthetic size; a limit for other sources)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (the old one stays until the new one is complete)")
+    p.add_argument("--doc-sep", choices=("blank", "line"), default="blank", help=".txt documents: separated by blank lines, or one per line")
+    p.add_argument("--text-field", default="text", help="jsonl field / parquet or dataset column holding the text (default: text)")
+    p.add_argument("--compression", choices=("none", "zstd"), default="none", help="shard compression (default: none)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpus and of the train/val split (default: 0)")
+    p.add_argument("--shard-size", default="64mb", help="shard size limit before compression (default: 64mb)")
+    p.add_argument("--bpe-sample-docs", type=int, default=50_000, help="documents a bpe tokenizer is trained on (default: 50000)")
+    p.add_argument("--eos-token", default=None, help="end-of-document token of an hf tokenizer, when not one of the usual names")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    return p
+
+
+def options_from_args(argv: list[str]) -> PrepOptions:
+    a = build_parser().parse_args(argv)
+    return PrepOptions(
+        source=a.source, out=a.out, tokenizer=a.tokenizer, seq_len=a.seq_len, val_fraction=a.val_fraction,
+        min_val_samples=a.min_val_samples, workers=a.workers, num_docs=a.num_docs, overwrite=a.overwrite,
+        doc_sep=a.doc_sep, text_field=a.text_field, compression=None if a.compression == "none" else a.compression,
+        seed=a.seed, shard_size=parse_size(a.shard_size), bpe_sample_docs=a.bpe_sample_docs, eos_token=a.eos_token,
+        progress=not a.quiet,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(x in ("-h", "--help") for x in argv):
+        build_parser().print_help()
+        return 0
+    try:
+        opts = options_from_args(argv)
+        manifest = run_prep(opts)
+    except UsageError as err:
+        return fail(PROG, str(err))
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; the output directory was left as it was", file=sys.stderr)
+        return 130
+    if not opts.progress:
+        return 0
+    tr, va = manifest["splits"]["train"], manifest["splits"]["val"]
+    print(json.dumps({
+        "out": opts.out, "vocab_size": manifest["vocab_size"], "seq_len": manifest["seq_len"],
+        "train_samples": tr["samples"], "train_tokens": tr["tokens"], "val_samples": va["samples"],
+        "unigram_entropy": manifest["unigram_entropy"], "fingerprint": manifest["fingerprint"][:16],
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""manifest.json: what a prepared dataset holds, and a fingerprint the trainer pins in checkpoints.
+
+The fingerprint hashes the shards' index.json files (which carry every shard's sha1/xxh64), the
+tokenizer's vocabulary hash and seq_len, so a resumed run refuses data that changed in any way that
+matters, while a byte-identical re-prep keeps the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SPLITS = ("train", "val")
+
+
+def dataset_fingerprint(out_dir: str, tokenizer_hash: str, seq_len: int) -> str:
+    """sha256 over each split's index.json bytes, the tokenizer hash and seq_len."""
+    h = hashlib.sha256()
+    for split in SPLITS:
+        with open(os.path.join(out_dir, split, "index.json"), "rb") as f:
+            data = f.read()
+        h.update(f"{split}:{len(data)}:".encode())
+        h.update(data)
+    h.update(f"tokenizer:{tokenizer_hash}:seq_len:{seq_len}".encode())
+    return h.hexdigest()
+
+
+def build_manifest(*, source: str, source_fingerprint: str, tokenizer: str, tokenizer_hash: str,
+                   tokenizer_file: str | None, vocab_size: int, eos_id: int, seq_len: int, dtype: str,
+                   compression: str | None, splits: dict[str, dict[str, int]], unigram_entropy: float,
+                   seed: int, val_fraction: float, min_val_samples: int, fingerprint: str,
+                   documents_skipped_empty: int) -> dict[str, Any]:
+    """The manifest as a plain dict; key order is fixed so the file is byte-identical for a seed."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "source": source,
+        "source_fingerprint": source_fingerprint,
+        "tokenizer": tokenizer,
+        "tokenizer_hash": tokenizer_hash,
+        "tokenizer_file": tokenizer_file,
+        "vocab_size": vocab_size,
+        "eos_id": eos_id,
+        "seq_len": seq_len,
+        "dtype": dtype,
+        "compression": compression,
+        "splits": splits,
+        "unigram_entropy": unigram_entropy,
+        "seed": seed,
+        "val_fraction": val_fraction,
+        "min_val_samples": min_val_samples,
+        "documents_skipped_empty": documents_skipped_empty,
+        "fingerprint": fingerprint,
+    }
+
+
+def write_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
+    with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+        f.write("\n")

@@ -1,0 +1,220 @@
+"""The data-prep pipeline: source -> tokenizer -> split by document -> pack -> MDS shards + manifest.
+
+One streaming pass over the corpus (two when a BPE is trained on a sample first); memory is bounded
+by the chunk size, the in-flight chunks and the vocabulary-sized token counter, never the corpus.
+Everything is written into a staging directory that replaces OUT only when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from data_prep import tokenizer as tk
+from data_prep.atomic import staged_output
+from data_prep.encode import encode_chunks
+from data_prep.manifest import build_manifest, dataset_fingerprint, write_manifest
+from data_prep.pack import Packer
+from data_prep.sources import open_source
+from data_prep.writer import SplitWriter, token_dtype, unigram_entropy
+from rrtrain.errors import UsageError
+
+
+@dataclass
+class PrepOptions:
+    """Everything `rrtrain prep` takes; defaults match the command line."""
+
+    source: str
+    out: str
+    tokenizer: str = "byte"
+    seq_len: int = 128
+    val_fraction: float = 0.005
+    min_val_samples: int = 64
+    workers: int = 1
+    num_docs: int | None = None
+    overwrite: bool = False
+    doc_sep: str = "blank"
+    text_field: str = "text"
+    compression: str | None = None
+    seed: int = 0
+    shard_size: int = 64 << 20
+    bpe_sample_docs: int = 50_000
+    eos_token: str | None = None
+    progress: bool = True
+    chunk_docs: int = 256
+
+    def validate(self) -> None:
+        if self.seq_len < 2:
+            raise UsageError(f"--seq-len must be at least 2, got {self.seq_len}")
+        if not 0 < self.val_fraction <= 0.5:
+            raise UsageError(f"--val-fraction must be in (0, 0.5], got {self.val_fraction}")
+        if self.min_val_samples < 1:
+            raise UsageError(f"--min-val-samples must be at least 1, got {self.min_val_samples}")
+        if self.workers < 1:
+            raise UsageError(f"--workers must be at least 1, got {self.workers}")
+        if self.num_docs is not None and self.num_docs < 1:
+            raise UsageError(f"--num-docs must be at least 1, got {self.num_docs}")
+        if self.doc_sep not in ("blank", "line"):
+            raise UsageError(f"--doc-sep must be 'blank' or 'line', got '{self.doc_sep}'")
+        if self.compression not in (None, "zstd"):
+            raise UsageError(f"--compression must be 'none' or 'zstd', got '{self.compression}'")
+        if self.bpe_sample_docs < 1:
+            raise UsageError("--bpe-sample-docs must be at least 1")
+        tk.parse_spec(self.tokenizer)
+
+
+def _unit(seed: int, index: int) -> float:
+    """A uniform number in [0, 1) fixed by (seed, document index): the split's coin."""
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
+
+
+def _chunks(docs: Iterator[str], size: int) -> Iterator[list[str]]:
+    while True:
+        chunk = list(itertools.islice(docs, size))
+        if not chunk:
+            return
+        yield chunk
+
+
+class _Progress:
+    """Documents/s and tokens/s on stderr (tqdm), throttled; silent when disabled."""
+
+    def __init__(self, enabled: bool, total: int | None) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="doc", desc="prep", file=sys.stderr, mininterval=1.0, dynamic_ncols=True)
+        self.tokens = 0
+        self.t0 = time.monotonic()
+
+    def update(self, docs: int, tokens: int) -> None:
+        self.tokens += tokens
+        if self.bar is not None:
+            self.bar.update(docs)
+            rate = self.tokens / max(time.monotonic() - self.t0, 1e-9)
+            self.bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def run_prep(opts: PrepOptions) -> dict[str, Any]:
+    """Prepare OUT from the source; returns the manifest. Raises UsageError for bad input."""
+    opts.validate()
+    source = open_source(opts.source, doc_sep=opts.doc_sep, text_field=opts.text_field,
+                         num_docs=opts.num_docs, seed=opts.seed)
+
+    def documents() -> Iterator[str]:
+        it = iter(source)
+        return itertools.islice(it, opts.num_docs) if opts.num_docs is not None else it
+
+    old_term = signal.getsignal(signal.SIGTERM)
+    in_main = _in_main_thread()
+    if in_main:
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        with staged_output(opts.out, opts.overwrite) as stage:
+            return _prepare(opts, documents, stage)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _build_tokenizer(opts: PrepOptions, documents) -> tk.Tokenizer:  # noqa: ANN001 - a callable
+    kind, _ = tk.parse_spec(opts.tokenizer)
+    if kind != "bpe":
+        return tk.build(opts.tokenizer, eos_token=opts.eos_token)
+    sample = [d for d in itertools.islice((d for d in documents() if d.strip()), opts.bpe_sample_docs)]
+    if not sample:
+        raise UsageError(f"source '{opts.source}' has no non-empty documents")
+    return tk.build(opts.tokenizer, eos_token=opts.eos_token, texts=iter(sample))
+
+
+def _prepare(opts: PrepOptions, documents, stage: str) -> dict[str, Any]:  # noqa: ANN001
+    tok = _build_tokenizer(opts, documents)
+    saved = tok.save(stage)
+    saved_path = os.path.join(stage, saved) if saved else None
+    dtype = token_dtype(tok.vocab_size)
+    row_len = opts.seq_len + 1
+    writers = {
+        split: SplitWriter(os.path.join(stage, split), row_len, dtype, compression=opts.compression,
+                           size_limit=opts.shard_size, vocab_size=tok.vocab_size, count_tokens=(split == "train"))
+        for split in ("train", "val")
+    }
+    packers = {split: Packer(row_len, tok.eos_id, dtype) for split in writers}
+    source_hash = hashlib.sha256()
+    skipped = 0
+    index = 0
+    total = opts.num_docs if opts.source.startswith("synthetic:") or opts.num_docs else None
+    progress = _Progress(opts.progress, total)
+
+    def nonempty() -> Iterator[str]:
+        nonlocal skipped
+        for doc in documents():
+            source_hash.update(len(doc).to_bytes(8, "little"))
+            source_hash.update(doc.encode("utf-8", errors="surrogatepass"))
+            if doc.strip():
+                yield doc
+            else:
+                skipped += 1
+
+    try:
+        for texts, arrays in encode_chunks(_chunks(nonempty(), opts.chunk_docs), tok, saved_path, opts.workers):
+            ntok = 0
+            for ids in arrays:
+                val = writers["val"].samples < opts.min_val_samples or _unit(opts.seed, index) < opts.val_fraction
+                split = "val" if val else "train"
+                rows = packers[split].add(ids)
+                if rows is not None:
+                    writers[split].write_rows(rows)
+                writers[split].documents += 1
+                ntok += len(ids) + 1
+                index += 1
+            progress.update(len(texts), ntok)
+    finally:
+        progress.close()
+        for w in writers.values():
+            w.close()
+    if index == 0:
+        raise UsageError(f"source '{opts.source}' is empty or every document in it is empty")
+    for split, w in writers.items():
+        if w.samples == 0:
+            raise UsageError(f"corpus too small: {index} documents give no {split} sample of seq_len+1 = {row_len} tokens")
+    if writers["val"].samples < opts.min_val_samples:
+        raise UsageError(f"corpus too small: only {writers['val'].samples} validation samples (need --min-val-samples {opts.min_val_samples})")
+
+    splits = {
+        split: {"samples": w.samples, "tokens": w.tokens, "documents": w.documents, "dropped_tokens": packers[split].leftover}
+        for split, w in writers.items()
+    }
+    assert writers["train"].counts is not None
+    entropy = unigram_entropy(writers["train"].counts)
+    fingerprint = dataset_fingerprint(stage, tok.vocab_hash(), opts.seq_len)
+    manifest = build_manifest(
+        source=opts.source, source_fingerprint=source_hash.hexdigest(), tokenizer=tok.spec,
+        tokenizer_hash=tok.vocab_hash(), tokenizer_file=saved, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
+        seq_len=opts.seq_len, dtype=dtype.name, compression=opts.compression, splits=splits,
+        unigram_entropy=round(entropy, 6), seed=opts.seed, val_fraction=opts.val_fraction,
+        min_val_samples=opts.min_val_samples, fingerprint=fingerprint, documents_skipped_empty=skipped,
+    )
+    write_manifest(stage, manifest)
+    return manifest

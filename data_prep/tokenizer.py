@@ -1,0 +1,241 @@
+"""Tokenizers behind one small interface: `byte`, `bpe:VOCAB`, `hf:PATH_OR_NAME`, `tiktoken:NAME`.
+
+Every tokenizer is rebuilt in worker processes from a *spec* plus an optional file saved beside the
+data, so a worker never needs the parent's objects (and a trained BPE travels as `tokenizer.json`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from typing import Iterable, Iterator, Protocol
+
+import numpy as np
+
+from rrtrain.errors import UsageError
+
+UINT32_MAX_VOCAB = 1 << 32
+EOS_TEXT = "<|endoftext|>"
+# Tried in order when an hf tokenizer's end-of-document token is not given with --eos-token.
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[SEP]")
+
+
+class Tokenizer(Protocol):
+    """What the data-prep pipeline needs from a tokenizer."""
+
+    spec: str
+    vocab_size: int
+    eos_id: int
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]: ...
+    def decode(self, ids: Iterable[int]) -> str: ...
+    def vocab_hash(self) -> str: ...
+    def save(self, out_dir: str) -> str | None: ...
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class ByteTokenizer:
+    """UTF-8 bytes 0..255, then `<|endoftext|>` = 256 and `<|pad|>` = 257 (reserved, never written)."""
+
+    spec = "byte"
+    vocab_size = 258
+    eos_id = 256
+    pad_id = 257
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.frombuffer(t.encode("utf-8"), np.uint8).astype(np.uint32) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def vocab_hash(self) -> str:
+        return _sha256(b"rrtrain-byte-tokenizer-v1:eos=256:pad=257")
+
+    def save(self, out_dir: str) -> str | None:
+        return None
+
+
+class HFTokenizer:
+    """A `tokenizers.Tokenizer` (trained BPE or loaded from tokenizer.json / a pretrained name)."""
+
+    def __init__(self, spec: str, tok: "object", eos_id: int) -> None:
+        self.spec = spec
+        self._tok = tok
+        self.eos_id = eos_id
+        self.vocab_size = int(tok.get_vocab_size(with_added_tokens=True))  # type: ignore[attr-defined]
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        encs = self._tok.encode_batch(texts, add_special_tokens=False)  # type: ignore[attr-defined]
+        return [np.asarray(e.ids, dtype=np.uint32) for e in encs]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)  # type: ignore[attr-defined]
+
+    def to_json(self) -> str:
+        return self._tok.to_str(pretty=False)  # type: ignore[attr-defined]
+
+    def vocab_hash(self) -> str:
+        return _sha256(self.to_json().encode("utf-8"))
+
+    def save(self, out_dir: str) -> str | None:
+        with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+        return "tokenizer.json"
+
+
+class TiktokenTokenizer:
+    """An OpenAI tiktoken encoding (needs its BPE file: network or a populated TIKTOKEN_CACHE_DIR)."""
+
+    def __init__(self, name: str) -> None:
+        try:
+            import tiktoken
+        except ImportError as err:
+            raise UsageError("tokenizer 'tiktoken:...' needs the tiktoken package (pip install tiktoken)") from err
+        try:
+            self._enc = tiktoken.get_encoding(name)
+        except ValueError as err:
+            raise UsageError(f"unknown tiktoken encoding '{name}'") from err
+        except Exception as err:  # network errors: requests/urllib raise many types
+            raise UsageError(f"tiktoken encoding '{name}' is not available offline ({type(err).__name__})") from err
+        self.spec = f"tiktoken:{name}"
+        self.eos_id = int(self._enc.eot_token)
+        self.vocab_size = int(self._enc.n_vocab)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        out = self._enc.encode_ordinary_batch(texts, num_threads=1)
+        return [np.asarray(ids, dtype=np.uint32) for ids in out]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._enc.decode(list(ids))
+
+    def vocab_hash(self) -> str:
+        h = hashlib.sha256(self.spec.encode())
+        for token, rank in sorted(self._enc._mergeable_ranks.items(), key=lambda kv: kv[1]):
+            h.update(rank.to_bytes(8, "little") + token)
+        for token, rank in sorted(self._enc._special_tokens.items()):
+            h.update(token.encode() + rank.to_bytes(8, "little"))
+        return h.hexdigest()
+
+    def save(self, out_dir: str) -> str | None:
+        return None
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """Split 'kind:arg' and check the kind; `byte` has no argument."""
+    kind, _, arg = spec.partition(":")
+    if kind not in ("byte", "bpe", "hf", "tiktoken"):
+        raise UsageError(f"unknown tokenizer '{spec}' (expected byte, bpe:VOCAB, hf:PATH_OR_NAME or tiktoken:NAME)")
+    if kind == "byte" and arg:
+        raise UsageError("tokenizer 'byte' takes no argument")
+    if kind != "byte" and not arg:
+        raise UsageError(f"tokenizer '{kind}:' needs an argument")
+    if kind == "bpe":
+        try:
+            vocab = int(arg)
+        except ValueError as err:
+            raise UsageError(f"bpe vocabulary size must be an integer, got '{arg}'") from err
+        if vocab >= UINT32_MAX_VOCAB:
+            raise UsageError(f"vocabulary size {vocab} is too large for uint32 token ids (max {UINT32_MAX_VOCAB - 1})")
+        if vocab < 257 + 1:
+            raise UsageError(f"bpe vocabulary size {vocab} is too small: it needs the 256 byte symbols plus specials (>= 258)")
+    return kind, arg
+
+
+def train_bpe(vocab_size: int, texts: Iterator[str]) -> HFTokenizer:
+    """Train a byte-level BPE (GPT-2 style, lossless) on `texts` with `<|endoftext|>` as id 0."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = RustTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return HFTokenizer(f"bpe:{vocab_size}", tok, int(tok.token_to_id(EOS_TEXT)))
+
+
+def _find_eos(tok: "object", eos_token: str | None, spec: str) -> int:
+    names = (eos_token,) if eos_token else EOS_CANDIDATES
+    for name in names:
+        tid = tok.token_to_id(name)  # type: ignore[attr-defined]
+        if tid is not None:
+            return int(tid)
+    if eos_token:
+        raise UsageError(f"tokenizer '{spec}' has no token '{eos_token}'")
+    raise UsageError(f"tokenizer '{spec}' has none of {', '.join(EOS_CANDIDATES)}; name its end-of-document token with --eos-token")
+
+
+def load_hf(arg: str, eos_token: str | None = None, spec: str | None = None) -> HFTokenizer:
+    """Load a tokenizer.json (file, or a directory holding one) or a pretrained name from the Hub."""
+    from tokenizers import Tokenizer as RustTokenizer
+
+    spec = spec or f"hf:{arg}"
+    path = os.path.join(arg, "tokenizer.json") if os.path.isdir(arg) else arg
+    try:
+        if os.path.isfile(path):
+            tok = RustTokenizer.from_file(path)
+        elif os.path.exists(arg) or arg.endswith(".json"):
+            raise UsageError(f"no tokenizer.json at '{arg}'")
+        else:
+            tok = RustTokenizer.from_pretrained(arg)
+    except UsageError:
+        raise
+    except Exception as err:
+        raise UsageError(f"cannot load tokenizer '{arg}': {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
+    return HFTokenizer(spec, tok, _find_eos(tok, eos_token, spec))
+
+
+def build(spec: str, *, eos_token: str | None = None, texts: Iterator[str] | None = None) -> Tokenizer:
+    """Build the tokenizer a spec names; `bpe` trains on `texts` (the corpus or a sample of it)."""
+    kind, arg = parse_spec(spec)
+    tok: Tokenizer
+    if kind == "byte":
+        tok = ByteTokenizer()
+    elif kind == "bpe":
+        if texts is None:
+            raise ValueError("bpe needs texts to train on")
+        tok = train_bpe(int(arg), texts)
+    elif kind == "hf":
+        tok = load_hf(arg, eos_token)
+    else:
+        tok = TiktokenTokenizer(arg)
+    if tok.vocab_size >= UINT32_MAX_VOCAB:
+        raise UsageError(f"vocabulary size {tok.vocab_size} is too large for uint32 token ids")
+    return tok
+
+
+def reload(spec: str, saved_file: str | None, eos_id: int) -> Tokenizer:
+    """Rebuild a tokenizer in a worker process (or a reader) from its spec and saved file."""
+    kind, arg = parse_spec(spec)
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "tiktoken":
+        return TiktokenTokenizer(arg)
+    from tokenizers import Tokenizer as RustTokenizer
+
+    if saved_file is None:
+        raise ValueError(f"tokenizer '{spec}' needs its saved tokenizer.json")
+    return HFTokenizer(spec, RustTokenizer.from_file(saved_file), eos_id)
+
+
+def load_from_dataset(data_dir: str) -> Tokenizer:
+    """The tokenizer a prepared dataset was written with (for decoding samples)."""
+    with open(os.path.join(data_dir, "manifest.json"), encoding="utf-8") as f:
+        man = json.load(f)
+    saved = man.get("tokenizer_file")
+    return reload(man["tokenizer"], os.path.join(data_dir, saved) if saved else None, man["eos_id"])
+
+
+def copy_saved(src_file: str, out_dir: str) -> None:
+    """Copy a saved tokenizer file into the output directory (used when workers loaded it from a temp path)."""
+    shutil.copyfile(src_file, os.path.join(out_dir, os.path.basename(src_file)))

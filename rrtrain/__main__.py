@@ -1,0 +1,7 @@
+"""`python -m rrtrain NAME ...` is `rrtrain NAME ...`."""
+
+import sys
+
+from rrtrain.cli import main
+
+sys.exit(main())

@@ -1,0 +1,350 @@
+"""Typed configuration: YAML files and `a.b=c` overrides, validated into dataclasses.
+
+Every run is a function of this object and its seed, so everything that changes a run lives here.
+Bad input raises `UsageError` with a one-line message that names the key: an unknown key suggests the
+closest valid one, a wrong type says what was expected and what was given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+from rrtrain.errors import UsageError
+
+
+@dataclass
+class RunConfig:
+    dir: str = "runs/default"  # the run directory: config.yaml, metrics.jsonl, tb/, checkpoints/, final.json
+    name: str = ""  # free-form label; defaults to the directory's name
+
+
+@dataclass
+class ResidualConfig:
+    """Knobs of the residual rules. Each rule reads only the fields it needs."""
+
+    gate_rank: int = 0  # 0: full-rank gate W (Eq. 1 of the paper); k > 0: low-rank in -> k -> d
+    gate_bias: Optional[float] = None  # gate bias at start; None = the rule's default (highway_convex: -2)
+    layerscale_init: Optional[float] = None  # None = CaiT's depth rule (0.1 / 1e-5 / 1e-6)
+    streams: int = 4  # n: copies of the residual stream for multi-stream rules (gr, hc, mhc)
+    gr_rank: int = 0  # GR controller rank; 0 = d_model // 8
+    hc_dynamic: bool = True  # HC: dynamic (token-dependent) coefficients on top of the static ones
+    hc_scale_init: float = 0.01  # HC: initial s_a = s_b
+    sinkhorn_iters: int = 20  # mHC: Sinkhorn-Knopp iterations (fp32)
+    sinkhorn_eps: float = 1e-6  # mHC: epsilon in the Sinkhorn denominators
+    mhc_alpha_init: float = 0.01  # mHC: initial alpha_pre / alpha_post / alpha_res
+    mhc_offdiag_logit: float = -5.0  # mHC: initial off-diagonal H_res logit (near-identity start)
+    attnres_block_size: int = 0  # AttnRes: sublayers per block; 0 = Full AttnRes
+
+
+@dataclass
+class ModelConfig:
+    size: str = "tiny"  # a preset from configs/sizes/
+    variant: str = "standard"  # a residual rule's name (rrtrain.residuals.names())
+    d_model: Optional[int] = None  # None: the preset's value
+    n_layers: Optional[int] = None  # blocks; a block is two sublayers (attention, MLP)
+    n_heads: Optional[int] = None
+    d_ff: Optional[int] = None  # None: the preset's, else 4 * d_model
+    seq_len: Optional[int] = None
+    vocab_size: Optional[int] = None  # None: the preset's (50257) or, in training, the dataset's
+    pos: Literal["learned", "rope"] = "learned"
+    norm_eps: float = 1e-6
+    init_std: float = 0.02  # GPT-2 initialisation; output projections get init_std / sqrt(2 * n_layers)
+    rope_base: float = 10000.0
+    residual: ResidualConfig = field(default_factory=ResidualConfig)
+
+
+@dataclass
+class MatchConfig:
+    """Parameter matching: widen this run's variant until its count is within `tolerance` of `reference`'s."""
+
+    reference: Optional[str] = None  # e.g. review: the paper's "parameter-matched up to Review by widening"
+    widen: Literal["mlp", "model"] = "mlp"
+    tolerance: float = 0.005
+
+
+@dataclass
+class DataConfig:
+    path: Optional[str] = None  # a directory written by `rrtrain prep` (or a remote URL streaming can read)
+    num_canonical_nodes: int = 1  # pinned so the sample order is the same on any number of nodes
+    num_workers: int = 0
+    shuffle: bool = True
+    cache_dir: Optional[str] = None  # local cache for remote data; None = a fresh dir inside the run dir
+    eval_batches: int = 4  # fixed validation micro-batches per rank per evaluation
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    max_steps: Optional[int] = None  # wins over `tokens` when set
+    tokens: Optional[int] = None  # the token budget; steps = tokens // (global_batch * seq_len)
+    global_batch: int = 8  # sequences per optimizer step, whatever the world size
+    micro_batch: int = 8  # sequences per rank per forward/backward
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
+    warmup_steps: Optional[int] = None  # None: 5% of the steps (at least 1)
+    weight_decay: float = 0.1  # on matrices only
+    beta1: float = 0.9
+    beta2: float = 0.95
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables clipping
+    log_every: int = 10
+    eval_every: int = 100  # 0: only at the end
+    ckpt_every: int = 0  # 0: only at the end and on a signal
+    keep_ckpts: int = 2
+    diag_every: int = 0  # per-block gradient norms and gate statistics; 0: off
+    on_nonfinite: Literal["skip", "halt"] = "skip"
+    max_nonfinite: int = 5  # consecutive non-finite steps before the run halts as diverged
+    allow_config_change: bool = False  # resume despite changed (safe-to-change) settings
+    compile: bool = False  # torch.compile each block
+    fail_at_step: Optional[int] = None  # testing: inject a NaN loss at this step ...
+    fail_steps: int = 1  # ... and at the steps after it, this many in all
+
+
+@dataclass
+class ParallelConfig:
+    backend: Literal["none", "fsdp", "deepspeed"] = "none"
+    zero_stage: int = 2
+    ac: Literal["none", "full", "selective"] = "none"
+    ac_every: int = 2  # selective: checkpoint every k-th block
+    precision: Literal["fp32", "fp32_tf32", "bf16"] = "fp32"
+    reshard_after_forward: bool = True
+    timeout_s: int = 600  # collective timeout
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    match: MatchConfig = field(default_factory=MatchConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building typed objects from plain data
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in args) + " or null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check (and gently convert) `value` against the annotation `tp`; raise a one-line UsageError."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except UsageError:
+                pass
+        raise UsageError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value in choices:
+            return value
+        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UsageError(f"{key}: expected {_type_name(tp)}, got {value!r}{hint}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise UsageError(f"{key}: expected a boolean (true/false), got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise UsageError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                f = float(value.replace("_", ""))
+            except ValueError:
+                f = None
+            if f is not None and f.is_integer():
+                return int(f)
+        raise UsageError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise UsageError(f"{key}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise UsageError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise UsageError(f"{key}: expected a string, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    raise UsageError(f"{key}: unsupported type {tp!r}")
+
+
+def build(cls: type, data: Any, prefix: str = "") -> Any:
+    """Build dataclass `cls` from a mapping, rejecting unknown keys with a suggestion."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        where = prefix or "configuration"
+        raise UsageError(f"{where}: expected a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            hint = f"; did you mean '{(prefix + '.') if prefix else ''}{close[0]}'?" if close else ""
+            valid = ", ".join(names)
+            raise UsageError(f"unknown key '{full}'{hint} (valid here: {valid})")
+        kwargs[key] = _coerce(value, hints[key], full)
+    return cls(**kwargs)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping; `base: other.yaml` (relative to the file) is merged underneath."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise UsageError(f"cannot read config {path}: {err.strerror or err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is not None:
+        data = _merge(read_yaml(path.parent / str(base)), data)
+    return data
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b=c` -> (['a', 'b'], value parsed as YAML)."""
+    if "=" not in text:
+        raise UsageError(f"override '{text}' is not of the form key.sub=value")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".")]
+    if not key.strip() or any(not p for p in parts):
+        raise UsageError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    data = dict(data)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = data
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+            node[part] = dict(child)
+            node = node[part]
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """Read YAML (if any), apply overrides, build and validate a `Config`."""
+    data = read_yaml(path) if path is not None else {}
+    data = apply_overrides(data, overrides or [])
+    cfg = build(Config, data)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Reject impossible settings with a one-line reason naming the key."""
+    from rrtrain import residuals, sizing
+
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+    if m.variant not in residuals.names():
+        close = difflib.get_close_matches(m.variant, residuals.names(), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UsageError(f"model.variant: unknown residual rule '{m.variant}'{hint}; known: {', '.join(residuals.names())}")
+    if cfg.match.reference is not None and cfg.match.reference not in residuals.names():
+        close = difflib.get_close_matches(cfg.match.reference, residuals.names(), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UsageError(f"match.reference: unknown residual rule '{cfg.match.reference}'{hint}")
+    sizing.resolve_shape(m)  # checks the preset name and the shape
+    positive = {
+        "train.lr": t.lr, "train.global_batch": t.global_batch, "train.micro_batch": t.micro_batch,
+        "train.log_every": t.log_every, "train.keep_ckpts": t.keep_ckpts, "train.max_nonfinite": t.max_nonfinite,
+        "model.init_std": m.init_std, "model.norm_eps": m.norm_eps, "parallel.timeout_s": p.timeout_s,
+        "parallel.ac_every": p.ac_every, "model.residual.streams": m.residual.streams,
+        "model.residual.sinkhorn_iters": m.residual.sinkhorn_iters, "match.tolerance": cfg.match.tolerance,
+    }
+    for key, value in positive.items():
+        if not value > 0:
+            raise UsageError(f"{key} must be positive, got {value}")
+    non_negative = {
+        "train.weight_decay": t.weight_decay, "train.grad_clip": t.grad_clip, "train.eval_every": t.eval_every,
+        "train.ckpt_every": t.ckpt_every, "train.diag_every": t.diag_every, "model.residual.gate_rank": m.residual.gate_rank,
+        "model.residual.gr_rank": m.residual.gr_rank, "model.residual.attnres_block_size": m.residual.attnres_block_size,
+        "data.num_workers": cfg.data.num_workers, "data.eval_batches": cfg.data.eval_batches,
+    }
+    for key, value in non_negative.items():
+        if value < 0:
+            raise UsageError(f"{key} must not be negative, got {value}")
+    if t.max_steps is not None and t.max_steps < 1:
+        raise UsageError(f"train.max_steps must be at least 1, got {t.max_steps}")
+    if t.tokens is not None and t.tokens < 1:
+        raise UsageError(f"train.tokens must be at least 1, got {t.tokens}")
+    if t.warmup_steps is not None and t.warmup_steps < 0:
+        raise UsageError(f"train.warmup_steps must not be negative, got {t.warmup_steps}")
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        raise UsageError(f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
+    for key, beta in (("train.beta1", t.beta1), ("train.beta2", t.beta2)):
+        if not 0.0 <= beta < 1.0:
+            raise UsageError(f"{key} must be in [0, 1), got {beta}")
+    if p.zero_stage not in (1, 2, 3):
+        raise UsageError(f"parallel.zero_stage must be 1, 2 or 3, got {p.zero_stage}")

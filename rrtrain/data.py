@@ -1,0 +1,397 @@
+"""The training and evaluation data loader: datasets written by `rrtrain prep`, read through mosaicml-streaming.
+
+Storage and reading are streaming's (`StreamingDataset`: local directories or s3://, gs://, ...
+remotes with a per-run local cache, shard hashes, zstd). The *order* is computed here, because
+streaming's own partition gives the same samples per optimizer step for different world sizes and
+micro-batches only in the middle of an epoch: at the end of an epoch it pads, repeats or drops
+samples depending on the number of ranks and on the micro-batch size, and every later step differs
+(measured; see docs/data.md). So:
+
+* epoch e is permuted by streaming's own `py1e` shuffle (seeded by the run seed and e, with
+  `num_canonical_nodes` pinned), arranged in streaming's canonical-node order;
+* the epochs are concatenated into one endless stream, and global sample position p is
+  `order[p // N][p % N]` (no sample dropped or padded; a batch may straddle two epochs);
+* optimizer step s takes positions [s*G, (s+1)*G); its micro-step a is the chunk of W*m positions
+  starting at s*G + a*W*m, of which rank r takes the m starting at offset r*m.
+
+The set of samples of step s therefore depends only on (data, seed, NCN, G), never on the world
+size, micro-batch or accumulation, and the loader's whole state is one integer, the global
+position, which makes resume exact at any micro-step and any epoch boundary.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import tempfile
+import threading
+import weakref
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from rrtrain.errors import UsageError
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+STATE_VERSION = 1
+COLUMN = "tokens"
+SHUFFLE_ALGO = "py1e"
+_REQUIRED = ("format_version", "vocab_size", "eos_id", "seq_len", "dtype", "splits", "fingerprint", "unigram_entropy")
+# Compared on resume: a mismatch is always refused (the data or the randomness differ) ...
+_NEVER_CHANGE = ("fingerprint", "seed", "shuffle", "split")
+# ... or refused unless the caller allows it (the run continues on a different schedule).
+_CHANGE_IF_ALLOWED = ("world_size", "global_batch", "num_canonical_nodes", "shuffle_block_size")
+_WORKER_IGNORED_SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2")
+
+_shm_lock = threading.Lock()
+_shm_cleaned = False
+# Live iterators, closed at exit before multiprocessing's own atexit hook runs: that hook terminates
+# daemonic DataLoader workers with SIGTERM, which the workers ignore, and would then wait forever.
+_LIVE_ITERATORS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _close_live_iterators() -> None:
+    for it in list(_LIVE_ITERATORS):
+        it.close()
+
+
+atexit.register(_close_live_iterators)
+
+
+def is_remote(path: str) -> bool:
+    """True for URLs streaming downloads from (s3://, gs://, oci://, hf://, dbfs:/, ...)."""
+    return "://" in path or path.startswith("dbfs:")
+
+
+def read_manifest(path: str) -> dict[str, Any]:
+    """Load and check `manifest.json` of a prepared dataset (a local directory or a remote URL)."""
+    try:
+        if is_remote(path):
+            from streaming.base.storage.download import CloudDownloader
+
+            with tempfile.TemporaryDirectory() as tmp:
+                local = os.path.join(tmp, MANIFEST)
+                CloudDownloader.direct_download(path.rstrip("/") + "/" + MANIFEST, local)
+                with open(local, encoding="utf-8") as f:
+                    text = f.read()
+        else:
+            with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
+                text = f.read()
+    except FileNotFoundError as err:
+        raise UsageError(f"no {MANIFEST} in '{path}' (is it a directory written by 'rrtrain prep'?)") from err
+    except Exception as err:
+        raise UsageError(f"cannot read {MANIFEST} of '{path}': {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{MANIFEST} of '{path}' is not valid JSON ({err.msg})") from err
+    missing = [k for k in _REQUIRED if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        raise UsageError(f"{MANIFEST} of '{path}' lacks {', '.join(missing)}")
+    if manifest["format_version"] != FORMAT_VERSION:
+        raise UsageError(f"{MANIFEST} of '{path}' has format_version {manifest['format_version']}; this rrtrain reads {FORMAT_VERSION}")
+    return manifest
+
+
+def check_vocab(manifest: dict[str, Any], model_vocab: int) -> None:
+    """Refuse a dataset whose token ids would index past the model's embedding."""
+    if manifest["vocab_size"] > model_vocab:
+        raise UsageError(f"dataset vocabulary {manifest['vocab_size']} does not fit the model's vocab_size {model_vocab}")
+
+
+def clean_stale_shm() -> None:
+    """Remove shared memory leaked by crashed streaming runs, once per process, before any dataset.
+
+    Calls `streaming.base.util.clean_stale_shared_memory()`, which unlinks on local rank 0 and
+    then waits at a barrier when torch.distributed is up, so every rank must call this together.
+    """
+    global _shm_cleaned
+    with _shm_lock:
+        if _shm_cleaned:
+            return
+        from streaming.base.util import clean_stale_shared_memory
+
+        clean_stale_shared_memory()
+        _shm_cleaned = True
+
+
+def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str, *, batch_size: int,
+                num_canonical_nodes: int, seed: int):  # noqa: ANN202 - a StreamingDataset
+    """A StreamingDataset used for random access only (its own iteration is never used).
+
+    A local uncompressed dataset is read in place. Remote or compressed datasets go through a
+    local cache under `cache_dir`, which must be unique to the run (streaming refuses a cache dir
+    another live dataset uses, and decompressing into a shared dataset dir would race).
+    """
+    from streaming import StreamingDataset
+
+    remote_mode = is_remote(path) or bool(manifest.get("compression"))
+    if remote_mode:
+        remote, local = (path if is_remote(path) else os.path.abspath(path)), os.path.abspath(cache_dir)
+        os.makedirs(local, exist_ok=True)
+    else:
+        remote, local = None, os.path.abspath(path)
+    try:
+        return StreamingDataset(
+            remote=remote, local=local, split=split, shuffle=False, shuffle_seed=seed,
+            num_canonical_nodes=num_canonical_nodes, batch_size=batch_size,
+            validate_hash="xxh64" if remote_mode else None,
+        )
+    except ValueError as err:
+        raise UsageError(f"cannot open '{path}' split '{split}': {str(err).splitlines()[0]}") from err
+    except FileNotFoundError as err:
+        raise UsageError(f"'{path}' has no '{split}' split ({err.filename})") from err
+
+
+def _rows(ds, indices: np.ndarray) -> torch.Tensor:  # noqa: ANN001 - a StreamingDataset
+    """Read rows by global sample id into an int64 [len(indices), seq_len+1] tensor."""
+    batch = np.stack([ds[int(i)][COLUMN] for i in indices]).astype(np.int64)
+    return torch.from_numpy(batch)
+
+
+def default_block_size(num_canonical_nodes: int) -> int:
+    """streaming's default shuffle block (samples), pinned so the order never depends on its version."""
+    return max(4_000_000 // num_canonical_nodes, 1 << 18)
+
+
+def canonical_interleave(n: int, num_canonical_nodes: int) -> np.ndarray:
+    """Positions 0..n-1 in streaming's single-rank reading order: canonical node spans, interleaved.
+
+    Streaming gives canonical node c the span [c*n//NCN, (c+1)*n//NCN) and reads the nodes
+    round-robin; where spans differ in length streaming repeats a sample, here the hole is skipped.
+    """
+    c = num_canonical_nodes
+    starts = np.arange(c, dtype=np.int64) * n // c
+    stops = np.arange(1, c + 1, dtype=np.int64) * n // c
+    width = int((stops - starts).max()) if n else 0
+    grid = np.full((width, c), -1, dtype=np.int64)
+    for node in range(c):
+        grid[: stops[node] - starts[node], node] = np.arange(starts[node], stops[node])
+    flat = grid.reshape(-1)
+    return flat[flat >= 0]
+
+
+def epoch_order(samples_per_shard: np.ndarray, *, num_canonical_nodes: int, seed: int, epoch: int,
+                block_size: int, shuffle: bool) -> np.ndarray:
+    """Sample ids of epoch `epoch`, in reading order: streaming's py1e shuffle, canonical order."""
+    n = int(samples_per_shard.sum())
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    from streaming.base.shuffle import get_shuffle
+
+    perm = get_shuffle(SHUFFLE_ALGO, samples_per_shard.astype(np.int64), num_canonical_nodes, seed, epoch, block_size)
+    return perm[canonical_interleave(n, num_canonical_nodes)]
+
+
+class _Positions:
+    """Global position -> sample id over the endless concatenation of epoch orders (2 epochs cached)."""
+
+    def __init__(self, samples_per_shard: np.ndarray, *, num_canonical_nodes: int, seed: int, block_size: int,
+                 shuffle: bool) -> None:
+        self.samples_per_shard = samples_per_shard
+        self.n = int(samples_per_shard.sum())
+        self.kw = dict(num_canonical_nodes=num_canonical_nodes, seed=seed, block_size=block_size, shuffle=shuffle)
+        self._cache: dict[int, np.ndarray] = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._cache:
+            if len(self._cache) >= 2:
+                self._cache.pop(min(self._cache))
+            self._cache[epoch] = epoch_order(self.samples_per_shard, epoch=epoch, **self.kw)
+        return self._cache[epoch]
+
+    def ids(self, start: int, count: int) -> np.ndarray:
+        pos = np.arange(start, start + count, dtype=np.int64)
+        epochs, within = pos // self.n, pos % self.n
+        out = np.empty(count, dtype=np.int64)
+        for e in np.unique(epochs):
+            mask = epochs == e
+            out[mask] = self.order(int(e))[within[mask]]
+        return out
+
+
+class _RowsDataset(torch.utils.data.Dataset):
+    """Map-style view for DataLoader workers: an index array in, an int64 batch out."""
+
+    def __init__(self, ds) -> None:  # noqa: ANN001 - a StreamingDataset
+        self.ds = ds
+
+    def __getitem__(self, indices: np.ndarray) -> torch.Tensor:  # type: ignore[override]
+        return _rows(self.ds, indices)
+
+
+def _worker_init(_: int) -> None:
+    """DataLoader workers ignore the signals the trainer handles in the main process."""
+    for name in _WORKER_IGNORED_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is not None:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+class TrainLoader:
+    """Endless, seeded, resumable micro-batches of [micro_batch, seq_len+1] int64 token ids for one rank.
+
+    Call `next()` accum = global_batch // (micro_batch * world_size) times per optimizer step.
+    `state_dict()` is one global position plus what must match on resume.
+    """
+
+    def __init__(self, path: str, *, micro_batch: int, global_batch: int, rank: int, world_size: int,
+                 local_rank: int, seed: int, num_canonical_nodes: int = 1, num_workers: int = 0,
+                 cache_dir: str, split: str = "train", shuffle: bool = True) -> None:
+        if micro_batch < 1 or world_size < 1 or global_batch < 1:
+            raise UsageError("micro_batch, global_batch and world_size must be positive")
+        if not 0 <= rank < world_size:
+            raise UsageError(f"rank {rank} is outside world size {world_size}")
+        if global_batch % (micro_batch * world_size):
+            raise UsageError(f"global_batch {global_batch} is not a multiple of micro_batch {micro_batch} x world size {world_size}")
+        if num_canonical_nodes < 1:
+            raise UsageError(f"num_canonical_nodes must be positive, got {num_canonical_nodes}")
+        if seed < 0:
+            raise UsageError(f"the data seed must be non-negative, got {seed}")
+        self.path, self.split = path, split
+        self.micro_batch, self.global_batch = micro_batch, global_batch
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.seed, self.num_canonical_nodes, self.num_workers = seed, num_canonical_nodes, num_workers
+        self.shuffle = shuffle
+        self.block_size = default_block_size(num_canonical_nodes)
+        self.manifest = read_manifest(path)
+        clean_stale_shm()
+        self._ds = _open_split(path, self.manifest, split, os.path.join(cache_dir, "loader"), batch_size=micro_batch,
+                               num_canonical_nodes=num_canonical_nodes, seed=seed)
+        expected = self.manifest["splits"].get(split, {}).get("samples")
+        if expected is not None and expected != self._ds.num_samples:
+            raise UsageError(f"'{path}' split '{split}' holds {self._ds.num_samples} samples but its manifest says {expected}")
+        if self._ds.num_samples < 1:
+            raise UsageError(f"'{path}' split '{split}' is empty")
+        self._positions = _Positions(np.asarray(self._ds.samples_per_shard, dtype=np.int64),
+                                     num_canonical_nodes=num_canonical_nodes, seed=seed,
+                                     block_size=self.block_size, shuffle=shuffle)
+        self._position = 0
+        self._generation = 0
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.manifest["seq_len"])
+
+    @property
+    def samples_per_epoch(self) -> int:
+        return self._positions.n
+
+    @property
+    def accum(self) -> int:
+        return self.global_batch // (self.micro_batch * self.world_size)
+
+    def _micro_indices(self, start: int) -> Iterator[np.ndarray]:
+        """Sample ids of this rank's micro-batches from global position `start` on, forever."""
+        chunk, m = self.micro_batch * self.world_size, self.micro_batch
+        pos = start
+        while True:
+            yield self._positions.ids(pos + self.rank * m, m)
+            pos += chunk
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        self.close()
+        self._generation += 1
+        it = self._iterate(self._generation, self._position)
+        _LIVE_ITERATORS.add(it)
+        self._live = it
+        return it
+
+    def _iterate(self, generation: int, start: int) -> Iterator[torch.Tensor]:
+        chunk = self.micro_batch * self.world_size
+        if self.num_workers > 0:
+            loader = torch.utils.data.DataLoader(
+                _RowsDataset(self._ds), sampler=self._micro_indices(start), batch_size=None,
+                num_workers=self.num_workers, worker_init_fn=_worker_init, prefetch_factor=4,
+            )
+            batches: Iterator[torch.Tensor] = iter(loader)
+        else:
+            batches = (_rows(self._ds, ids) for ids in self._micro_indices(start))
+        pos = start
+        try:
+            for batch in batches:
+                if generation != self._generation:
+                    raise RuntimeError("TrainLoader was re-iterated or its state reloaded; this iterator is stale")
+                pos += chunk
+                self._position = pos
+                yield batch
+        finally:
+            shutdown = getattr(batches, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()  # stop workers politely: they ignore SIGTERM
+
+    def close(self) -> None:
+        """Stop the live iterator and its worker processes (also done at interpreter exit)."""
+        live = getattr(self, "_live", None)
+        if live is not None:
+            live.close()
+            self._live = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: the global position and everything that must match to continue exactly."""
+        n, p = self._positions.n, self._position
+        return {
+            "version": STATE_VERSION,
+            "fingerprint": self.manifest["fingerprint"],
+            "split": self.split,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "num_canonical_nodes": self.num_canonical_nodes,
+            "shuffle_block_size": self.block_size,
+            "world_size": self.world_size,
+            "global_batch": self.global_batch,
+            "micro_batch": self.micro_batch,
+            "samples_per_epoch": n,
+            "samples_consumed": p,
+            "epoch": p // n,
+            "sample_in_epoch": p % n,
+            "step": p // self.global_batch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], allow_change: bool = False) -> None:
+        """Continue from `state`; refuses other data or seed, and (unless allowed) a changed schedule."""
+        if state.get("version") != STATE_VERSION:
+            raise UsageError(f"data loader state has version {state.get('version')}; expected {STATE_VERSION}")
+        mine = self.state_dict()
+        never = [f"{k} {state.get(k)!r} -> {mine[k]!r}" for k in _NEVER_CHANGE if state.get(k) != mine[k]]
+        if never:
+            raise UsageError("cannot resume the data loader: " + "; ".join(never) + " (these can never change)")
+        changed = [f"{k} {state.get(k)} -> {mine[k]}" for k in _CHANGE_IF_ALLOWED if state.get(k) != mine[k]]
+        if changed and not allow_change:
+            raise UsageError("cannot resume the data loader: " + "; ".join(changed)
+                             + " (allow the change to continue from the same sample position)")
+        consumed = int(state["samples_consumed"])
+        if consumed < 0:
+            raise UsageError(f"data loader state has a negative position {consumed}")
+        self.close()
+        self._position = consumed
+        self._generation += 1
+
+
+def eval_batches(path: str, *, micro_batch: int, n_batches: int, rank: int, world_size: int,
+                 cache_dir: str) -> list[torch.Tensor]:
+    """A fixed list of validation micro-batches for this rank, the same on every call.
+
+    Eval batch b is val positions [b*E, (b+1)*E) with E = micro_batch * world_size (wrapping
+    around a short val split), rank r taking the m starting at r*m: the union over ranks depends
+    only on E, so any world size with the same E evaluates exactly the same samples.
+    """
+    if micro_batch < 1 or n_batches < 0 or world_size < 1 or not 0 <= rank < world_size:
+        raise UsageError("eval_batches needs micro_batch >= 1, n_batches >= 0 and 0 <= rank < world_size")
+    manifest = read_manifest(path)
+    clean_stale_shm()
+    ds = _open_split(path, manifest, "val", os.path.join(cache_dir, "eval"), batch_size=micro_batch,
+                     num_canonical_nodes=1, seed=0)
+    try:
+        n, e = ds.num_samples, micro_batch * world_size
+        out = []
+        for b in range(n_batches):
+            ids = (b * e + rank * micro_batch + np.arange(micro_batch, dtype=np.int64)) % n
+            out.append(_rows(ds, ids))
+        return out
+    finally:
+        del ds

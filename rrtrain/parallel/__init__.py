@@ -1,0 +1,12 @@
+"""Parallelism backends behind one small interface (`Engine`), so the training loop never branches on them.
+
+`build_engine(model, cfg, dist_info, ...)` applies, in this fixed order: activation checkpointing ->
+torch.compile -> sharding (FSDP2) or the DeepSpeed engine, and returns an Engine that owns backward,
+gradient clipping, the optimizer step and checkpoint state.
+"""
+
+from __future__ import annotations
+
+from rrtrain.parallel.engine import Engine, build_engine
+
+__all__ = ["Engine", "build_engine"]

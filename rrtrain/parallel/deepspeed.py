@@ -1,0 +1,240 @@
+"""DeepSpeed ZeRO (stage 1, 2 or 3) behind the same `Engine` interface as the PyTorch backends.
+
+Order as everywhere: activation checkpointing -> optional torch.compile of each block -> `deepspeed.initialize`.
+DeepSpeed owns the optimizer step, so this engine maps the loop's calls onto it:
+
+- `backward(loss / accum, last_micro)`: the loop has already divided by `accum`, so DeepSpeed must not
+  (`scale_wrt_gas=False`); the accumulation boundary is set explicitly from `last_micro`, and
+  `engine.step()` runs after every other micro-batch, so DeepSpeed's micro-step counter counts micro-batches
+  exactly as it does in DeepSpeed's own loop.
+- `clip_grad_norm(max_norm)`: the global L2 norm of the reduced gradients, computed by the ZeRO optimizer's
+  own norm routine before the step (identical on every rank); DeepSpeed clips inside `step()` with
+  `gradient_clipping = max_norm`, using the same formula as `torch.nn.utils.clip_grad_norm_`.
+- `step(lr)`: sets the learning rate on our AdamW's parameter groups (weight decay on matrices only,
+  `rrtrain.optim.param_groups`) and calls `engine.step()`.
+- `skip()`: DeepSpeed's step runs with the AdamW update turned into a no-op, so the reduced gradients are
+  freed the usual way and no moment, step count or weight changes; `global_steps` advances with the
+  trainer's step and `skipped_steps` counts the skip (DeepSpeed takes its own overflow path, which does the
+  same, when the gradients themselves are non-finite).
+- `save(path)` / `load(path)`: DeepSpeed's `save_checkpoint` / `load_checkpoint` under `path` with a fixed
+  tag and no `latest` file (rrtrain's own `latest` marker lives one level up).
+
+On a machine without CUDA, `DS_ACCELERATOR=cpu` is set before DeepSpeed is imported; torch.distributed is
+already up (gloo on CPU, NCCL on CUDA; `rrtrain.dist.setup`) and DeepSpeed reuses that process group.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from rrtrain.config import Config
+from rrtrain.dist import DistInfo
+from rrtrain.errors import UsageError
+from rrtrain.model import Transformer
+from rrtrain.optim import param_groups, set_lr
+from rrtrain.parallel.ac import apply_ac
+from rrtrain.parallel.engine import Engine
+
+#: the tag of every DeepSpeed checkpoint, inside the directory the checkpoint manager hands over
+TAG = "zero"
+
+
+class _QuietUntestedOptimizer(logging.Filter):
+    """Our optimizer is torch's AdamW with a discard switch; DeepSpeed's "untested optimizer" warning is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "untested optimizer" not in record.getMessage()
+
+
+def import_deepspeed() -> Any:
+    """`import deepspeed`, on the CPU accelerator when there is no CUDA device, with its INFO logs muted."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    from deepspeed.utils import logger as ds_logger
+
+    ds_logger.setLevel(logging.WARNING)
+    if not any(isinstance(f, _QuietUntestedOptimizer) for f in ds_logger.filters):
+        ds_logger.addFilter(_QuietUntestedOptimizer())
+    if deepspeed.get_accelerator().device_name() == "cpu":
+        # DeepSpeed's CPU communication backend JIT-compiles a shared-memory all-reduce kernel (minutes on a
+        # fresh machine, and it needs a C++ toolchain) that only its inference all-reduce uses; ZeRO training
+        # goes through torch.distributed (gloo), so skip the build.
+        import deepspeed.comm.torch  # noqa: F401  (`deepspeed.comm.torch` as an attribute is torch itself)
+
+        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+    return deepspeed
+
+
+def ensure_process_group(info: DistInfo) -> None:
+    """DeepSpeed needs torch.distributed even in one process: start a one-rank group when torchrun did not."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("LOCAL_RANK", str(info.local_rank))  # DeepSpeed asserts that a launcher set it
+    if dist.is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = "nccl" if info.device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            device_id=info.device if info.device.type == "cuda" else None)
+
+
+class _DiscardableAdamW(torch.optim.AdamW):
+    """torch AdamW whose update can be switched off for one DeepSpeed step (see `DeepSpeedEngine.skip`)."""
+
+    discard = False
+
+    def step(self, closure=None):  # type: ignore[override]
+        if self.discard:
+            return None
+        return super().step(closure)
+
+
+def ds_config(cfg: Config, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed configuration a run's config implies; the global batch stays `train.global_batch`."""
+    t, p = cfg.train, cfg.parallel
+    per_step = t.micro_batch * world_size
+    if t.global_batch % per_step:
+        raise UsageError(f"train.global_batch={t.global_batch} is not a multiple of train.micro_batch "
+                         f"({t.micro_batch}) x world size ({world_size})")
+    bf16 = p.precision == "bf16"
+    zero: dict[str, Any] = {
+        "stage": p.zero_stage,
+        "overlap_comm": False,  # deterministic reduction order; CPU/gloo has no streams to overlap anyway
+        "contiguous_gradients": True,
+        "reduce_scatter": True,
+    }
+    if p.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = False  # the sharded checkpoint is enough
+    return {
+        "train_micro_batch_size_per_gpu": t.micro_batch,
+        "gradient_accumulation_steps": t.global_batch // per_step,
+        "train_batch_size": t.global_batch,
+        "gradient_clipping": t.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "fp16": {"enabled": False},
+        # bf16: fp32 master weights (ZeRO keeps them), fp32 gradient reductions and accumulation, as with FSDP2
+        "communication_data_type": "fp32",
+        "data_types": {"grad_accum_dtype": "fp32"} if bf16 else {},
+        "zero_allow_untested_optimizer": True,  # _DiscardableAdamW is torch's AdamW
+        "steps_per_print": 2**62,  # rrtrain logs; DeepSpeed stays quiet
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedEngine(Engine):
+    """DeepSpeed ZeRO stage `parallel.zero_stage` (1: optimizer state, 2: + gradients, 3: + parameters)."""
+
+    sharded = True
+
+    def __init__(self, model: Transformer, cfg: Config, info: DistInfo) -> None:
+        deepspeed = import_deepspeed()
+        self.inner, self.device, self.stage = model, info.device, cfg.parallel.zero_stage
+        p, t = cfg.parallel, cfg.train
+        apply_ac(model.blocks, p.ac, p.ac_every)
+        if t.compile:
+            for block in model.blocks:
+                block.compile()
+        ensure_process_group(info)
+        import torch.distributed as dist
+
+        self.config = ds_config(cfg, dist.get_world_size())
+        model.to(info.device)
+        self.base_opt = _DiscardableAdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2),
+                                          eps=t.adam_eps, fused=True if info.device.type == "cuda" else None)
+        self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=self.base_opt,
+                                                                config=self.config, dist_init_required=False)
+        self.ds = self.model
+
+    # -- one optimizer step -------------------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor, last_micro: bool) -> None:
+        self.ds.set_gradient_accumulation_boundary(last_micro)
+        self.ds.backward(loss, scale_wrt_gas=False)  # the loop already divided by accum
+        if not last_micro:
+            self.ds.step()  # not a boundary: only advances DeepSpeed's micro-step counter
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """The global pre-clip norm of the reduced gradients; DeepSpeed clips to `max_norm` inside step()."""
+        opt = self.ds.optimizer
+        opt.clip_grad = max_norm if max_norm > 0 else 0.0
+        if self.stage == 3:
+            from deepspeed.runtime.utils import combine_grad_norm_groups
+
+            norm = combine_grad_norm_groups(opt._get_norm_groups())
+        else:
+            norm = opt.scaled_global_norm()
+        norm = torch.as_tensor(norm).detach().float().reshape(())
+        # DeepSpeed's norm helpers report a non-finite norm as -1 (or +inf); the loop wants a non-finite value
+        invalid = ~torch.isfinite(norm) | (norm < 0)
+        return torch.where(invalid, torch.full_like(norm, math.nan), norm / opt.loss_scale)
+
+    def step(self, lr: float) -> None:
+        set_lr(self.base_opt, lr)
+        self.ds.step()
+
+    def skip(self) -> None:
+        before = self.ds.skipped_steps
+        self.base_opt.discard = True
+        try:
+            self.ds.step()  # frees the reduced gradients, advances global_steps; AdamW does nothing
+        finally:
+            self.base_opt.discard = False
+        if self.ds.skipped_steps == before:  # DeepSpeed did not see an overflow itself
+            self.ds.skipped_steps += 1
+
+    def grad_sq_norms(self, groups: list[list[nn.Parameter]]) -> torch.Tensor:
+        """Per-group squared norms of the reduced gradients, from DeepSpeed's `safe_get_full_grad`
+        (a collective: every rank calls it for every parameter; diagnostics only)."""
+        from deepspeed.utils import safe_get_full_grad
+
+        out = []
+        for params in groups:
+            total = torch.zeros((), dtype=torch.float32)
+            for p in params:
+                g = safe_get_full_grad(p)
+                if g is not None:
+                    total += g.detach().float().pow(2).sum().cpu()
+            out.append(total)
+        return torch.stack(out).to(self.device) if out else torch.zeros(0, device=self.device)
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        self.ds.save_checkpoint(str(path), tag=TAG, save_latest=False)
+
+    def load(self, path: Path) -> None:
+        loaded, _ = self.ds.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
+                                            load_lr_scheduler_states=False)
+        if loaded is None:
+            raise RuntimeError(f"DeepSpeed found no checkpoint under {path / TAG}")
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        """DeepSpeed's own step counters (tests check that skip() keeps them in line with the loop)."""
+        return {"global_steps": int(self.ds.global_steps), "skipped_steps": int(self.ds.skipped_steps),
+                "micro_steps": int(self.ds.micro_steps)}
+
+    def local_state_bytes(self) -> Optional[int]:
+        """Bytes of this rank's fp32 master parameters + optimizer state (its ZeRO partition)."""
+        total = 0
+        for group in self.base_opt.param_groups:
+            for p in group["params"]:
+                total += p.numel() * p.element_size()
+                for v in self.base_opt.state.get(p, {}).values():
+                    if torch.is_tensor(v):
+                        total += v.numel() * v.element_size()
+        return total

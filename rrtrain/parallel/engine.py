@@ -1,0 +1,160 @@
+"""The Engine interface and the two PyTorch-native backends: one process (`none`) and FSDP2 (`fsdp`).
+
+An engine owns the wrapped model, the optimizer, backward, clipping, stepping and checkpoint state.
+The loop calls, per optimizer step: `forward` + `backward` for each micro-batch, then `clip_grad_norm`,
+then `step` or `skip`. DeepSpeed's engine owns its optimizer step, so it implements the same methods
+(rrtrain/parallel/deepspeed.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from pathlib import Path
+import torch
+from torch import nn
+
+from rrtrain.config import Config
+from rrtrain.dist import DistInfo
+from rrtrain.model import Transformer
+from rrtrain.optim import build_optimizer, set_lr
+from rrtrain.parallel.ac import apply_ac
+
+
+# DCP warns on every save/load in a single process that it "assumes the intent is to save in a single process":
+# it is, and the warning would bury real messages.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
+class Engine:
+    """What the training loop needs from a backend."""
+
+    model: nn.Module  # callable as model(idx, targets) -> loss
+    inner: Transformer  # the unwrapped model, for diagnostics and parameter names
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with self.autocast():
+            return self.model(idx, targets)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, last_micro: bool) -> None:
+        raise NotImplementedError
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Global gradient norm before clipping (identical on every rank); clips when max_norm > 0."""
+        raise NotImplementedError
+
+    def step(self, lr: float) -> None:
+        raise NotImplementedError
+
+    def skip(self) -> None:
+        """Discard this step's gradients without updating (non-finite loss or gradients)."""
+        raise NotImplementedError
+
+    def save(self, path: Path) -> None:
+        """Collective: every rank writes its part of model + optimizer state under `path`."""
+        raise NotImplementedError
+
+    def load(self, path: Path) -> None:
+        raise NotImplementedError
+
+    def grad_sq_norms(self, groups: list[list[nn.Parameter]]) -> torch.Tensor:
+        """Squared gradient norm of each parameter group, summed over ranks: (len(groups),) fp32."""
+        out = []
+        for params in groups:
+            total = torch.zeros((), dtype=torch.float32, device=self.device)
+            for p in params:
+                g = getattr(p, "grad", None)
+                if g is None:
+                    continue
+                g = g.to_local() if hasattr(g, "to_local") else g
+                total = total + g.detach().float().pow(2).sum()
+            out.append(total)
+        stacked = torch.stack(out) if out else torch.zeros(0, device=self.device)
+        if torch.distributed.is_initialized() and self.sharded:
+            torch.distributed.all_reduce(stacked)
+        return stacked
+
+    device: torch.device
+    sharded: bool = False
+
+
+class TorchEngine(Engine):
+    """Single process, or FSDP2 (`fully_shard` on every block, then the root)."""
+
+    def __init__(self, model: Transformer, cfg: Config, info: DistInfo, fsdp: bool) -> None:
+        self.inner, self.device, self.sharded = model, info.device, fsdp
+        p = cfg.parallel
+        apply_ac(model.blocks, p.ac, p.ac_every)
+        if cfg.train.compile:
+            for block in model.blocks:
+                block.compile()
+        self.bf16_autocast = p.precision == "bf16" and not fsdp
+        if fsdp:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+                if p.precision == "bf16" else MixedPrecisionPolicy()
+            for block in model.blocks:
+                fully_shard(block, mp_policy=mp, reshard_after_forward=p.reshard_after_forward)
+            fully_shard(model, mp_policy=mp, reshard_after_forward=p.reshard_after_forward)
+        model.to(info.device)
+        self.model = model
+        self.optimizer = build_optimizer(model, cfg.train, fused=info.device.type == "cuda")
+        self.fsdp = fsdp
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.bf16_autocast:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, last_micro: bool) -> None:
+        if self.fsdp:
+            self.model.set_requires_gradient_sync(last_micro)  # reduce-scatter once per step
+        loss.backward()
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return norm.detach().float()
+
+    def step(self, lr: float) -> None:
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def skip(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        return {"model": msd, "optim": osd}
+
+    def save(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._state(), checkpoint_id=str(path))
+
+    def load(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._state()
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def build_engine(model: Transformer, cfg: Config, info: DistInfo) -> Engine:
+    backend = cfg.parallel.backend
+    if backend == "deepspeed":
+        from rrtrain.parallel.deepspeed import DeepSpeedEngine
+
+        return DeepSpeedEngine(model, cfg, info)
+    return TorchEngine(model, cfg, info, fsdp=backend == "fsdp")
+

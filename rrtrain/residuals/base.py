@@ -1,0 +1,111 @@
+"""The residual-rule interface: how a sublayer's output is merged into the residual state.
+
+A rule has two parts, following RESIDUALS.md section 0:
+
+* a `Stream` at the model's two ends: `expand(e) -> state` builds the residual state from the token
+  embeddings, `readout(state) -> z` gives the tensor that goes to the LM head (final norm included);
+* one `Site` per sublayer: `read(state) -> (x, ctx)` gives the sublayer's input (pre-norm included),
+  `write(state, y, ctx) -> state` folds the sublayer's output `y` back in.
+
+The state is opaque to the transformer block: a tensor (B, T, D) for single-stream rules, (B, T, n, D)
+for multi-stream ones, or a tuple of tensors for depth-aggregating ones. The block only passes it along,
+so a new rule never touches the block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from rrtrain.config import ResidualConfig
+
+State = Any  # torch.Tensor, or a tuple of tensors for depth-aggregating rules
+
+
+@dataclass(frozen=True)
+class SiteInfo:
+    """Where a site sits in the model; passed to every site's constructor."""
+
+    d_model: int
+    index: int  # 0-based sublayer index over the whole model (block b: attention 2b, MLP 2b+1)
+    n_sublayers: int
+    kind: str  # "attn" or "mlp"
+    eps: float
+    cfg: ResidualConfig
+
+    @property
+    def n_blocks(self) -> int:
+        return self.n_sublayers // 2
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    d_model: int
+    n_sublayers: int
+    eps: float
+    cfg: ResidualConfig
+
+
+class Site(nn.Module):
+    """The residual merge around one sublayer. Subclasses implement read, write, reset_parameters."""
+
+    #: parameter names (as in named_parameters of this module) excluded from weight decay
+    no_decay: tuple[str, ...] = ()
+
+    def __init__(self, info: SiteInfo) -> None:
+        super().__init__()
+        self.info = info
+        self.record = False  # set by the trainer on diagnostic steps
+        self.stats: dict[str, torch.Tensor] = {}
+
+    def read(self, state: State) -> tuple[torch.Tensor, Any]:
+        raise NotImplementedError
+
+    def write(self, state: State, y: torch.Tensor, ctx: Any) -> State:
+        raise NotImplementedError
+
+    def reset_parameters(self) -> None:
+        raise NotImplementedError
+
+    def _record_gate(self, r: torch.Tensor) -> None:
+        """Keep the gate's mean and spread as detached device tensors (no host sync in forward)."""
+        if self.record:
+            r = r.detach().float()
+            self.stats = {"gate_mean": r.mean(), "gate_std": r.std()}
+
+
+class Stream(nn.Module):
+    """The model-level ends of a residual rule."""
+
+    no_decay: tuple[str, ...] = ()
+
+    def __init__(self, info: StreamInfo) -> None:
+        super().__init__()
+        self.info = info
+
+    def expand(self, e: torch.Tensor) -> State:
+        raise NotImplementedError
+
+    def readout(self, state: State) -> torch.Tensor:
+        raise NotImplementedError
+
+    def reset_parameters(self) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """A registered residual rule: how to build it, and how many parameters it adds, without building it."""
+
+    name: str
+    site: Callable[[SiteInfo], Site]
+    stream: Callable[[StreamInfo], Stream]
+    params: Callable[[int, int, ResidualConfig], int]  # (d_model, n_sublayers, cfg) -> all rule parameters
+    summary: str
+    convex: bool = False  # the update replaces part of the state (Highway form): watched for depth stalls
+    gated: bool = False  # has input-dependent gates whose statistics are logged
+    post_norm: bool = False  # no pre-norm inside the branch (DeepNorm)
+    branch_init_gain: Optional[Callable[[int], float]] = None  # n_blocks -> gain on branch weights at init

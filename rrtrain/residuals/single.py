@@ -1,0 +1,178 @@
+"""Single-stream rules: the state is one residual vector per token, h of shape (B, T, D).
+
+All of them keep the pre-norm inside `read` (u = F(RMSNorm(h))), and differ only in `write`:
+
+    standard        h + u
+    review          h + r * u,          r = sigma(W [RMSN(h); RMSN(u)] + b)   (Eq. 1)
+    review_convex   (1 - r) * h + r * u, same r                                (the form that fails at depth)
+    highway         h + r * u,          r = sigma(W RMSN(h) + b)               (parameter-matched baseline)
+    highway_convex  (1 - r) * h + r * u, same r, carry-favouring bias          (classic Highway network)
+    rezero          h + alpha * u,      alpha = 0 at start
+    layerscale      h + lambda * u,     per-channel lambda, CaiT's depth-dependent start
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from rrtrain.config import ResidualConfig
+from rrtrain.norm import RMSNorm
+from rrtrain.residuals.base import Site, SiteInfo, Stream, StreamInfo
+from rrtrain.residuals.gates import Gate
+
+
+class SingleStream(Stream):
+    """expand: the embedding is the state; readout: the final RMSNorm."""
+
+    def __init__(self, info: StreamInfo) -> None:
+        super().__init__(info)
+        self.norm = RMSNorm(info.d_model, info.eps)
+
+    @staticmethod
+    def count(d: int) -> int:
+        return d
+
+    def expand(self, e: torch.Tensor) -> torch.Tensor:
+        return e
+
+    def readout(self, state: torch.Tensor) -> torch.Tensor:
+        return self.norm(state)
+
+    def reset_parameters(self) -> None:
+        self.norm.reset_parameters()
+
+
+class PreNormSite(Site):
+    """h + u with u = F(RMSNorm(h)): the standard pre-norm residual, and the base of the others."""
+
+    def __init__(self, info: SiteInfo) -> None:
+        super().__init__(info)
+        self.norm = RMSNorm(info.d_model, info.eps)
+
+    @classmethod
+    def count_for(cls, d: int, cfg: ResidualConfig) -> int:
+        """Parameters of one site, computed without building it."""
+        return d
+
+    def read(self, state: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return self.norm(state), None
+
+    def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return state + y
+
+    def reset_parameters(self) -> None:
+        self.norm.reset_parameters()
+
+
+class GatedSite(PreNormSite):
+    """h + r*u (additive) or (1 - r)*h + r*u (convex); r from the state, and from the update if `reads_update`."""
+
+    reads_update = True
+    convex = False
+    default_bias = 0.0
+
+    def __init__(self, info: SiteInfo) -> None:
+        super().__init__(info)
+        d = info.d_model
+        self.gate_norm_h = RMSNorm(d, info.eps)
+        self.gate_norm_u = RMSNorm(d, info.eps) if self.reads_update else None
+        bias = info.cfg.gate_bias if info.cfg.gate_bias is not None else self.default_bias
+        self.gate = Gate(2 * d if self.reads_update else d, d, info.cfg.gate_rank, bias)
+
+    @classmethod
+    def count_for(cls, d: int, cfg: ResidualConfig) -> int:
+        inputs = 2 * d if cls.reads_update else d
+        norms = d * (3 if cls.reads_update else 2)
+        return norms + Gate.count(inputs, d, cfg.gate_rank)
+
+    def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
+        z = self.gate_norm_h(state)
+        if self.gate_norm_u is not None:
+            z = torch.cat([z, self.gate_norm_u(y)], dim=-1)  # (B, T, 2D)
+        r = self.gate(z)  # (B, T, D)
+        self._record_gate(r)
+        if self.convex:
+            return state + r * (y - state)  # (1 - r) h + r u
+        return state + r * y
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        self.gate_norm_h.reset_parameters()
+        if self.gate_norm_u is not None:
+            self.gate_norm_u.reset_parameters()
+        self.gate.reset_parameters()
+
+
+class ReviewSite(GatedSite):
+    reads_update, convex = True, False
+
+
+class ReviewConvexSite(GatedSite):
+    reads_update, convex = True, True
+
+
+class HighwaySite(GatedSite):
+    reads_update, convex = False, False
+
+
+class HighwayConvexSite(GatedSite):
+    reads_update, convex, default_bias = False, True, -2.0
+
+
+class ReZeroSite(PreNormSite):
+    """h + alpha * u with one scalar alpha per sublayer, alpha = 0 at start: the network starts as the identity."""
+
+    no_decay = ("alpha",)
+
+    def __init__(self, info: SiteInfo) -> None:
+        super().__init__(info)
+        self.alpha = nn.Parameter(torch.empty(1))
+        self.reset_parameters()
+
+    @classmethod
+    def count_for(cls, d: int, cfg: ResidualConfig) -> int:
+        return d + 1
+
+    def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return state + self.alpha.to(y.dtype) * y
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        with torch.no_grad():
+            self.alpha.zero_()
+
+
+def layerscale_init(n_blocks: int) -> float:
+    """CaiT's start value by depth (in blocks): 0.1 up to 18, 1e-5 up to 24, 1e-6 deeper."""
+    if n_blocks <= 18:
+        return 0.1
+    if n_blocks <= 24:
+        return 1e-5
+    return 1e-6
+
+
+class LayerScaleSite(PreNormSite):
+    """h + lambda * u with a per-channel lambda, small at start."""
+
+    no_decay = ("scale",)
+
+    def __init__(self, info: SiteInfo) -> None:
+        super().__init__(info)
+        self.scale = nn.Parameter(torch.empty(info.d_model))
+        self.reset_parameters()
+
+    @classmethod
+    def count_for(cls, d: int, cfg: ResidualConfig) -> int:
+        return 2 * d
+
+    def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return state + self.scale.to(y.dtype) * y
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        init = self.info.cfg.layerscale_init
+        with torch.no_grad():
+            self.scale.fill_(init if init is not None else layerscale_init(self.info.n_blocks))

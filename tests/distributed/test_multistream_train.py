@@ -1,0 +1,82 @@
+"""The multi-stream and depth-aggregating rules under the real trainer: FSDP2 parity on 2 CPU ranks for gr
+and mhc, exact resume for gr, and activation checkpointing + bf16 (alone and under FSDP2) for every new rule.
+
+Helpers come from tests/trainutil.py (the lead's); the synthetic-stories data from tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import signal
+
+import pytest
+import torch
+
+from trainutil import checkpoint_tensors, final, kill_group, losses, max_rel_diff, start, train, wait_for_step
+
+pytestmark = pytest.mark.distributed
+
+NEW = ["gr", "hc", "mhc", "attnres", "deepnorm"]
+SHORT = ["train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.warmup_steps=2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["gr", "mhc"])
+def test_fsdp_two_ranks_matches_one_process(tmp_path, stories_data, variant):
+    args = [*SHORT, f"model.variant={variant}", "train.max_steps=10", "train.global_batch=8"]
+    train(tmp_path / "one", stories_data, *args, "train.micro_batch=8")
+    train(tmp_path / "fsdp", stories_data, *args, "train.micro_batch=2", "parallel.backend=fsdp", nproc=2)
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "fsdp")
+    assert len(one) == 10
+    assert max_rel_diff(one, two) < 1e-4
+    assert final(tmp_path / "fsdp")["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_gr_exact_resume_after_sigkill(tmp_path, stories_data):
+    args = ["model.variant=gr", "train.max_steps=20", "train.log_every=1", "train.eval_every=0",
+            "train.ckpt_every=8", "train.global_batch=8", "train.micro_batch=4", "train.warmup_steps=3"]
+    ref = tmp_path / "ref"
+    train(ref, stories_data, *args)
+    run = tmp_path / "killed"
+    proc = start(run, stories_data, *args)
+    wait_for_step(run, random.Random(6).randint(9, 13), proc)
+    kill_group(proc, signal.SIGKILL)
+    proc.wait()
+    assert 8 < max(losses(run)) < 16  # killed between the checkpoints at steps 8 and 16
+    train(run, stories_data, *args)
+    assert final(run)["status"] == "completed" and sorted(losses(run)) == list(range(1, 21))
+    assert max_rel_diff(losses(ref), losses(run)) == 0.0
+    pa, pb = checkpoint_tensors(ref), checkpoint_tensors(run)
+    assert pa.keys() == pb.keys()
+    for key in pa:
+        assert torch.equal(pa[key], pb[key]), key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", NEW)
+def test_activation_checkpointing_and_bf16(tmp_path, stories_data, variant):
+    """AC recomputes the same forward (tuple states included); bf16 autocast trains and stays near fp32."""
+    args = [*SHORT, f"model.variant={variant}", "train.max_steps=6", "train.global_batch=4", "train.micro_batch=4"]
+    train(tmp_path / "none", stories_data, *args)
+    train(tmp_path / "full", stories_data, *args, "parallel.ac=full")
+    train(tmp_path / "bf16", stories_data, *args, "parallel.ac=selective", "parallel.precision=bf16")
+    ref, ac, bf16 = (losses(tmp_path / k) for k in ("none", "full", "bf16"))
+    assert len(ref) == 6
+    assert max_rel_diff(ref, ac) < 1e-6
+    assert all(math.isfinite(v) for v in bf16.values()) and max_rel_diff(ref, bf16) < 0.05
+    assert bf16[6] < bf16[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", NEW)
+def test_fsdp_bf16_with_activation_checkpointing(tmp_path, stories_data, variant):
+    """FSDP2 casts each block's inputs (the (B,T,n,D) or tuple state) to bf16: every rule must train under it."""
+    run = tmp_path / variant
+    train(run, stories_data, *SHORT, f"model.variant={variant}", "train.max_steps=6", "train.global_batch=4",
+          "train.micro_batch=2", "parallel.backend=fsdp", "parallel.precision=bf16", "parallel.ac=full", nproc=2)
+    got = losses(run)
+    assert sorted(got) == list(range(1, 7)) and all(math.isfinite(v) for v in got.values())
+    assert got[6] < got[1]
+    assert final(run)["status"] == "completed"

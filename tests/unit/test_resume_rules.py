@@ -1,0 +1,46 @@
+"""Which configuration changes a resume accepts, refuses, or refuses whatever the user says."""
+
+from __future__ import annotations
+
+import pytest
+
+from rrtrain.checkpoint import check_resume
+from rrtrain.config import Config
+from rrtrain.errors import UsageError
+
+
+def cfg(**changes) -> dict:
+    d = Config().to_dict()
+    for key, value in changes.items():
+        section, name = key.split("__")
+        d[section][name] = value
+    return d
+
+
+def test_same_config_resumes_silently():
+    assert check_resume(cfg(), cfg(), 2, 2, allow=False) == []
+
+
+def test_cadence_changes_are_free():
+    assert check_resume(cfg(), cfg(train__log_every=3, train__ckpt_every=7, parallel__ac="full"), 1, 1, False) == []
+
+
+@pytest.mark.parametrize("change", [{"train__global_batch": 16}, {"train__lr": 1e-3}, {"parallel__precision": "bf16"}])
+def test_trajectory_changes_need_consent(change):
+    with pytest.raises(UsageError, match="allow_config_change"):
+        check_resume(cfg(), cfg(**change), 1, 1, allow=False)
+    accepted = check_resume(cfg(), cfg(**change), 1, 1, allow=True)
+    assert len(accepted) == 1
+
+
+def test_world_size_change_needs_consent_and_is_listed():
+    with pytest.raises(UsageError, match=r"world_size: 2 -> 4"):
+        check_resume(cfg(), cfg(), 2, 4, allow=False)
+    assert check_resume(cfg(), cfg(), 2, 4, allow=True) == ["world_size: 2 -> 4"]
+
+
+@pytest.mark.parametrize("change", [{"model__d_model": 96}, {"model__variant": "review"}, {"data__path": "/other"},
+                                    {"train__seed": 7}])
+def test_model_and_data_changes_are_refused_even_with_consent(change):
+    with pytest.raises(UsageError, match="use a new run.dir"):
+        check_resume(cfg(), cfg(**change), 1, 1, allow=True)
