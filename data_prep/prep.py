@@ -145,27 +145,17 @@ def _build_tokenizer(opts: PrepOptions, documents) -> tk.Tokenizer:  # noqa: ANN
         return tk.build(opts.tokenizer, eos_token=opts.eos_token)
     sample = [d for d in itertools.islice((d for d in documents() if d.strip()), opts.bpe_sample_docs)]
     if not sample:
-        raise UsageError(f"source '{opts.source}' has no non-empty documents")
+        raise _empty(opts)
     return tk.build(opts.tokenizer, eos_token=opts.eos_token, texts=iter(sample))
 
 
+def _empty(opts: PrepOptions) -> UsageError:
+    return UsageError(f"source '{opts.source}' is empty or every document in it is empty")
+
+
 def _prepare(opts: PrepOptions, documents, stage: str) -> dict[str, Any]:  # noqa: ANN001
-    tok = _build_tokenizer(opts, documents)
-    saved = tok.save(stage)
-    saved_path = os.path.join(stage, saved) if saved else None
-    dtype = token_dtype(tok.vocab_size)
-    row_len = opts.seq_len + 1
-    writers = {
-        split: SplitWriter(os.path.join(stage, split), row_len, dtype, compression=opts.compression,
-                           size_limit=opts.shard_size, vocab_size=tok.vocab_size, count_tokens=(split == "train"))
-        for split in ("train", "val")
-    }
-    packers = {split: Packer(row_len, tok.eos_id, dtype) for split in writers}
     source_hash = hashlib.sha256()
     skipped = 0
-    index = 0
-    total = opts.num_docs if opts.source.startswith("synthetic:") or opts.num_docs else None
-    progress = _Progress(opts.progress, total)
 
     def nonempty() -> Iterator[str]:
         nonlocal skipped
@@ -177,8 +167,29 @@ def _prepare(opts: PrepOptions, documents, stage: str) -> dict[str, Any]:  # noq
             else:
                 skipped += 1
 
+    # Read the first chunk before anything heavy, so an empty or malformed corpus fails fast.
+    docs_iter = nonempty()
+    first = list(itertools.islice(docs_iter, opts.chunk_docs))
+    if not first:
+        raise _empty(opts)
+    tok = _build_tokenizer(opts, documents)
+    saved = tok.save(stage)
+    saved_path = os.path.join(stage, saved) if saved else None
+    dtype = token_dtype(tok.vocab_size)
+    row_len = opts.seq_len + 1
+    writers = {
+        split: SplitWriter(os.path.join(stage, split), row_len, dtype, compression=opts.compression,
+                           size_limit=opts.shard_size, vocab_size=tok.vocab_size, count_tokens=(split == "train"))
+        for split in ("train", "val")
+    }
+    packers = {split: Packer(row_len, tok.eos_id, dtype) for split in writers}
+    index = 0
+    total = opts.num_docs if opts.source.startswith("synthetic:") or opts.num_docs else None
+    progress = _Progress(opts.progress, total)
+
     try:
-        for texts, arrays in encode_chunks(_chunks(nonempty(), opts.chunk_docs), tok, saved_path, opts.workers):
+        chunks = itertools.chain([first], _chunks(docs_iter, opts.chunk_docs))
+        for texts, arrays in encode_chunks(chunks, tok, saved_path, opts.workers):
             ntok = 0
             for ids in arrays:
                 val = writers["val"].samples < opts.min_val_samples or _unit(opts.seed, index) < opts.val_fraction
@@ -194,8 +205,6 @@ def _prepare(opts: PrepOptions, documents, stage: str) -> dict[str, Any]:  # noq
         progress.close()
         for w in writers.values():
             w.close()
-    if index == 0:
-        raise UsageError(f"source '{opts.source}' is empty or every document in it is empty")
     for split, w in writers.items():
         if w.samples == 0:
             raise UsageError(f"corpus too small: {index} documents give no {split} sample of seq_len+1 = {row_len} tokens")

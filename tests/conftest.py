@@ -6,6 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Tiny models on 2 shared cores run faster on one thread; subprocesses get OMP_NUM_THREADS=1 (trainutil.env).
+torch.set_num_threads(1)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

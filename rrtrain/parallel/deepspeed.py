@@ -31,7 +31,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -170,16 +170,21 @@ class DeepSpeedEngine(Engine):
         """The global pre-clip norm of the reduced gradients; DeepSpeed clips to `max_norm` inside step()."""
         opt = self.ds.optimizer
         opt.clip_grad = max_norm if max_norm > 0 else 0.0
-        if self.stage == 3:
+        if hasattr(opt, "scaled_global_norm"):  # ZeRO-1/2 (DeepSpeedZeroOptimizer)
+            norm = opt.scaled_global_norm()
+        elif hasattr(opt, "_get_norm_groups"):  # ZeRO-3 (DeepSpeedZeroOptimizer_Stage3)
             from deepspeed.runtime.utils import combine_grad_norm_groups
 
             norm = combine_grad_norm_groups(opt._get_norm_groups())
-        else:
-            norm = opt.scaled_global_norm()
+        else:  # ZeRO-1 with bf16 weights and fp32 gradient accumulation runs on DeepSpeed's BF16_Optimizer
+            from deepspeed.runtime.utils import get_global_norm_of_tensors
+
+            grads, _ = opt.get_grads_for_norm()
+            norm = get_global_norm_of_tensors(grads, mpu=opt.mpu, norm_type=2)
         norm = torch.as_tensor(norm).detach().float().reshape(())
         # DeepSpeed's norm helpers report a non-finite norm as -1 (or +inf); the loop wants a non-finite value
         invalid = ~torch.isfinite(norm) | (norm < 0)
-        return torch.where(invalid, torch.full_like(norm, math.nan), norm / opt.loss_scale)
+        return torch.where(invalid, torch.full_like(norm, math.nan), norm / getattr(opt, "loss_scale", 1.0))
 
     def step(self, lr: float) -> None:
         set_lr(self.base_opt, lr)
@@ -228,13 +233,19 @@ class DeepSpeedEngine(Engine):
         return {"global_steps": int(self.ds.global_steps), "skipped_steps": int(self.ds.skipped_steps),
                 "micro_steps": int(self.ds.micro_steps)}
 
-    def local_state_bytes(self) -> Optional[int]:
-        """Bytes of this rank's fp32 master parameters + optimizer state (its ZeRO partition)."""
-        total = 0
-        for group in self.base_opt.param_groups:
-            for p in group["params"]:
-                total += p.numel() * p.element_size()
-                for v in self.base_opt.state.get(p, {}).values():
-                    if torch.is_tensor(v):
-                        total += v.numel() * v.element_size()
-        return total
+    def local_state_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds: the module's parameters (their ZeRO-3 partitions at stage 3) and the optimizer
+        state (fp32 master partitions + AdamW moments)."""
+
+        def nbytes(t: torch.Tensor) -> int:
+            return t.numel() * t.element_size()
+
+        params = sum(nbytes(p.ds_tensor if hasattr(p, "ds_tensor") else p) for p in self.inner.parameters())
+        # master partitions: the optimizer's parameters (ZeRO-1/2) or its state's keys (ZeRO-3 swaps its flat
+        # sub-groups in and out of param_groups around each step)
+        masters = {id(p): p for group in self.base_opt.param_groups for p in group["params"]}
+        masters.update({id(p): p for p in self.base_opt.state})
+        optim = sum(nbytes(p) for p in masters.values())
+        for state in self.base_opt.state.values():
+            optim += sum(nbytes(v) for v in state.values() if torch.is_tensor(v))
+        return {"param_bytes": int(params), "optim_bytes": int(optim)}

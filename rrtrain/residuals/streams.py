@@ -50,8 +50,9 @@ def mix(m: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     otherwise n broadcast products, which keep the bf16 state (not an fp32 copy) for backward.
     """
     if s.dtype == m.dtype:
-        with torch.autocast(s.device.type, enabled=False):
-            return m.transpose(-1, -2) @ s
+        mt = m.transpose(-1, -2).expand(*s.shape[:-2], m.shape[-1], m.shape[-2])  # a static (n, n) too:
+        with torch.autocast(s.device.type, enabled=False):  # else matmul folds S into a transposed copy
+            return mt @ s
     out = m[..., 0, :, None] * s[..., 0:1, :]
     for i in range(1, s.shape[-2]):
         out = out + m[..., i, :, None] * s[..., i:i + 1, :]

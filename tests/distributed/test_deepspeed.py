@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from trainutil import PY, REPO, env, final, free_port, records, train, train_cmd
+
 pytestmark = pytest.mark.distributed
 
-ROOT = Path(__file__).resolve().parents[2]
 TOL = 1e-5
 DIAG_TOL = 1e-4
 STEPS, FAULT = 20, 7
@@ -39,43 +38,41 @@ COMMON = [
     f"train.max_steps={STEPS}", "train.global_batch=8", "train.micro_batch=2", "train.warmup_steps=2",
     "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.diag_every=5",
     f"train.fail_at_step={FAULT}", "data.eval_batches=1", "parallel.precision=fp32",
+    "train.grad_clip=0.25",  # below the gradient norms of these runs (0.3-0.6): every step is clipped
 ]
+ZERO = ["parallel.backend=deepspeed"]
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"  # two ranks on two cores; the one-process run uses the same thread count
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun and its ranks at once, as when the node dies. torchrun starts each rank in a session
+    of its own, so a signal to torchrun's process group alone would leave the ranks running."""
+    import psutil  # a dependency of deepspeed
 
-
-def _torchrun(*args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
-
-
-def _train_cmd(run_dir: Path, data: Path, *extra: str, ranks: int = 2) -> list[str]:
-    args = ["configs/train/tiny.yaml", f"data.path={data}", f"run.dir={run_dir}", *COMMON, *extra]
-    if ranks == 1:
-        return [sys.executable, "-m", "rrtrain.train", *args]
-    return _torchrun("-m", "rrtrain.train", *args)
-
-
-def _run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(cmd)}\nexit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return proc
-
-
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    try:
+        procs = [psutil.Process(proc.pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: (math.nan if r["loss"] is None else r["loss"]) for r in _records(run_dir) if "loss" in r}
+    """Training loss per step; a skipped step's non-finite loss (logged as null) becomes NaN."""
+    return {r["step"]: (math.nan if r["loss"] is None else r["loss"]) for r in records(run_dir) if "loss" in r}
+
+
+def _norms(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: (math.nan if r["grad_norm"] is None else r["grad_norm"])
+            for r in records(run_dir) if "grad_norm" in r}
 
 
 def _diag(run_dir: Path) -> dict[int, list[float]]:
-    return {r["step"]: r["block_grad_norm"] for r in _records(run_dir) if r.get("kind") == "diag"}
+    return {r["step"]: r["block_grad_norm"] for r in records(run_dir) if r.get("kind") == "diag"}
 
 
 def _rel(a: float, b: float) -> float:
@@ -89,79 +86,78 @@ def _ds_counters(run_dir: Path) -> dict[str, int]:
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     files = sorted((run_dir / "checkpoints" / latest / "state" / "zero").glob("*model_states.pt"))
     assert files, f"no DeepSpeed model states under {run_dir}"
-    out = set()
+    seen = set()
     for f in files:
         sd = torch.load(f, map_location="cpu", weights_only=False)
-        out.add((sd["global_steps"], sd["skipped_steps"]))
-    assert len(out) == 1, f"ranks disagree on DeepSpeed's counters: {out}"
-    steps, skipped = out.pop()
+        seen.add((sd["global_steps"], sd["skipped_steps"]))
+    assert len(seen) == 1, f"ranks disagree on DeepSpeed's counters: {seen}"
+    steps, skipped = seen.pop()
     return {"global_steps": steps, "skipped_steps": skipped}
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ds_data") / "stories"
-    _run([sys.executable, "-m", "rrtrain", "prep", "--source", "synthetic:stories", "--tokenizer", "byte",
-          "--seq-len", "64", "--num-docs", "400", "--out", str(out)])
-    return out
-
-
-@pytest.fixture(scope="module")
-def baseline(data, tmp_path_factory) -> Path:
-    """One process, `parallel.backend=none`, the same global batch."""
+def baseline(stories_data, tmp_path_factory) -> Path:
+    """One process, `parallel.backend=none`, the same global batch (4 micro-batches of 2)."""
     run_dir = tmp_path_factory.mktemp("ds_none") / "run"
-    _run(_train_cmd(run_dir, data, "parallel.backend=none", ranks=1))
+    train(run_dir, stories_data, *COMMON, "parallel.backend=none")
     return run_dir
 
 
-def _check_against_baseline(run_dir: Path, baseline: Path) -> float:
+def _check_against_baseline(run_dir: Path, baseline: Path, label: str) -> float:
     """Per-step losses and per-block gradient norms vs the one-process run; the NaN step skipped everywhere."""
     ref, got = _losses(baseline), _losses(run_dir)
     assert sorted(got) == list(range(1, STEPS + 1)), f"steps logged: {sorted(got)}"
     assert math.isnan(ref[FAULT]) and math.isnan(got[FAULT])
-    worst = 0.0
+    ref_norm, got_norm = _norms(baseline), _norms(run_dir)
+    worst = worst_norm = 0.0
     for step in range(1, STEPS + 1):
         if step == FAULT:
             continue
         rel = _rel(ref[step], got[step])
         worst = max(worst, rel)
         assert rel <= TOL, f"step {step}: loss {got[step]!r} vs one process {ref[step]!r} (rel {rel:.2e})"
+        rel = _rel(ref_norm[step], got_norm[step])  # the pre-clip global norm clip_grad_norm returns
+        worst_norm = max(worst_norm, rel)
+        assert rel <= TOL, f"step {step}: grad norm {got_norm[step]!r} vs {ref_norm[step]!r} (rel {rel:.2e})"
+        assert ref_norm[step] > 0.25  # clipping was active
     ref_diag, got_diag = _diag(baseline), _diag(run_dir)
     assert sorted(got_diag) == sorted(ref_diag) == [5, 10, 15, 20]
     for step, norms in ref_diag.items():
         for i, (a, b) in enumerate(zip(norms, got_diag[step])):
             assert _rel(a, b) <= DIAG_TOL, f"step {step} block {i}: grad norm {b} vs {a}"
-    final = json.loads((run_dir / "final.json").read_text())
-    assert final["status"] == "completed" and final["step"] == STEPS
-    assert final["nonfinite_skipped"] == 1 and "nonfinite_steps" in final["flags"]
+    end = final(run_dir)
+    assert end["status"] == "completed" and end["step"] == STEPS and end["world_size"] == 2
+    assert end["nonfinite_skipped"] == 1 and "nonfinite_steps" in end["flags"]
     assert _ds_counters(run_dir) == {"global_steps": STEPS, "skipped_steps": 1}
-    print(f"\n{run_dir.parent.name}: max relative loss difference vs one process over {STEPS} steps: {worst:.2e}")
+    print(f"\n{label}: max relative difference vs one process over {STEPS} steps: loss {worst:.2e}, "
+          f"grad norm {worst_norm:.2e}")
     return worst
 
 
 @pytest.mark.parametrize("stage", [1, 2])
-def test_zero_matches_one_process(stage, data, baseline, tmp_path):
+def test_zero_matches_one_process(stage, stories_data, baseline, tmp_path):
     """ZeRO-1 / ZeRO-2, 2 ranks: same per-step losses as one process; the NaN step is skipped on all ranks,
     counted in final.json, and DeepSpeed's global_steps / skipped_steps stay in line with the loop."""
     run_dir = tmp_path / f"zero{stage}"
-    _run(_train_cmd(run_dir, data, "parallel.backend=deepspeed", f"parallel.zero_stage={stage}"))
-    _check_against_baseline(run_dir, baseline)
+    train(run_dir, stories_data, *COMMON, *ZERO, f"parallel.zero_stage={stage}", nproc=2)
+    _check_against_baseline(run_dir, baseline, f"ZeRO-{stage}")
 
 
-def test_zero3_kill_and_resume(data, baseline, tmp_path):
-    """ZeRO-3, 2 ranks, checkpoints every 5 steps, SIGKILLed after step 13, restarted with the same command:
-    the recomputed steps 11.. are bitwise identical to the killed run's, and the finished run matches the
+def test_zero3_kill_and_resume(stories_data, baseline, tmp_path):
+    """ZeRO-3, 2 ranks, checkpoints every 5 steps, SIGKILLed at step 13 (ranks and torchrun at once), restarted
+    with the same command: it resumes from step 10, the recomputed steps 11..13 are bitwise identical to the
+    killed run's, and the finished run matches the
     one-process run step by step (including the NaN skip at step 7, before the checkpoint it resumed from)."""
     run_dir = tmp_path / "zero3"
-    cmd = _train_cmd(run_dir, data, "parallel.backend=deepspeed", "parallel.zero_stage=3", "train.ckpt_every=5")
+    args = [*COMMON, *ZERO, "parallel.zero_stage=3", "train.ckpt_every=5"]
     log = (tmp_path / "first.log").open("w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(train_cmd(run_dir, stories_data, args, nproc=2), cwd=REPO, env=env(), stdout=log,
+                            stderr=subprocess.STDOUT)
     kill_after, deadline = 13, time.time() + 300
     try:
         while True:
-            steps = [r.get("step", 0) for r in _records(run_dir)] if (run_dir / "metrics.jsonl").exists() else []
-            if steps and max(steps) >= kill_after:
-                os.killpg(proc.pid, signal.SIGKILL)
+            if max(_losses(run_dir), default=0) >= kill_after:
+                _kill_tree(proc)
                 break
             if proc.poll() is not None:
                 pytest.fail(f"the first run ended (exit {proc.returncode}) before step {kill_after}: "
@@ -169,25 +165,24 @@ def test_zero3_kill_and_resume(data, baseline, tmp_path):
             assert time.time() < deadline, "the first run did not reach the kill step in time"
             time.sleep(0.02)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_tree(proc)
         proc.wait()
         log.close()
     first = _losses(run_dir)
     killed_at = max(first)
-    assert kill_after <= killed_at < STEPS
-    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_00000010"
+    resumed_from = int((run_dir / "checkpoints" / "latest").read_text().strip().split("_")[1])
+    assert kill_after <= killed_at < STEPS and resumed_from in (10, 15) and resumed_from < killed_at
     assert not (run_dir / "final.json").exists()
     shutil.copy(run_dir / "metrics.jsonl", tmp_path / "metrics_first.jsonl")
 
-    proc2 = _run(cmd)
-    assert "resumed at step 10" in proc2.stdout
+    proc2 = train(run_dir, stories_data, *args, nproc=2)
+    assert f"resumed at step {resumed_from}" in proc2.stdout
     second = _losses(run_dir)
-    for step in range(11, killed_at + 1):  # recomputed after the restart: exactly what the killed run computed
+    for step in range(resumed_from + 1, killed_at + 1):  # recomputed after the restart: bit for bit the same
         assert second[step] == first[step], f"step {step}: {second[step]!r} after resume vs {first[step]!r}"
-    for step in range(1, 11):  # kept from before the checkpoint
+    for step in range(1, resumed_from + 1):  # kept from before the checkpoint
         assert second[step] == first[step] or (math.isnan(second[step]) and math.isnan(first[step]))
-    _check_against_baseline(run_dir, baseline)
+    _check_against_baseline(run_dir, baseline, "ZeRO-3, killed and resumed")
 
 
 SKIP_CHECK = r'''
@@ -202,10 +197,10 @@ ACCUM, MICRO = 2, 2
 gen = torch.Generator().manual_seed(1)
 batches = [torch.randint(0, 64, (ACCUM * MICRO * info.world_size, 17), generator=gen) for _ in range(3)]
 
-def engine(stage):
+def engine(stage, precision):
     cfg = load_config(None, ["model.size=tiny", "model.vocab_size=64", "model.seq_len=16", "model.n_layers=2",
                              "train.global_batch=8", "train.micro_batch=2", "parallel.backend=deepspeed",
-                             f"parallel.zero_stage={stage}"])
+                             f"parallel.zero_stage={stage}", f"parallel.precision={precision}"])
     torch.manual_seed(0)
     return build_engine(build_model(cfg.model), cfg, info)
 
@@ -226,8 +221,8 @@ def adam_steps(eng):
     return sorted({float(s["step"]) for s in eng.base_opt.state.values() if "step" in s})
 
 out = {}
-for stage in (1, 2, 3):
-    a, b = engine(stage), engine(stage)
+for stage, precision in ((1, "fp32"), (2, "fp32"), (3, "fp32"), (1, "bf16"), (3, "bf16")):
+    a, b = engine(stage, precision), engine(stage, precision)
     before = loss_on(a, batches[2])
     norm = train_step(a, batches[0], skip=True)      # finite gradients, discarded by the loop's decision
     r = {"norm": norm, "after_skip": loss_on(a, batches[2]), "before": before,
@@ -236,7 +231,7 @@ for stage in (1, 2, 3):
     train_step(b, batches[1], skip=False)            # b never saw batches[0]
     r.update(a_final=loss_on(a, batches[2]), b_final=loss_on(b, batches[2]), counters_final=a.counters(),
              adam_steps_a=adam_steps(a), adam_steps_b=adam_steps(b))
-    out[stage] = r
+    out[f"ZeRO-{stage} {precision}"] = r
 if info.is_main:
     print("RESULT " + json.dumps(out))
 dist.teardown()
@@ -244,18 +239,21 @@ dist.teardown()
 
 
 def test_skip_discards_finite_gradients(tmp_path):
-    """`skip()` with finite gradients (the loop's decision, e.g. a non-finite loss): no weight, moment or
-    AdamW step-count change, DeepSpeed's counters advance (global_steps 1, skipped_steps 1, micro_steps =
+    """`skip()` with finite gradients (the loop's decision, e.g. a non-finite loss), ZeRO-1/2/3 in fp32 and
+    ZeRO-1 (DeepSpeed's BF16_Optimizer) / ZeRO-3 in bf16: no weight, moment or AdamW step-count change, DeepSpeed's counters advance (global_steps 1, skipped_steps 1, micro_steps =
     accumulation), and the next step is bitwise what an engine that never saw the discarded batch does."""
     script = tmp_path / "skip_check.py"
     script.write_text(SKIP_CHECK)
-    proc = _run(_torchrun(str(script)))
+    cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(script)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
-    for stage, r in json.loads(line[len("RESULT "):]).items():
-        assert math.isfinite(r["norm"]) and r["norm"] > 0, (stage, r)
-        assert r["after_skip"] == r["before"], (stage, r)
-        assert r["counters_after_skip"] == {"global_steps": 1, "skipped_steps": 1, "micro_steps": 2}, (stage, r)
-        assert r["adam_steps_after_skip"] == [], (stage, r)
-        assert r["adam_steps_a"] == r["adam_steps_b"] == [1.0], (stage, r)
-        assert r["a_final"] == r["b_final"] != r["before"], (stage, r)
-        assert r["counters_final"] == {"global_steps": 2, "skipped_steps": 1, "micro_steps": 4}, (stage, r)
+    for label, r in json.loads(line[len("RESULT "):]).items():
+        assert math.isfinite(r["norm"]) and r["norm"] > 0, (label, r)
+        assert r["after_skip"] == r["before"], (label, r)
+        assert r["counters_after_skip"] == {"global_steps": 1, "skipped_steps": 1, "micro_steps": 2}, (label, r)
+        assert r["adam_steps_after_skip"] == [], (label, r)
+        assert r["adam_steps_a"] == r["adam_steps_b"] == [1.0], (label, r)
+        assert r["a_final"] == r["b_final"] != r["before"], (label, r)
+        assert r["counters_final"] == {"global_steps": 2, "skipped_steps": 1, "micro_steps": 4}, (label, r)

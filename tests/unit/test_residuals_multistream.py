@@ -382,7 +382,7 @@ def test_forward_backward(variant, res, dtype):
     model.to(dtype)
     loss = model(idx, idx.roll(-1, 1))
     assert loss.dtype == torch.float32 and torch.isfinite(loss) and abs(loss.item() - math.log(64)) < 1.0
-    assert abs(loss.item() - ref) < 0.02  # bf16 stays close to fp32
+    assert abs(loss.item() - ref) < 5e-3  # bf16 stays close to fp32 (seen: < 2e-4)
     loss.backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and p.grad.dtype == dtype, name

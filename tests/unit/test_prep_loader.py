@@ -1,0 +1,236 @@
+"""The streaming loader in one process: order, invariance across world sizes, exact resume, refusals, eval set."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from prep_helpers import REPO, write_id_dataset
+from rrtrain.data import TrainLoader, check_vocab, epoch_order, eval_batches, read_manifest
+from rrtrain.errors import UsageError
+
+N = 204  # samples; with G = 8 an epoch ends mid-step (25.5 steps), with G = 12 exactly at step 17
+
+
+@pytest.fixture(scope="module")
+def ids_data(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("ids") / "data"
+    write_id_dataset(path, N, n_val=40)
+    return str(path)
+
+
+def _loader(path, tmp_path, **kw) -> TrainLoader:
+    args = dict(micro_batch=4, global_batch=8, rank=0, world_size=1, local_rank=0, seed=7)
+    args.update(kw)
+    return TrainLoader(path, cache_dir=str(tmp_path / "cache"), **args)
+
+
+def _steps(path, tmp_path, steps: int, *, world: int, micro: int, start_state=None, **kw) -> list[list[int]]:
+    """Sample ids of each optimizer step, gathered over all ranks and micro-steps (like the trainer)."""
+    g = kw.pop("global_batch", 8)
+    loaders = [_loader(path, tmp_path, rank=r, world_size=world, micro_batch=micro, global_batch=g, **kw) for r in range(world)]
+    if start_state is not None:
+        for ld in loaders:
+            ld.load_state_dict(start_state)
+    its = [iter(ld) for ld in loaders]
+    accum = g // (micro * world)
+    out = []
+    for _ in range(steps):
+        ids = []
+        for _ in range(accum):
+            for it in its:
+                batch = next(it)
+                assert batch.dtype.is_floating_point is False and tuple(batch.shape) == (micro, loaders[0].seq_len + 1)
+                ids += batch[:, 0].tolist()
+        out.append(ids)
+    for ld in loaders:
+        ld.close()
+    return out
+
+
+def test_step_sets_are_the_same_for_any_world_size_micro_batch_and_accumulation(ids_data, tmp_path):
+    steps = 60  # crosses two epoch boundaries (one mid-step)
+    ref = _steps(ids_data, tmp_path, steps, world=1, micro=8)
+    for world, micro in ((1, 4), (2, 4), (2, 2), (4, 1), (1, 1)):
+        got = _steps(ids_data, tmp_path, steps, world=world, micro=micro)
+        assert [sorted(s) for s in got] == [sorted(s) for s in ref], (world, micro)
+    flat = [i for s in ref for i in s]
+    for e in range(2):  # every epoch is a permutation: each sample exactly once
+        assert sorted(flat[e * N:(e + 1) * N]) == list(range(N))
+    assert flat[:N] != flat[N:2 * N]  # reshuffled each epoch
+
+
+def test_seed_changes_the_order_and_shuffle_false_reads_in_order(ids_data, tmp_path):
+    a = _steps(ids_data, tmp_path, 5, world=1, micro=8, seed=1)
+    assert a == _steps(ids_data, tmp_path, 5, world=1, micro=8, seed=1)
+    assert a != _steps(ids_data, tmp_path, 5, world=1, micro=8, seed=2)
+    plain = _steps(ids_data, tmp_path, 30, world=1, micro=8, shuffle=False)
+    assert [i for s in plain for i in s] == [i % N for i in range(240)]
+
+
+def test_epoch_order_is_streamings_own_single_rank_order(ids_data, tmp_path):
+    """We keep streaming's shuffle (py1e, canonical nodes) and only change how positions map to ranks."""
+    from streaming import StreamingDataset
+
+    for ncn, block in ((1, 1 << 18), (2, 60), (4, 50)):
+        ds = StreamingDataset(local=ids_data, split="train", shuffle=True, shuffle_seed=7, num_canonical_nodes=ncn,
+                              batch_size=1, shuffle_block_size=block)
+        for epoch in range(2):
+            theirs = [int(s["tokens"][0]) for s in ds]
+            ours = epoch_order(np.asarray(ds.samples_per_shard), num_canonical_nodes=ncn, seed=7, epoch=epoch,
+                               block_size=block, shuffle=True)
+            assert theirs == ours.tolist(), (ncn, epoch)
+        del ds
+
+
+@pytest.mark.parametrize("k, world, micro, workers", [
+    (10, 1, 4, 0),   # mid-epoch
+    (25, 2, 2, 0),   # the next step straddles the epoch boundary (N / G = 25.5)
+    (51, 1, 8, 0),   # exactly at the end of the second epoch (51 * 8 = 2 N)
+    (12, 2, 4, 2),   # with DataLoader worker processes
+])
+def test_resume_continues_exactly(ids_data, tmp_path, k, world, micro, workers):
+    total = k + 8
+    ref = _steps(ids_data, tmp_path, total, world=world, micro=micro, num_workers=workers)
+    loaders = [_loader(ids_data, tmp_path, rank=r, world_size=world, micro_batch=micro, num_workers=workers) for r in range(world)]
+    its = [iter(ld) for ld in loaders]
+    for _ in range(k * 8 // (micro * world)):
+        for it in its:
+            next(it)
+    state = json.loads(json.dumps(loaders[0].state_dict()))  # what a checkpoint stores
+    assert all(ld.state_dict() == state for ld in loaders)
+    assert state["step"] == k and state["samples_consumed"] == 8 * k
+    assert state["epoch"] == 8 * k // N and state["sample_in_epoch"] == 8 * k % N
+    for ld in loaders:
+        ld.close()
+    resumed = _steps(ids_data, tmp_path, total - k, world=world, micro=micro, num_workers=workers, start_state=state)
+    assert resumed == ref[k:]
+
+
+def test_changed_world_size_or_global_batch_is_refused_unless_allowed(ids_data, tmp_path):
+    ld = _loader(ids_data, tmp_path, world_size=2, rank=1, micro_batch=2)
+    it = iter(ld)
+    for _ in range(6):
+        next(it)
+    state = ld.state_dict()
+    ld.close()
+    other = _loader(ids_data, tmp_path, world_size=1, micro_batch=4, global_batch=16)
+    with pytest.raises(UsageError) as err:
+        other.load_state_dict(state)
+    assert "world_size 2 -> 1" in str(err.value) and "global_batch 8 -> 16" in str(err.value)
+    other.load_state_dict(state, allow_change=True)
+    assert other.state_dict()["samples_consumed"] == state["samples_consumed"] == 24
+    # the same samples follow, now in global batches of 16
+    nxt = next(iter(other))[:, 0].tolist()
+    ref = _steps(ids_data, tmp_path, 4, world=1, micro=8)
+    assert nxt == ref[3][:4]  # positions 24..27 of the same global order
+    for key, value in (("seed", 8), ("fingerprint", "0" * 64)):
+        with pytest.raises(UsageError, match=f"{key} .* can never change"):
+            other.load_state_dict({**state, key: value}, allow_change=True)
+    other.close()
+
+
+def test_eval_batches_are_fixed_and_the_same_for_equal_eval_batch(ids_data, tmp_path):
+    def union(world, micro):
+        per_rank = [eval_batches(ids_data, micro_batch=micro, n_batches=3, rank=r, world_size=world,
+                                 cache_dir=str(tmp_path / "ev")) for r in range(world)]
+        return [sorted(i for r in range(world) for i in per_rank[r][b][:, 0].tolist()) for b in range(3)]
+
+    ref = union(1, 8)
+    assert ref == union(1, 8)
+    assert ref == union(2, 4) == union(4, 2)
+    assert all(len(b) == 8 for b in ref) and all(i >= 50_000 for b in ref for i in b)  # val rows only
+    assert len({i for b in ref for i in b}) == 24
+    assert union(1, 16)[0] == sorted(ref[0] + ref[1])
+
+
+def test_manifest_errors_and_vocab_check(ids_data, tmp_path):
+    man = read_manifest(ids_data)
+    check_vocab(man, 65536)
+    with pytest.raises(UsageError, match="dataset vocabulary 65536 does not fit the model's vocab_size 50257"):
+        check_vocab(man, 50257)
+    with pytest.raises(UsageError, match="no manifest.json"):
+        read_manifest(str(tmp_path))
+    (tmp_path / "manifest.json").write_text("{broken")
+    with pytest.raises(UsageError, match="not valid JSON"):
+        read_manifest(str(tmp_path))
+    with pytest.raises(UsageError, match="not a multiple"):
+        _loader(ids_data, tmp_path, global_batch=10)
+
+
+def test_dataloader_workers_ignore_the_trainers_signals(ids_data, tmp_path):
+    import psutil
+
+    ld = _loader(ids_data, tmp_path, num_workers=1)
+    it = iter(ld)
+    first = [next(it) for _ in range(3)]
+    workers = psutil.Process().children()
+    workers = [w for w in workers if "resource_tracker" not in " ".join(w.cmdline())]
+    assert workers
+    for w in workers:
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+            os.kill(w.pid, sig)
+    time.sleep(0.5)
+    assert all(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    more = [next(it) for _ in range(20)]
+    assert len(first + more) == 23
+    ld.close()
+    psutil.wait_procs(workers, timeout=10)
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+
+
+_CRASH = """
+import os, signal, sys
+from streaming import StreamingDataset
+ds = StreamingDataset(remote=sys.argv[1], local=sys.argv[2], split="train", batch_size=1)
+ds[0]
+os.killpg(0, signal.SIGKILL)  # the whole job dies, multiprocessing's resource tracker included
+"""
+_PROBE = """
+import json, sys
+import rrtrain.data as D
+from rrtrain.errors import UsageError
+def make():
+    return D.TrainLoader(sys.argv[1], micro_batch=2, global_batch=2, rank=0, world_size=1, local_rank=0, seed=0,
+                         cache_dir=sys.argv[2])
+D._shm_cleaned = True  # control: without the clean-up, streaming refuses the cache dir
+try:
+    make()
+    control = "opened"
+except UsageError as err:
+    control = str(err)
+D._shm_cleaned = False
+print(json.dumps({"control": control, "ids": next(iter(make()))[:, 0].tolist()}))
+"""
+
+
+def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
+    """A job SIGKILLed while reading leaks /dev/shm segments registered to its cache dir. Its requeued
+    successor (same cache dir, fresh TMPDIR as on Slurm) must start, and the leaked segments must go."""
+    data = tmp_path / "zdata"
+    write_id_dataset(data, 64, compression="zstd")  # compressed: read through a local cache, like a remote
+    cache = tmp_path / "cache"
+    tmp_a, tmp_b = tmp_path / "tmp_a", tmp_path / "tmp_b"
+    tmp_a.mkdir()
+    tmp_b.mkdir()
+    before = set(os.listdir("/dev/shm"))
+    crash = subprocess.run([sys.executable, "-c", _CRASH, str(data), str(cache / "loader")], cwd=REPO,
+                           capture_output=True, text=True, timeout=300, start_new_session=True,
+                           env={**os.environ, "TMPDIR": str(tmp_a)})
+    assert crash.returncode == -signal.SIGKILL, crash.stderr
+    leaked = set(os.listdir("/dev/shm")) - before
+    assert any(n.endswith("_locals") for n in leaked), "nothing leaked; the test would prove nothing"
+    probe = subprocess.run([sys.executable, "-c", _PROBE, str(data), str(cache)], cwd=REPO, capture_output=True,
+                           text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_b)})
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    got = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert "Reused local directory" in got["control"]
+    assert len(got["ids"]) == 2
+    assert not leaked & set(os.listdir("/dev/shm"))
