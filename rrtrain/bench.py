@@ -11,6 +11,8 @@ Reported (per device unless named otherwise):
              head and the residual rule's) + 6 x n_layers x seq_len x d_model (attention), as in
              `rrtrain.sizing.flops_per_token`; the peak is the vendor's dense figure for the GPU and precision
              (`rrtrain.hardware`), or on CPU an fp32 matmul probe measured in this process; its source is printed.
+  CPU time   median process CPU time per step (all threads; on a shared CPU less disturbed by other load
+             than wall time)
   memory     peak allocated (CUDA) or the process's peak resident set (CPU), and the bytes of this rank's
              parameters and optimizer state (local shards under FSDP / ZeRO).
 Vocabulary and sequence length: the dataset's when `data.path` is set, else the config's / preset's.
@@ -133,15 +135,16 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
             engine.skip()
         return loss_v, norm_v
 
-    losses, times = [], []
+    losses, times, cpu_times = [], [], []
     for i in range(warmup + steps):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss_v, _ = one_step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
         losses.append(loss_v)
     mean = sum(times) / len(times)
     tokens_per_device = t.global_batch * shape.seq_len / info.world_size
@@ -155,6 +158,7 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
         "threads": torch.get_num_threads(), "micro_batch": t.micro_batch, "global_batch": t.global_batch,
         "accum": accum, "warmup": warmup, "steps": steps,
         "step_time_s": mean, "step_time_median_s": statistics.median(times), "step_time_min_s": min(times),
+        "step_cpu_time_s": statistics.median(cpu_times),
         "tokens_per_s": tps, "tokens_per_s_total": tps * info.world_size,
         "flops_per_token": fpt, "tflops_per_s": fpt * tps / 1e12,
         "peak_flops": peak, "peak_source": peak_source, "mfu": fpt * tps / peak,

@@ -147,10 +147,53 @@ def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str,
         raise UsageError(f"'{path}' has no '{split}' split ({err.filename})") from err
 
 
-def _rows(ds, indices: np.ndarray) -> torch.Tensor:  # noqa: ANN001 - a StreamingDataset
-    """Read rows by global sample id into an int64 [len(indices), seq_len+1] tensor."""
-    batch = np.stack([ds[int(i)][COLUMN] for i in indices]).astype(np.int64)
-    return torch.from_numpy(batch)
+class _Rows:
+    """Random access to rows: streaming places each shard locally, a memory map reads it.
+
+    The first access to a shard goes through `StreamingDataset.__getitem__`, which downloads,
+    decompresses and hash-checks it into the local cache (or finds it in place). The shard's raw MDS
+    file ([uint32 n][uint32 offsets x (n+1)][samples]) is then memory-mapped and, since every sample
+    is one fixed-size token row, a micro-batch is one fancy index instead of a file open per sample.
+    A shard whose layout is not exactly that falls back to streaming's per-sample decode.
+    """
+
+    def __init__(self, ds, dtype: str, row_len: int) -> None:  # noqa: ANN001 - a StreamingDataset
+        self.ds = ds
+        self.dtype = np.dtype(dtype)
+        self.row_len = row_len
+        self.starts = np.asarray(ds.sample_offset_per_shard, dtype=np.int64)
+        self._maps: dict[int, np.ndarray | None] = {}
+
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers map shards themselves
+        return {**self.__dict__, "_maps": {}}
+
+    def _map(self, shard_id: int, some_id: int) -> np.ndarray | None:
+        if shard_id not in self._maps:
+            self.ds[some_id]  # make the shard local through streaming (download, unzip, hash check)
+            reader = self.ds.shards[shard_id]
+            path = os.path.join(reader.dirname, reader.split, reader.raw_data.basename)
+            raw = np.memmap(path, dtype=np.uint8, mode="r")
+            n = int(raw[:4].view(np.uint32)[0])
+            offsets = raw[4 : 4 * (n + 2)].view(np.uint32).astype(np.int64)
+            row_bytes = self.row_len * self.dtype.itemsize
+            regular = n == reader.samples and bool(np.all(np.diff(offsets) == row_bytes)) and offsets[-1] <= len(raw)
+            self._maps[shard_id] = (
+                raw[offsets[0] : offsets[-1]].view(self.dtype).reshape(n, self.row_len) if regular else None
+            )
+        return self._maps[shard_id]
+
+    def __call__(self, ids: np.ndarray) -> torch.Tensor:
+        """Rows for global sample ids, as an int64 [len(ids), seq_len+1] tensor."""
+        shards = np.searchsorted(self.starts, ids, side="right") - 1
+        out = np.empty((len(ids), self.row_len), dtype=np.int64)
+        for shard in np.unique(shards):
+            mask = shards == shard
+            rows = self._map(int(shard), int(ids[mask][0]))
+            if rows is not None:
+                out[mask] = rows[ids[mask] - self.starts[shard]]
+            else:
+                out[mask] = np.stack([self.ds[int(i)][COLUMN] for i in ids[mask]])
+        return torch.from_numpy(out)
 
 
 def default_block_size(num_canonical_nodes: int) -> int:
@@ -217,11 +260,11 @@ class _Positions:
 class _RowsDataset(torch.utils.data.Dataset):
     """Map-style view for DataLoader workers: an index array in, an int64 batch out."""
 
-    def __init__(self, ds) -> None:  # noqa: ANN001 - a StreamingDataset
-        self.ds = ds
+    def __init__(self, rows: _Rows) -> None:
+        self.rows = rows
 
     def __getitem__(self, indices: np.ndarray) -> torch.Tensor:  # type: ignore[override]
-        return _rows(self.ds, indices)
+        return self.rows(indices)
 
 
 def _worker_init(_: int) -> None:
@@ -267,6 +310,7 @@ class TrainLoader:
             raise UsageError(f"'{path}' split '{split}' holds {self._ds.num_samples} samples but its manifest says {expected}")
         if self._ds.num_samples < 1:
             raise UsageError(f"'{path}' split '{split}' is empty")
+        self._rows = _Rows(self._ds, self.manifest["dtype"], self.seq_len + 1)
         self._positions = _Positions(np.asarray(self._ds.samples_per_shard, dtype=np.int64),
                                      num_canonical_nodes=num_canonical_nodes, seed=seed,
                                      block_size=self.block_size, shuffle=shuffle)
@@ -305,12 +349,12 @@ class TrainLoader:
         chunk = self.micro_batch * self.world_size
         if self.num_workers > 0:
             loader = torch.utils.data.DataLoader(
-                _RowsDataset(self._ds), sampler=self._micro_indices(start), batch_size=None,
+                _RowsDataset(self._rows), sampler=self._micro_indices(start), batch_size=None,
                 num_workers=self.num_workers, worker_init_fn=_worker_init, prefetch_factor=4,
             )
             batches: Iterator[torch.Tensor] = iter(loader)
         else:
-            batches = (_rows(self._ds, ids) for ids in self._micro_indices(start))
+            batches = (self._rows(ids) for ids in self._micro_indices(start))
         pos = start
         try:
             for batch in batches:
@@ -387,11 +431,12 @@ def eval_batches(path: str, *, micro_batch: int, n_batches: int, rank: int, worl
     ds = _open_split(path, manifest, "val", os.path.join(cache_dir, "eval"), batch_size=micro_batch,
                      num_canonical_nodes=1, seed=0)
     try:
+        rows = _Rows(ds, manifest["dtype"], int(manifest["seq_len"]) + 1)
         n, e = ds.num_samples, micro_batch * world_size
         out = []
         for b in range(n_batches):
             ids = (b * e + rank * micro_batch + np.arange(micro_batch, dtype=np.int64)) % n
-            out.append(_rows(ds, ids))
+            out.append(rows(ids))
         return out
     finally:
         del ds

@@ -101,7 +101,7 @@ class _DiscardableAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
-def ds_config(cfg: Config, world_size: int) -> dict[str, Any]:
+def ds_config(cfg: Config, world_size: int, cuda: bool) -> dict[str, Any]:
     """The DeepSpeed configuration a run's config implies; the global batch stays `train.global_batch`."""
     t, p = cfg.train, cfg.parallel
     per_step = t.micro_batch * world_size
@@ -111,7 +111,7 @@ def ds_config(cfg: Config, world_size: int) -> dict[str, Any]:
     bf16 = p.precision == "bf16"
     zero: dict[str, Any] = {
         "stage": p.zero_stage,
-        "overlap_comm": False,  # deterministic reduction order; CPU/gloo has no streams to overlap anyway
+        "overlap_comm": cuda,  # reduce on a side stream during backward; CPU/gloo has no streams to overlap
         "contiguous_gradients": True,
         "reduce_scatter": True,
     }
@@ -150,7 +150,7 @@ class DeepSpeedEngine(Engine):
         ensure_process_group(info)
         import torch.distributed as dist
 
-        self.config = ds_config(cfg, dist.get_world_size())
+        self.config = ds_config(cfg, dist.get_world_size(), cuda=info.device.type == "cuda")
         model.to(info.device)
         self.base_opt = _DiscardableAdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2),
                                           eps=t.adam_eps, fused=True if info.device.type == "cuda" else None)
@@ -221,6 +221,13 @@ class DeepSpeedEngine(Engine):
         self.ds.save_checkpoint(str(path), tag=TAG, save_latest=False)
 
     def load(self, path: Path) -> None:
+        import torch.distributed as dist
+
+        written = len(list((Path(path) / TAG).glob("zero_pp_rank_*_mp_rank_00_optim_states.pt")))
+        if written and written != dist.get_world_size():
+            raise UsageError(f"cannot resume: the DeepSpeed checkpoint {path.parent.name} was written by {written} "
+                             f"ranks and this run has {dist.get_world_size()}; DeepSpeed ZeRO checkpoints load only "
+                             "at the world size that wrote them (use that world size, or a new run.dir)")
         loaded, _ = self.ds.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
                                             load_lr_scheduler_states=False)
         if loaded is None:

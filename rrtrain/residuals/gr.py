@@ -21,7 +21,7 @@ from torch import nn
 
 from rrtrain.config import ResidualConfig
 from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo
-from rrtrain.residuals.streams import TiledStream, upcast, write_back
+from rrtrain.residuals.streams import TiledStream, rms_rstd, upcast, write_back
 
 RANK_DIVISOR = 8  # gr_rank = 0 means r = d / 8, the released config (d = 2560, r = 320)
 UP_INJ_STD = 0.02  # W_up and W_inj: the HF / Megatron default initializer_range (§4.4)
@@ -32,8 +32,11 @@ def gr_rank(d: int, cfg: ResidualConfig) -> int:
 
 
 def branch_norm(r: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """Per-branch RMSNorm with zero-centred gain: (b, t, n, d), w (n, d) -> (b, t, n, d) in fp32."""
-    return F.rms_norm(upcast(r), (r.shape[-1],), None, eps) * (1.0 + upcast(w))
+    """Per-branch RMSNorm with zero-centred gain: (b, t, n, d), w (n, d) -> (b, t, n, d) in fp32.
+
+    r · rstd promotes to fp32 without keeping an fp32 copy of a bf16 state for backward.
+    """
+    return r * rms_rstd(r, eps) * (1.0 + upcast(w))
 
 
 def gr_read(r_hat: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

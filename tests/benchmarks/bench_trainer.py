@@ -11,8 +11,9 @@ the latest ones.
    ~20M-parameter shape (d_model 384, 8 blocks, 6 heads, d_ff 1536, seq 256, vocab 8192; the `20m` of
    bench_residuals.py).
 2. `review` / `standard` step time at the same shape against their FLOP ratio (`sizing.flops_per_token`),
-   measured in one process with the two variants interleaved; target: time ratio <= FLOP ratio + 0.10,
-   i.e. the gate costs no more than its FLOPs plus 10% of a standard step.
+   measured in one process with the two variants interleaved (process CPU time per step, which other jobs
+   on a shared machine disturb far less than wall time); target: time ratio <= FLOP ratio + 0.10, i.e. the
+   gate costs no more than its FLOPs plus 10% of a standard step.
 3. Bytes of this rank's parameters + optimizer state (local shards) with FSDP2 at 2 ranks against 1 rank;
    target <= 0.55. DeepSpeed ZeRO-2 / ZeRO-3 at 2 ranks against ZeRO at 1 rank, for comparison.
 """
@@ -65,29 +66,37 @@ def test_cpu_throughput_and_mfu():
 
 
 def test_review_vs_standard_step_time():
-    """Interleaved in one process (same machine state for both): min step time over rounds."""
+    """In one process (one thread), the two variants alternating (standard, review, review, standard, ...).
+    Compared: the median per-step process CPU time of each, which other jobs on a shared machine disturb far
+    less than wall time; the ratio of the fastest wall-clock steps is printed beside it."""
+    import statistics
+
+    import torch
+
     from rrtrain import sizing
     from rrtrain.bench import run_bench
     from rrtrain.config import load_config
     from rrtrain.dist import DistInfo
 
-    import torch
-
     info = DistInfo(0, 1, 0, torch.device("cpu"))
     print()
-    for label, shape_args, rounds, steps in (("20M", M20, 3, 3), ("tiny", TINY, 3, 8)):
+    for label, shape_args, rounds, steps in (("20M", M20, 2, 3), ("tiny", TINY, 3, 8)):
         cfgs = {v: load_config(TINY_CFG, [*shape_args, f"model.variant={v}"]) for v in ("standard", "review")}
-        best = {v: float("inf") for v in cfgs}
+        cpu: dict[str, list[float]] = {v: [] for v in cfgs}
+        wall: dict[str, list[float]] = {v: [] for v in cfgs}
         for _ in range(rounds):
-            for v, cfg in cfgs.items():
-                best[v] = min(best[v], run_bench(cfg, steps=steps, warmup=1, info=info)["step_time_min_s"])
+            for v in ("standard", "review", "review", "standard"):
+                r = run_bench(cfgs[v], steps=steps, warmup=1, info=info)
+                cpu[v].append(r["step_cpu_time_s"])
+                wall[v].append(r["step_time_min_s"])
+        c = {v: statistics.median(t) for v, t in cpu.items()}
         shape = sizing.resolve_shape(cfgs["standard"].model)
         flops = {v: sizing.flops_per_token(shape, v, cfgs[v].model.residual) for v in cfgs}
-        t_ratio, f_ratio = best["review"] / best["standard"], flops["review"] / flops["standard"]
+        t_ratio, f_ratio = c["review"] / c["standard"], flops["review"] / flops["standard"]
         verdict = "meets" if t_ratio <= f_ratio + 0.10 else "MISSES"
-        print(f"{label}: step time review {best['review']:.4f} s / standard {best['standard']:.4f} s = "
-              f"{t_ratio:.3f}; FLOP ratio {f_ratio:.3f}; gate overhead {100 * (t_ratio - 1):.1f}% of a step vs "
-              f"{100 * (f_ratio - 1):.1f}% in FLOPs -> {verdict} the target (time ratio <= FLOP ratio + 0.10)")
+        print(f"{label}: step CPU time review {c['review']:.4f} s / standard {c['standard']:.4f} s = {t_ratio:.3f} "
+              f"(fastest wall-clock steps: {min(wall['review']) / min(wall['standard']):.3f}); FLOP ratio "
+              f"{f_ratio:.3f} -> {verdict} the target (time ratio <= FLOP ratio + 0.10 = {f_ratio + 0.10:.3f})")
         assert t_ratio > 0
 
 

@@ -1,5 +1,6 @@
 """Benchmarks are named bench_*.py so that `make test` (tests/unit, distributed, e2e, slurm) never runs them;
-this collects them when pytest is pointed at tests/benchmarks (`make bench`)."""
+this collects them when pytest is pointed at tests/benchmarks (`make bench`). A file named on the command
+line is already collected by pytest itself, so it is left alone here (else it would run twice)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,6 @@ import pytest
 
 
 def pytest_collect_file(parent: pytest.Collector, file_path):
-    if file_path.suffix == ".py" and file_path.name.startswith("bench_"):
+    if file_path.suffix == ".py" and file_path.name.startswith("bench_") and not parent.session.isinitpath(file_path):
         return pytest.Module.from_parent(parent, path=file_path)
     return None

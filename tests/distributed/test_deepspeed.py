@@ -232,16 +232,31 @@ for stage, precision in ((1, "fp32"), (2, "fp32"), (3, "fp32"), (1, "bf16"), (3,
     r.update(a_final=loss_on(a, batches[2]), b_final=loss_on(b, batches[2]), counters_final=a.counters(),
              adam_steps_a=adam_steps(a), adam_steps_b=adam_steps(b))
     out[f"ZeRO-{stage} {precision}"] = r
+
+# a checkpoint written by another number of ranks is refused with a usage error (exit status 2), not a crash
+import pathlib, tempfile
+from rrtrain.errors import UsageError
+state = pathlib.Path(tempfile.mkdtemp()) / "step_00000005" / "state"
+(state / "zero").mkdir(parents=True)
+for r in range(3):
+    (state / "zero" / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").touch()
+try:
+    a.load(state)
+    refused = None
+except UsageError as err:
+    refused = str(err)
 if info.is_main:
-    print("RESULT " + json.dumps(out))
+    print("RESULT " + json.dumps({"engines": out, "refused": refused}))
 dist.teardown()
 '''
 
 
 def test_skip_discards_finite_gradients(tmp_path):
     """`skip()` with finite gradients (the loop's decision, e.g. a non-finite loss), ZeRO-1/2/3 in fp32 and
-    ZeRO-1 (DeepSpeed's BF16_Optimizer) / ZeRO-3 in bf16: no weight, moment or AdamW step-count change, DeepSpeed's counters advance (global_steps 1, skipped_steps 1, micro_steps =
-    accumulation), and the next step is bitwise what an engine that never saw the discarded batch does."""
+    ZeRO-1 (DeepSpeed's BF16_Optimizer) / ZeRO-3 in bf16: no weight, moment or AdamW step-count change,
+    DeepSpeed's counters advance (global_steps 1, skipped_steps 1, micro_steps = accumulation), and the next
+    step is bitwise what an engine that never saw the discarded batch does.
+    Also: loading a DeepSpeed checkpoint written by another number of ranks is a UsageError (exit status 2)."""
     script = tmp_path / "skip_check.py"
     script.write_text(SKIP_CHECK)
     cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
@@ -249,7 +264,9 @@ def test_skip_discards_finite_gradients(tmp_path):
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
-    for label, r in json.loads(line[len("RESULT "):]).items():
+    result = json.loads(line[len("RESULT "):])
+    assert "written by 3 ranks and this run has 2" in (result["refused"] or ""), result["refused"]
+    for label, r in result["engines"].items():
         assert math.isfinite(r["norm"]) and r["norm"] > 0, (label, r)
         assert r["after_skip"] == r["before"], (label, r)
         assert r["counters_after_skip"] == {"global_steps": 1, "skipped_steps": 1, "micro_steps": 2}, (label, r)

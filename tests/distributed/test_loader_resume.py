@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -41,12 +42,18 @@ def _write_ids(out: Path, n: int) -> None:
 def _torchrun(tmp_path: Path, name: str, plan: dict) -> dict:
     plan_path, out_path = tmp_path / f"{name}.plan.json", tmp_path / f"{name}.out.json"
     plan_path.write_text(json.dumps(plan))
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          str(HERE / "loader_worker.py"), str(plan_path), str(out_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=400,
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    try:
+        _, err = proc.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks
+        _, err = proc.communicate()
+        raise AssertionError(f"torchrun timed out: {err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
     return json.loads(out_path.read_text())
 
 

@@ -15,7 +15,7 @@ TINY = str(Path(__file__).resolve().parents[2] / "configs" / "train" / "tiny.yam
 KEYS = {
     "variant", "size", "shape", "params", "backend", "zero_stage", "precision", "compile", "ac", "world_size",
     "device", "threads", "micro_batch", "global_batch", "accum", "warmup", "steps", "step_time_s",
-    "step_time_median_s", "step_time_min_s", "tokens_per_s", "tokens_per_s_total", "flops_per_token",
+    "step_time_median_s", "step_time_min_s", "step_cpu_time_s", "tokens_per_s", "tokens_per_s_total", "flops_per_token",
     "tflops_per_s", "peak_flops", "peak_source", "mfu", "peak_mem_gb", "peak_mem_kind", "loss_first", "loss_last",
     "param_bytes", "optim_bytes",
 }
@@ -35,7 +35,7 @@ def test_bench_tiny_json(capsys, tmp_path, monkeypatch):
     assert set(r) == KEYS
     assert r["size"] == "tiny" and r["variant"] == "review" and r["backend"] == "none"  # configs/train/tiny.yaml
     assert r["accum"] == 2 and r["steps"] == 2 and r["world_size"] == 1
-    for key in ("step_time_s", "step_time_min_s", "tokens_per_s", "tokens_per_s_total", "flops_per_token",
+    for key in ("step_time_s", "step_time_min_s", "step_cpu_time_s", "tokens_per_s", "tokens_per_s_total", "flops_per_token",
                 "tflops_per_s", "peak_flops", "mfu", "peak_mem_gb", "param_bytes", "optim_bytes", "params"):
         assert r[key] > 0 and math.isfinite(r[key]), key
     assert r["tokens_per_s"] == pytest.approx(4 * 32 / r["step_time_s"])

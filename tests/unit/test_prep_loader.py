@@ -75,6 +75,7 @@ def test_seed_changes_the_order_and_shuffle_false_reads_in_order(ids_data, tmp_p
     assert [i for s in plain for i in s] == [i % N for i in range(240)]
 
 
+@pytest.mark.filterwarnings("ignore:Shuffle block size was smaller")
 def test_epoch_order_is_streamings_own_single_rank_order(ids_data, tmp_path):
     """We keep streaming's shuffle (py1e, canonical nodes) and only change how positions map to ranks."""
     from streaming import StreamingDataset
@@ -234,3 +235,19 @@ def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
     assert "Reused local directory" in got["control"]
     assert len(got["ids"]) == 2
     assert not leaked & set(os.listdir("/dev/shm"))
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_memory_mapped_rows_equal_streamings_own_decode(tmp_path, compression):
+    """The fast row path (streaming places the shard, a memmap reads it) returns what streaming decodes."""
+    from rrtrain.data import _open_split, _Rows
+
+    path = tmp_path / "d"
+    man = write_id_dataset(path, 150, seq_len=5, shard_size=512, compression=compression)
+    ds = _open_split(str(path), man, "train", str(tmp_path / "c"), batch_size=1, num_canonical_nodes=1, seed=0)
+    assert len(ds.shards) >= 5
+    ids = np.random.default_rng(0).permutation(150)
+    fast = _Rows(ds, "uint16", 6)(ids).numpy()
+    slow = np.stack([ds[int(i)]["tokens"] for i in ids]).astype(np.int64)
+    assert (fast == slow).all() and (fast[:, 0] == ids).all()
+    del ds
