@@ -185,7 +185,7 @@ class Story:
             f"{h.name} and {self.friend.name} smiled, and they played together until the sun went down.",
             f"That night, {h.name} fell asleep with a big smile.",
             f"And {h.name} was the happiest {h.kind} in {self.town}.",
-            f"The end.",
+            "The end.",
         ]))
 
 
@@ -214,7 +214,7 @@ def plot_lost(s: Story) -> None:
 
 
 def plot_broken(s: Story) -> None:
-    h, f, e, r = s.hero, s.friend, s.elder, s.r
+    h, f, e = s.hero, s.friend, s.elder
     broke, tool, mended = L.MEND[s.material]
     s.opening()
     s.visit_place(f"{h.name}")
@@ -283,13 +283,13 @@ def plot_fear(s: Story) -> None:
 
 
 def plot_share(s: Story) -> None:
-    h, f, e, r = s.hero, s.friend, s.elder, s.r
+    h, f, e = s.hero, s.friend, s.elder
     s.opening()
     s.visit_place(f"{h.name} and {f.name}")
     s.add(f"{h.name} brought {s.the_obj()}.")
     s.say(f, f"Can I play with your {s.obj}?")
-    s.say(h, f"No, it is mine!", "said")
-    s.add(f"{f.name} grabbed the {s.obj} and {h.name} pulled it back.", f"They both pulled and pulled.")
+    s.say(h, "No, it is mine!", "said")
+    s.add(f"{f.name} grabbed the {s.obj} and {h.name} pulled it back.", "They both pulled and pulled.")
     s.say(f, "You never share!", "shouted")
     s.add(f"{s.feel(f, 'angry')} and walked away.", f"Now {h.name} had the {s.obj}, but {h.he} had no one to play with.")
     s.para()
@@ -300,12 +300,12 @@ def plot_share(s: Story) -> None:
     s.add(f"{h.name} walked over to {f.name}.")
     s.say(h, f"I am sorry, {f.name}. Do you want to take turns with my {s.obj}?")
     s.say(f, "Yes! Thank you!")
-    s.add(f"They took turns with the {s.obj} and then {s.pick(s.activities)} together.", f"It was much more fun than playing alone.")
+    s.add(f"They took turns with the {s.obj} and then {s.pick(s.activities)} together.", "It was much more fun than playing alone.")
     s.ending("share")
 
 
 def plot_animal(s: Story) -> None:
-    h, f, e, r = s.hero, s.friend, s.elder, s.r
+    h, e, r = s.hero, s.elder, s.r
     animal = r.choice([a for a in L.ANIMALS if a not in ("dragon", "unicorn", "whale", "elephant")])
     plural, young, sound, moves, food, home = L.ANIMALS[animal]
     trouble = r.randrange(3)
@@ -410,7 +410,7 @@ def plot_race(s: Story) -> None:
 
 
 def plot_explore(s: Story) -> None:
-    h, f, e, r = s.hero, s.friend, s.elder, s.r
+    h, f, e = s.hero, s.friend, s.elder
     find = s.pick(L.EXPLORE_FINDS)
     s.opening()
     s.add(f"{h.name} loved to explore.")

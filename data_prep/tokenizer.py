@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from typing import Iterable, Iterator, Protocol
 
 import numpy as np
@@ -234,8 +233,3 @@ def load_from_dataset(data_dir: str) -> Tokenizer:
         man = json.load(f)
     saved = man.get("tokenizer_file")
     return reload(man["tokenizer"], os.path.join(data_dir, saved) if saved else None, man["eos_id"])
-
-
-def copy_saved(src_file: str, out_dir: str) -> None:
-    """Copy a saved tokenizer file into the output directory (used when workers loaded it from a temp path)."""
-    shutil.copyfile(src_file, os.path.join(out_dir, os.path.basename(src_file)))

@@ -53,6 +53,8 @@ class SplitWriter:
         self.samples = 0
         self.documents = 0
         self.counts = np.zeros(vocab_size, dtype=np.int64) if count_tokens else None
+        self._uncounted: list[np.ndarray] = []  # rows not yet in `counts`: bincount is O(vocab) per call
+        self._uncounted_tokens = 0
         self._writer = MDSWriter(
             out=out_dir,
             columns={COLUMN: f"ndarray:{dtype.name}:{row_len}"},
@@ -67,13 +69,23 @@ class SplitWriter:
             self._writer.write({COLUMN: row})
         self.samples += len(rows)
         if self.counts is not None:
-            self.counts += np.bincount(rows.ravel(), minlength=len(self.counts))[: len(self.counts)]
+            self._uncounted.append(rows.ravel())
+            self._uncounted_tokens += rows.size
+            if self._uncounted_tokens >= max(1 << 20, len(self.counts)):
+                self._count()
+
+    def _count(self) -> None:
+        if self.counts is not None and self._uncounted:
+            ids = np.concatenate(self._uncounted)
+            self.counts += np.bincount(ids, minlength=len(self.counts))[: len(self.counts)]
+        self._uncounted, self._uncounted_tokens = [], 0
 
     @property
     def tokens(self) -> int:
         return self.samples * self.row_len
 
     def close(self) -> None:
+        self._count()
         self._writer.finish()
 
 

@@ -103,11 +103,13 @@ def check_vocab(manifest: dict[str, Any], model_vocab: int) -> None:
         raise UsageError(f"dataset vocabulary {manifest['vocab_size']} does not fit the model's vocab_size {model_vocab}")
 
 
-def clean_stale_shm() -> None:
+def clean_stale_shm(local_rank: int = 0) -> None:
     """Remove shared memory leaked by crashed streaming runs, once per process, before any dataset.
 
     Calls `streaming.base.util.clean_stale_shared_memory()`, which unlinks on local rank 0 and
     then waits at a barrier when torch.distributed is up, so every rank must call this together.
+    Streaming reads the local rank from $LOCAL_RANK; launchers that do not set it (srun) get ours,
+    so that only one process per node unlinks.
     """
     global _shm_cleaned
     with _shm_lock:
@@ -115,17 +117,43 @@ def clean_stale_shm() -> None:
             return
         from streaming.base.util import clean_stale_shared_memory
 
-        clean_stale_shared_memory()
+        had_env = "LOCAL_RANK" in os.environ
+        if not had_env:
+            os.environ["LOCAL_RANK"] = str(local_rank)
+        try:
+            clean_stale_shared_memory()
+        finally:
+            if not had_env:
+                del os.environ["LOCAL_RANK"]
         _shm_cleaned = True
 
 
+# One StreamingDataset per (dataset, split, local dir) per process. Streaming's constructor opens every
+# shared-memory segment already registered on the machine to look for a free prefix and keeps each one
+# open until exit (an atexit hook holds it): constructing datasets repeatedly exhausts file descriptors.
+# Random access needs nothing from the constructor's seed or batch size, so loaders share one instance.
+_SPLITS: dict[tuple[str | None, str, str, str], "_Split"] = {}
+_splits_lock = threading.Lock()
+
+
+class _Split:
+    """A split opened for random access: the StreamingDataset, its shard sizes and the row reader."""
+
+    def __init__(self, ds, dtype: str, row_len: int) -> None:  # noqa: ANN001 - a StreamingDataset
+        self.ds = ds
+        self.num_samples = int(ds.num_samples)
+        self.samples_per_shard = np.asarray(ds.samples_per_shard, dtype=np.int64)
+        self.rows = _Rows(ds, dtype, row_len)
+
+
 def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str, *, batch_size: int,
-                num_canonical_nodes: int, seed: int):  # noqa: ANN202 - a StreamingDataset
+                num_canonical_nodes: int, seed: int) -> _Split:
     """A StreamingDataset used for random access only (its own iteration is never used).
 
     A local uncompressed dataset is read in place. Remote or compressed datasets go through a
     local cache under `cache_dir`, which must be unique to the run (streaming refuses a cache dir
-    another live dataset uses, and decompressing into a shared dataset dir would race).
+    another live dataset uses, and decompressing into a shared dataset dir would race) and the same
+    for the ranks of one node. All ranks must open splits in the same order (streaming synchronises).
     """
     from streaming import StreamingDataset
 
@@ -135,16 +163,22 @@ def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str,
         os.makedirs(local, exist_ok=True)
     else:
         remote, local = None, os.path.abspath(path)
-    try:
-        return StreamingDataset(
-            remote=remote, local=local, split=split, shuffle=False, shuffle_seed=seed,
-            num_canonical_nodes=num_canonical_nodes, batch_size=batch_size,
-            validate_hash="xxh64" if remote_mode else None,
-        )
-    except ValueError as err:
-        raise UsageError(f"cannot open '{path}' split '{split}': {str(err).splitlines()[0]}") from err
-    except FileNotFoundError as err:
-        raise UsageError(f"'{path}' has no '{split}' split ({err.filename})") from err
+    key = (remote, local, split, str(manifest["fingerprint"]))
+    with _splits_lock:
+        if key in _SPLITS:
+            return _SPLITS[key]
+        try:
+            ds = StreamingDataset(
+                remote=remote, local=local, split=split, shuffle=False, shuffle_seed=seed,
+                num_canonical_nodes=num_canonical_nodes, batch_size=batch_size,
+                validate_hash="xxh64" if remote_mode else None,
+            )
+        except ValueError as err:
+            raise UsageError(f"cannot open '{path}' split '{split}': {str(err).splitlines()[0]}") from err
+        except FileNotFoundError as err:
+            raise UsageError(f"'{path}' has no '{split}' split ({err.filename})") from err
+        opened = _SPLITS[key] = _Split(ds, manifest["dtype"], int(manifest["seq_len"]) + 1)
+        return opened
 
 
 class _Rows:
@@ -302,16 +336,16 @@ class TrainLoader:
         self.shuffle = shuffle
         self.block_size = default_block_size(num_canonical_nodes)
         self.manifest = read_manifest(path)
-        clean_stale_shm()
-        self._ds = _open_split(path, self.manifest, split, os.path.join(cache_dir, "loader"), batch_size=micro_batch,
-                               num_canonical_nodes=num_canonical_nodes, seed=seed)
+        clean_stale_shm(local_rank)
+        opened = _open_split(path, self.manifest, split, os.path.join(cache_dir, "loader"), batch_size=micro_batch,
+                             num_canonical_nodes=num_canonical_nodes, seed=seed)
         expected = self.manifest["splits"].get(split, {}).get("samples")
-        if expected is not None and expected != self._ds.num_samples:
-            raise UsageError(f"'{path}' split '{split}' holds {self._ds.num_samples} samples but its manifest says {expected}")
-        if self._ds.num_samples < 1:
+        if expected is not None and expected != opened.num_samples:
+            raise UsageError(f"'{path}' split '{split}' holds {opened.num_samples} samples but its manifest says {expected}")
+        if opened.num_samples < 1:
             raise UsageError(f"'{path}' split '{split}' is empty")
-        self._rows = _Rows(self._ds, self.manifest["dtype"], self.seq_len + 1)
-        self._positions = _Positions(np.asarray(self._ds.samples_per_shard, dtype=np.int64),
+        self._rows = opened.rows
+        self._positions = _Positions(opened.samples_per_shard,
                                      num_canonical_nodes=num_canonical_nodes, seed=seed,
                                      block_size=self.block_size, shuffle=shuffle)
         self._position = 0
@@ -428,15 +462,8 @@ def eval_batches(path: str, *, micro_batch: int, n_batches: int, rank: int, worl
         raise UsageError("eval_batches needs micro_batch >= 1, n_batches >= 0 and 0 <= rank < world_size")
     manifest = read_manifest(path)
     clean_stale_shm()
-    ds = _open_split(path, manifest, "val", os.path.join(cache_dir, "eval"), batch_size=micro_batch,
-                     num_canonical_nodes=1, seed=0)
-    try:
-        rows = _Rows(ds, manifest["dtype"], int(manifest["seq_len"]) + 1)
-        n, e = ds.num_samples, micro_batch * world_size
-        out = []
-        for b in range(n_batches):
-            ids = (b * e + rank * micro_batch + np.arange(micro_batch, dtype=np.int64)) % n
-            out.append(rows(ids))
-        return out
-    finally:
-        del ds
+    opened = _open_split(path, manifest, "val", os.path.join(cache_dir, "eval"), batch_size=micro_batch,
+                         num_canonical_nodes=1, seed=0)
+    n, e = opened.num_samples, micro_batch * world_size
+    return [opened.rows((b * e + rank * micro_batch + np.arange(micro_batch, dtype=np.int64)) % n)
+            for b in range(n_batches)]

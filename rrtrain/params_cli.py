@@ -7,7 +7,7 @@ import difflib
 import json
 
 from rrtrain import residuals, sizing
-from rrtrain.config import ModelConfig, apply_overrides, build, validate, Config
+from rrtrain.config import Config, apply_overrides, build, validate
 from rrtrain.errors import UsageError
 
 

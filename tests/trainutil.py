@@ -79,7 +79,23 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: flo
 
 
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    os.killpg(proc.pid, sig)
+    """Signal the launcher and every process below it. torchrun starts each rank in a session of its
+    own, so signalling the launcher's process group alone would leave the ranks running."""
+    import psutil
+
+    try:
+        root = psutil.Process(proc.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    targets = tree if sig == signal.SIGKILL else [root]  # a SIGTERM to torchrun is forwarded by torchrun itself
+    for p in targets:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    if sig == signal.SIGKILL:
+        psutil.wait_procs(targets, timeout=30)
 
 
 def records(run_dir: Path) -> list[dict]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from rrtrain.config import ResidualConfig
 from rrtrain.norm import RMSNorm
@@ -76,7 +77,9 @@ class MHCSite(Site):
         h_pre = torch.sigmoid(al[0] * z[..., :n] + bias[:n])
         h_post = 2.0 * torch.sigmoid(al[1] * z[..., n:2 * n] + bias[n:2 * n])
         res_logits = (al[2] * z[..., 2 * n:] + bias[2 * n:]).unflatten(-1, (n, n))
-        return h_pre, h_post, sinkhorn(res_logits, cfg.sinkhorn_iters, cfg.sinkhorn_eps)
+        # recomputed in backward: its 2·iters steps would otherwise keep ~6·iters·n² floats per token
+        h_res = checkpoint(sinkhorn, res_logits, cfg.sinkhorn_iters, cfg.sinkhorn_eps, use_reentrant=False)
+        return h_pre, h_post, h_res
 
     def mix_in(self, s: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """The read before the sublayer's pre-norm: x (b, t, d) in fp32, ctx = (H_post, H_res)."""

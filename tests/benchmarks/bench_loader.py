@@ -1,6 +1,6 @@
 """Loader throughput against what training consumes at the `tiny` preset (target: >= 50x).
 
-Run:  .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/benchmarks/bench_loader.py   (or `make bench`)
+Run:  .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/benchmarks -k loader   (or `make bench`)
 
 Both sides are measured in this process on the same data: a bpe-1024 synthetic-stories dataset at the
 tiny preset's seq_len (128), micro-batch 8. Training = forward + backward + AdamW step of the `tiny`

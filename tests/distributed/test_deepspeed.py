@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from trainutil import PY, REPO, env, final, free_port, records, train, train_cmd
+from trainutil import PY, REPO, env, final, free_port, kill_group, records, train, train_cmd
 
 pytestmark = pytest.mark.distributed
 
@@ -41,24 +40,6 @@ COMMON = [
     "train.grad_clip=0.25",  # below the gradient norms of these runs (0.3-0.6): every step is clipped
 ]
 ZERO = ["parallel.backend=deepspeed"]
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL torchrun and its ranks at once, as when the node dies. torchrun starts each rank in a session
-    of its own, so a signal to torchrun's process group alone would leave the ranks running."""
-    import psutil  # a dependency of deepspeed
-
-    try:
-        procs = [psutil.Process(proc.pid)]
-        procs += procs[0].children(recursive=True)
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=30)
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -157,7 +138,7 @@ def test_zero3_kill_and_resume(stories_data, baseline, tmp_path):
     try:
         while True:
             if max(_losses(run_dir), default=0) >= kill_after:
-                _kill_tree(proc)
+                kill_group(proc)
                 break
             if proc.poll() is not None:
                 pytest.fail(f"the first run ended (exit {proc.returncode}) before step {kill_after}: "
@@ -165,7 +146,7 @@ def test_zero3_kill_and_resume(stories_data, baseline, tmp_path):
             assert time.time() < deadline, "the first run did not reach the kill step in time"
             time.sleep(0.02)
     finally:
-        _kill_tree(proc)
+        kill_group(proc)
         proc.wait()
         log.close()
     first = _losses(run_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 
+import pytest
 import torch
 
 from data_prep.cli import main as prep_main
@@ -24,6 +25,7 @@ def _val_loss(model: torch.nn.Module, batches: list[torch.Tensor]) -> float:
     return sum(losses) / len(losses)
 
 
+@pytest.mark.slow
 def test_tiny_model_beats_the_unigram_entropy_by_a_wide_margin(tmp_path):
     data = tmp_path / "stories"
     assert prep_main(["--source", "synthetic:stories", "--num-docs", "2500", "--tokenizer", "bpe:1024",

@@ -240,14 +240,15 @@ def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_memory_mapped_rows_equal_streamings_own_decode(tmp_path, compression):
     """The fast row path (streaming places the shard, a memmap reads it) returns what streaming decodes."""
-    from rrtrain.data import _open_split, _Rows
+    from rrtrain.data import _open_split
 
     path = tmp_path / "d"
     man = write_id_dataset(path, 150, seq_len=5, shard_size=512, compression=compression)
-    ds = _open_split(str(path), man, "train", str(tmp_path / "c"), batch_size=1, num_canonical_nodes=1, seed=0)
+    opened = _open_split(str(path), man, "train", str(tmp_path / "c"), batch_size=1, num_canonical_nodes=1, seed=0)
+    ds = opened.ds
     assert len(ds.shards) >= 5
     ids = np.random.default_rng(0).permutation(150)
-    fast = _Rows(ds, "uint16", 6)(ids).numpy()
+    fast = opened.rows(ids).numpy()
+    assert all(m is not None for m in opened.rows._maps.values())  # the fast path was taken
     slow = np.stack([ds[int(i)]["tokens"] for i in ids]).astype(np.int64)
     assert (fast == slow).all() and (fast[:, 0] == ids).all()
-    del ds

@@ -65,7 +65,7 @@ def test_plots_are_causally_consistent():
         elif plot == "plot_lost":
             # found next to the feature where it was put down, back at the same place
             put = re.search(r"put the .+? down next to (.+?)\.", text)
-            assert put and f"I put it down next to" in text and s.to_place in text, text
+            assert put and "I put it down next to" in text and s.to_place in text, text
             seen[plot] += 1
         elif plot == "plot_bake":
             dish = re.search(r"wanted to make (.+?) for", text).group(1)
