@@ -94,7 +94,7 @@ class TiktokenTokenizer:
         try:
             import tiktoken
         except ImportError as err:
-            raise UsageError("tokenizer 'tiktoken:...' needs the tiktoken package (pip install tiktoken)") from err
+            raise UsageError(f"tokenizer 'tiktoken:{name}' needs the tiktoken package (pip install tiktoken)") from err
         try:
             self._enc = tiktoken.get_encoding(name)
         except ValueError as err:

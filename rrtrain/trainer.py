@@ -263,6 +263,7 @@ class Trainer:
         finally:
             stop.restore()
             log.close()
+            self.loader.close()  # stop loader workers before the process group goes
         return self.status
 
     def write_final(self) -> None:

@@ -41,7 +41,7 @@ SIZES = {  # name: (model overrides, batch, timed steps); tiny with the byte voc
     "tiny": (dict(size="tiny", vocab_size=258), 8, 10),
     "20m": (dict(size="tiny", d_model=384, n_layers=8, n_heads=6, d_ff=1536, seq_len=256, vocab_size=8192), 4, 4),
 }
-PASSES = 1  # measure every variant this many times (interleaved) and keep the fastest step
+PASSES = 3  # measure every variant this many times (interleaved) and keep the fastest step
 THREADS = 1  # one thread: its CPU time is the work done, whatever else shares the machine
 VARIANTS = {  # label: (rule, residual overrides)
     "standard": ("standard", {}),

@@ -138,15 +138,6 @@ def skip_path_jvp(variant: str, blocks: int, seed: int = 0) -> tuple[torch.Tenso
 # Tests at 40 sublayers
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls: one thread is faster, and far faster when the cores are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def ratios40() -> dict[str, list[tuple[float, float]]]:
     return {v: [gradient_ratios(v, 20, s) for s in SEEDS] for v in ("review", "review_convex")}

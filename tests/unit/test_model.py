@@ -22,15 +22,6 @@ from rrtrain.residuals import RuleSpec, Site, Stream
 V, T, D = 64, 16, 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls: one thread is faster, and far faster when the cores are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny(variant: str = "standard", pos: str = "learned", seed: int = 0, **residual) -> rrtrain.model.Transformer:
     torch.manual_seed(seed)
     m = ModelConfig(size="tiny", variant=variant, d_model=D, n_layers=2, n_heads=4, d_ff=64, seq_len=T,

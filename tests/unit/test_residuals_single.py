@@ -22,15 +22,6 @@ H = torch.tensor([[[2.0, 2.0]]], dtype=torch.float64)  # (B=1, T=1, d=2)
 U = torch.tensor([[[4.0, -4.0]]], dtype=torch.float64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls: one thread is faster, and far faster when the cores are shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_site(name: str, d: int = 2, index: int = 0, n_sublayers: int = 2, **cfg) -> torch.nn.Module:
     info = SiteInfo(d, index, n_sublayers, "attn", 1e-6, ResidualConfig(**cfg))
     return residuals.get(name).site(info).double()
