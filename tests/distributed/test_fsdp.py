@@ -16,9 +16,11 @@ PARITY = ["train.max_steps=20", "train.log_every=1", "train.eval_every=0", "trai
           "train.warmup_steps=4"]
 
 
-def test_fsdp_two_ranks_matches_one_process(tmp_path, stories_data):
-    train(tmp_path / "one", stories_data, *PARITY, "train.micro_batch=8")
-    train(tmp_path / "fsdp", stories_data, *PARITY, "train.micro_batch=2", "parallel.backend=fsdp", nproc=2)
+@pytest.mark.parametrize("variant", ["review", "gr", "mhc"])
+def test_fsdp_two_ranks_matches_one_process(tmp_path, stories_data, variant):
+    args = [*PARITY, f"model.variant={variant}"]
+    train(tmp_path / "one", stories_data, *args, "train.micro_batch=8")
+    train(tmp_path / "fsdp", stories_data, *args, "train.micro_batch=2", "parallel.backend=fsdp", nproc=2)
     one, two = losses(tmp_path / "one"), losses(tmp_path / "fsdp")
     assert len(one) == 20
     assert max_rel_diff(one, two) < 1e-4
