@@ -272,7 +272,7 @@ class Trainer:
         cfg = self.cfg
         final = {
             "status": self.status, "step": self.step, "tokens": self.tokens,
-            "final_val_loss": self.last_val if self.status == "completed" else self.last_val,
+            "final_val_loss": self.last_val,
             "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
             "params": self.params, "variant": cfg.model.variant, "size": cfg.model.size, "seed": cfg.train.seed,
             "wall_s": round(self.wall_s(), 3), "flags": self.flags(), "exit_code": EXIT_CODES[self.status],
