@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     # the heavy imports (scipy, matplotlib) only once the input is known to be good
     from rrtrain.report import plots, render
     from rrtrain.report.analysis import analyze
-    from rrtrain.report.atomic import write_text
+    from rrtrain.io import atomic_write_text as write_text
 
     analysis = analyze(runs, opts)
     out.mkdir(parents=True, exist_ok=True)
