@@ -24,7 +24,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import signal
 import tempfile
 import threading
 import weakref
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 
 from rrtrain.errors import UsageError
+from rrtrain.signals import ignore_stop_signals
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -45,7 +45,6 @@ _REQUIRED = ("format_version", "vocab_size", "eos_id", "seq_len", "dtype", "spli
 _NEVER_CHANGE = ("fingerprint", "seed", "shuffle", "split")
 # ... or refused unless the caller allows it (the run continues on a different schedule).
 _CHANGE_IF_ALLOWED = ("world_size", "global_batch", "num_canonical_nodes", "shuffle_block_size")
-_WORKER_IGNORED_SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2")
 
 _shm_lock = threading.Lock()
 _shm_cleaned = False
@@ -303,10 +302,7 @@ class _RowsDataset(torch.utils.data.Dataset):
 
 def _worker_init(_: int) -> None:
     """DataLoader workers ignore the signals the trainer handles in the main process."""
-    for name in _WORKER_IGNORED_SIGNALS:
-        sig = getattr(signal, name, None)
-        if sig is not None:
-            signal.signal(sig, signal.SIG_IGN)
+    ignore_stop_signals()
 
 
 class TrainLoader:

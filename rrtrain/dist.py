@@ -25,10 +25,6 @@ class DistInfo:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1 or dist.is_initialized()
-
 
 def setup(timeout_s: int) -> DistInfo:
     """Initialise the default process group when launched by torchrun (or any env:// launcher)."""
@@ -63,11 +59,3 @@ def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return t
 
-
-def broadcast_object(obj: object) -> object:
-    """Rank 0's object on every rank."""
-    if not dist.is_initialized():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
