@@ -132,3 +132,24 @@ def test_templates_pass_bash_n():
     root = Path(__file__).resolve().parents[2] / "slurm"
     for name in ("array.sbatch", "multinode.sbatch"):
         subprocess.run(["bash", "-n", str(root / name)], check=True)
+
+
+def test_submitit_parameters_render_a_valid_job(tmp_path):
+    """The slurm executor's settings as submitit writes them (no Slurm needed to render)."""
+    import submitit
+
+    from launchers.slurm_executor import parameters
+
+    r = spec.Resources(tasks_per_node=2, partition="debug", extra_sbatch=["--exclusive", "--gres=gpu:0"],
+                       signal_delay_s=45, max_requeues=7)
+    ex = submitit.AutoExecutor(folder=str(tmp_path / "%j"), cluster="slurm", slurm_max_num_timeout=r.max_requeues)
+    ex.update_parameters(**parameters(r, "demo-tiny", "/snap/code"))
+    text = ex._executor._make_submission_file_text("python -m x", "uid")
+    for line in ("#SBATCH --ntasks-per-node=2", "#SBATCH --requeue", "#SBATCH --signal=USR2@45",
+                 "#SBATCH --exclusive", "#SBATCH --gres=gpu:0", "#SBATCH --partition=debug",
+                 "#SBATCH --open-mode=append", "export PYTHONPATH=/snap/code${PYTHONPATH:+:$PYTHONPATH}"):
+        assert line in text
+    assert "gpus-per-node" not in text and ex._executor.max_num_timeout == 7
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    subprocess.run(["bash", "-n", str(script)], check=True)
