@@ -1,4 +1,4 @@
-"""`rrtrain sweep SWEEP.yaml --out DIR [--executor slurm|local|debug] [--parallel N] [--dry-run]`
+"""`rrtrain sweep SWEEP.yaml --out DIR [--executor slurm|local|debug] [--parallel N] [--dry-run] [key=value ...]`
 
 Expand a sweep file into runs (SIZE-VARIANT-sSEED, one directory each under DIR) and submit the ones that
 need it: a new run, or one that failed or was preempted (it resumes from its checkpoint). Completed,
@@ -10,7 +10,8 @@ that changes an existing run's config is refused, listing the differences; addin
   debug   one after another in this process
 
 --dry-run prints the runs, their resources and GPU-hours, and writes DIR/slurm/*.sbatch (submit them with
-sbatch, no Python needed) without submitting anything. Exit status: 0 when submitted (slurm) or when every
+sbatch, no Python needed) without submitting anything. Trailing `key.sub=value` arguments override the
+sweep file's own keys, e.g. `resources.partition=debug sizes.tiny.seeds=1`. Exit status: 0 when submitted (slurm) or when every
 run completed (local, debug), 1 when a run did not, 2 for bad input.
 """
 
@@ -46,7 +47,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--executor", choices=["slurm", "local", "debug"], default="local")
     p.add_argument("--parallel", type=int, default=1, help="local: runs at a time (default 1)")
     p.add_argument("--dry-run", action="store_true", help="print and render, submit nothing")
-    return p.parse_args(argv)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override the sweep file's keys")
+    return p.parse_intermixed_args(argv)
 
 
 def sweep_dir(sweep: spec.Sweep, out: Optional[str]) -> Path:
@@ -118,7 +120,7 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     if args.parallel < 1:
         raise UsageError(f"--parallel must be at least 1, got {args.parallel}")
-    sweep = spec.load(args.sweep)
+    sweep = spec.load(args.sweep, args.overrides)
     check_gpu(sweep.spec.gpu)
     out = sweep_dir(sweep, args.out)
     runs = expand(sweep, out, data_path(sweep, out))

@@ -79,3 +79,13 @@ def test_shipped_sweeps_expand(tmp_path, name):
         for size in sweep.size_specs:  # the same token budget for every variant of a size
             assert len({r.config["train"]["tokens"] for r in runs if r.size == size}) == 1
         assert all(r.config["match"]["reference"] == "review" for r in runs)
+
+
+def test_command_line_overrides_of_sweep_keys(tmp_path):
+    p = write(tmp_path, BASE)
+    plain = spec.load(p)
+    over = spec.load(p, ["resources.partition=debug", "sizes.tiny.seeds=3"])
+    assert over.spec.resources.partition == "debug" and over.size_specs["tiny"].seeds == 3
+    assert over.sha256 != plain.sha256  # the record tells the two apart
+    with pytest.raises(UsageError, match="did you mean 'resources.partition'"):
+        spec.load(p, ["resources.partitoin=debug"])
