@@ -11,8 +11,10 @@ that changes an existing run's config is refused, listing the differences; addin
 
 --dry-run prints the runs, their resources and GPU-hours, and writes DIR/slurm/*.sbatch (submit them with
 sbatch, no Python needed) without submitting anything. Trailing `key.sub=value` arguments override the
-sweep file's own keys, e.g. `resources.partition=debug sizes.tiny.seeds=1`. Exit status: 0 when submitted (slurm) or when every
-run completed (local, debug), 1 when a run did not, 2 for bad input.
+sweep file's own keys, e.g. `resources.partition=debug sizes.tiny.seeds=1`.
+
+Exit status: 0 when submitted (slurm) or when every run completed (local, debug), 1 when a run did not,
+2 for bad input.
 """
 
 from __future__ import annotations
@@ -65,7 +67,12 @@ def to_submit(runs: list[Run], rec: Optional[dict]) -> tuple[list[Run], dict[str
     if rec is None:
         return list(runs), {}
     last = record.last_jobs(rec)
-    queue = squeue_states() if any(ex == "slurm" for ex, _ in last.values()) else None
+    queue = None
+    if any(ex == "slurm" for ex, _ in last.values()):
+        queue = squeue_states()
+        if queue is None:  # a queued run would be submitted twice
+            raise UsageError("this sweep has Slurm jobs, and squeue cannot be read here: run `rrtrain sweep` "
+                             "where squeue works, so that queued runs are not submitted twice")
     todo, skipped = [], {}
     for run in runs:
         executor, job = last.get(run.id, ("", None))
@@ -167,7 +174,11 @@ def main(argv: list[str]) -> int:
     if args.executor == "local":
         from launchers import local_executor
 
-        jobs, codes = local_executor.submit(todo, python, code, configs, out / "slurm" / "logs", args.parallel)
+        try:
+            jobs, codes = local_executor.submit(todo, python, code, configs, out / "slurm" / "logs", args.parallel)
+        except KeyboardInterrupt:
+            print("interrupted: the running runs were stopped at a step boundary; submit again to resume them")
+            return 130
     else:
         from launchers import debug_executor
 
