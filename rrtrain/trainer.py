@@ -196,6 +196,7 @@ class Trainer:
         if stats:
             out["gate_mean"] = [float(s["gate_mean"]) for s in stats]
             out["gate_std"] = [float(s["gate_std"]) for s in stats]
+            out["gate_hist"] = [s["gate_hist"].tolist() for s in stats if "gate_hist" in s]
             for s in sites:
                 s.stats = {}
         return out
