@@ -98,6 +98,11 @@ FREE = {
     "train.allow_config_change", "train.fail_at_step", "train.fail_steps", "parallel.ac", "parallel.ac_every", "parallel.timeout_s",
     "parallel.reshard_after_forward", "train.compile", "data.num_workers", "data.cache_dir", "run.dir",
 }
+#: monitor thresholds and actions judge the trajectory without changing it (a checkpoint from before the
+#: monitor existed has none)
+FREE |= {f"monitor.{key}" for key in ("min_steps", "window", "min_improvement", "entropy_margin", "grad_ratio",
+                                       "spike_sigma", "spike_patience", "on_stall", "on_diverge", "heartbeat_s",
+                                       "peer_mad")}
 #: changes that make resuming impossible whatever the user says (the saved state cannot be loaded)
 NEVER_PREFIXES = ("model.", "match.")
 NEVER = {"data.path", "train.seed", "parallel.backend"}

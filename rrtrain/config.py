@@ -120,6 +120,24 @@ class ParallelConfig:
 
 
 @dataclass
+class MonitorConfig:
+    """Convergence monitoring (rrtrain.monitor in a run, rrtrain.sweep_flags across a sweep); docs/user-guide.md
+    "Monitoring" says how each default was chosen."""
+
+    min_steps: int = 200  # no stall is called before this step (nor before warmup ends)
+    window: int = 100  # steps over which the smoothed loss must improve; also the spike statistics' window
+    min_improvement: float = 0.01  # relative improvement of the smoothed loss over `window` below which it has stalled
+    entropy_margin: float = 0.1  # nats: a stall counts while the smoothed loss is above unigram entropy - margin
+    grad_ratio: float = 0.01  # vanishing_gradient: first block's grad norm < grad_ratio x the last block's
+    spike_sigma: float = 4.0  # diverged: loss > smoothed loss + spike_sigma x std of the recent losses ...
+    spike_patience: int = 10  # ... for this many steps in a row
+    on_stall: Literal["flag", "stop"] = "flag"  # stop: checkpoint, final.json status stalled, exit 4
+    on_diverge: Literal["flag", "stop"] = "flag"  # stop: checkpoint, final.json status diverged, exit 3
+    heartbeat_s: float = 1800.0  # sweep: a running job with no new step for this long is flagged no_heartbeat
+    peer_mad: float = 5.0  # sweep: lagging = loss above the peers' median by this many median absolute deviations
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -127,6 +145,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -348,3 +367,18 @@ def validate(cfg: Config) -> None:
             raise UsageError(f"{key} must be in [0, 1), got {beta}")
     if p.zero_stage not in (1, 2, 3):
         raise UsageError(f"parallel.zero_stage must be 1, 2 or 3, got {p.zero_stage}")
+    validate_monitor(cfg.monitor)
+
+
+def validate_monitor(mon: MonitorConfig) -> None:
+    positive = {"monitor.window": mon.window, "monitor.spike_sigma": mon.spike_sigma,
+                "monitor.spike_patience": mon.spike_patience, "monitor.heartbeat_s": mon.heartbeat_s,
+                "monitor.peer_mad": mon.peer_mad}
+    for key, value in positive.items():
+        if not value > 0:
+            raise UsageError(f"{key} must be positive, got {value}")
+    non_negative = {"monitor.min_steps": mon.min_steps, "monitor.min_improvement": mon.min_improvement,
+                    "monitor.entropy_margin": mon.entropy_margin, "monitor.grad_ratio": mon.grad_ratio}
+    for key, value in non_negative.items():
+        if value < 0:
+            raise UsageError(f"{key} must not be negative, got {value}")

@@ -63,6 +63,15 @@ class MetricsLogger:
                     if isinstance(v, (int, float)):
                         self.tb.add_scalar(f"{tb_prefix}/{key}/{i:03d}", v, step)
 
+    def log_flag(self, flag: dict[str, Any]) -> None:
+        """A monitor flag: a metrics line, a TensorBoard scalar `monitor/NAME` = 1 and a text entry."""
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(flag) + "\n")
+        self.file.flush()
+        self.tb.add_scalar(f"monitor/{flag['flag']}", 1.0, flag["step"])
+        self.tb.add_text("monitor/flags", f"**{flag['flag']}** at step {flag['step']}: {flag['detail']}", flag["step"])
+
     def flush(self) -> None:
         if self.enabled:
             self.file.flush()

@@ -18,10 +18,11 @@ import torch
 import yaml
 
 from rrtrain import dist, sizing
+from rrtrain.callbacks import Callback, due
 from rrtrain.checkpoint import CheckpointManager, check_resume
 from rrtrain.config import Config
 from rrtrain.errors import UsageError
-from rrtrain.hardware import peak_flops, peak_memory_gb
+from rrtrain.hardware import peak_flops
 from rrtrain.io import atomic_write_json, atomic_write_text
 from rrtrain.metrics import MetricsLogger
 from rrtrain.model import build_model
@@ -60,6 +61,8 @@ class Trainer:
         self.wall_before, self.best_val, self.last_val = 0.0, math.inf, None
         self.shape: Optional[sizing.ModelShape] = None
         self.params = 0
+        self.callbacks: list[Callback] = []
+        self.stopping, self.checkpoint_at_end = False, True
         if self.info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         dist.barrier()
@@ -135,6 +138,7 @@ class Trainer:
             "wall_s": self.wall_s(), "best_val_loss": self.best_val, "last_val_loss": self.last_val,
             "loader": self.loader.state_dict(), "config": self.cfg.to_dict(), "world_size": self.info.world_size,
             "fingerprint": self.fingerprint, "shape": asdict(self.shape) if self.shape else None,
+            "callbacks": {c.name: c.state_dict() for c in self.callbacks},
         }
 
     def wall_s(self) -> float:
@@ -212,59 +216,61 @@ class Trainer:
     # -- the loop -----------------------------------------------------------------------------
 
     def fit(self) -> str:
-        cfg, t, info = self.cfg, self.cfg.train, self.info
         self.setup()
         resumed = self.resume()
-        log = MetricsLogger(self.run_dir, info.is_main, resume_step=resumed)
-        if info.is_main:
-            atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-            print(f"rrtrain: {cfg.model.variant} {cfg.model.size} seed {t.seed}: {self.params:,} params, "
-                  f"{self.total_steps} steps x {t.global_batch} seqs x {self.shape.seq_len} tokens, "
-                  f"world {info.world_size} x accum {self.accum}"
-                  + (f", resumed at step {resumed}" if resumed is not None else ""), flush=True)
+        self.log = MetricsLogger(self.run_dir, self.info.is_main, resume_step=resumed)
         stop = StopFlag().install()
+        self.callbacks = default_callbacks(self.cfg, stop)
+        if resumed is not None:
+            self.load_callback_states(self.ckpt.read_train_state(self.ckpt.latest()).get("callbacks", {}))
+        if self.info.is_main:
+            atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
         batches = iter(self.loader)
-        window_tokens, window_time = 0, 0.0
-        self.status = "completed"
+        self.status, self.resumed_at = "completed", resumed
         try:
-            while self.step < self.total_steps:
-                diag = t.diag_every > 0 and (self.step + 1) % t.diag_every == 0
-                t_step = time.perf_counter()
-                record = self.train_step(batches, diag)
-                window_time += time.perf_counter() - t_step
-                window_tokens += self.tokens_per_step
-                if self.step % t.log_every == 0 or self.step == self.total_steps:
-                    tps = window_tokens / max(window_time, 1e-9)
-                    record.update({"tokens_per_s": tps, "mfu": self.flops_per_token * tps / info.world_size / self.peak,
-                                   "mem_gb": peak_memory_gb(info.device)})
-                    window_tokens, window_time = 0, 0.0
-                diag_keys = ("block_grad_norm", "gate_mean", "gate_std")
-                diag_rec = {k: record.pop(k) for k in diag_keys if k in record}
-                log.log(record)
-                if diag_rec:
-                    log.log({"kind": "diag", "step": self.step, **diag_rec}, tb_prefix="diag")
-                if record.get("skipped") and (t.on_nonfinite == "halt" or self.streak >= t.max_nonfinite):
-                    self.status = "diverged"
-                    self.reason = f"non-finite loss or gradients for {self.streak} step(s) in a row at step {self.step}"
-                    break
-                if t.eval_every and self.step % t.eval_every == 0 and self.step < self.total_steps:
-                    log.log({"step": self.step, "val_loss": self.evaluate(), "tokens": self.tokens}, tb_prefix="eval")
-                if t.ckpt_every and self.step % t.ckpt_every == 0 and self.step < self.total_steps:
-                    self.ckpt.save(self.engine, self.step, self.train_state())
-                flag = dist.all_reduce(torch.tensor([1.0 if stop.signum else 0.0], device=info.device), "max")
-                if flag.item() > 0:
-                    self.status, self.signal_name = "preempted", stop.name or "remote"
-                    self.reason = f"stopped by {self.signal_name} at step {self.step}"
-                    break
-            if self.status == "completed":
-                log.log({"step": self.step, "val_loss": self.evaluate(), "tokens": self.tokens}, tb_prefix="eval")
-            if self.status in ("completed", "preempted"):
-                self.ckpt.save(self.engine, self.step, self.train_state())
+            self.emit("on_start")
+            while self.step < self.total_steps and not self.stopping:
+                self.emit("on_step_start")
+                diag = due(self.step + 1, self.cfg.train.diag_every, self.total_steps + 1)
+                self.emit("on_train_records", [self.train_step(batches, diag)])
+                if not self.stopping:
+                    self.emit("on_step_end")
+            if self.status != "preempted" and self.checkpoint_at_end:
+                self.run_eval()
+            if self.checkpoint_at_end:
+                self.save_checkpoint()
         finally:
             stop.restore()
-            log.close()
+            self.log.close()
             self.loader.close()  # stop loader workers before the process group goes
         return self.status
+
+    def emit(self, hook: str, *args: Any) -> None:
+        """Call `hook` on every callback, highest priority first."""
+        for callback in self.callbacks:
+            getattr(callback, hook)(self, *args)
+
+    def request_stop(self, status: str, reason: str, checkpoint: bool = True) -> None:
+        """End the run at this step boundary (the first request wins); `checkpoint` saves the state first."""
+        if not self.stopping:
+            self.stopping, self.status, self.reason, self.checkpoint_at_end = True, status, reason, checkpoint
+
+    def raise_flag(self, name: str, step: int, detail: str) -> None:
+        self.emit("on_flag", {"kind": "flag", "step": step, "flag": name, "detail": detail})
+
+    def run_eval(self) -> float:
+        record = {"step": self.step, "val_loss": self.evaluate(), "tokens": self.tokens}
+        self.emit("on_eval", record)
+        return record["val_loss"]
+
+    def save_checkpoint(self) -> None:
+        self.ckpt.save(self.engine, self.step, self.train_state())
+        self.emit("on_checkpoint", self.step)
+
+    def load_callback_states(self, states: dict[str, Any]) -> None:
+        for callback in self.callbacks:
+            if callback.name in states:
+                callback.load_state_dict(states[callback.name])
 
     def write_final(self) -> None:
         if not self.info.is_main:
@@ -275,20 +281,40 @@ class Trainer:
             "final_val_loss": self.last_val,
             "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
             "params": self.params, "variant": cfg.model.variant, "size": cfg.model.size, "seed": cfg.train.seed,
-            "wall_s": round(self.wall_s(), 3), "flags": self.flags(), "exit_code": EXIT_CODES[self.status],
+            "wall_s": round(self.wall_s(), 3), "flags": self.flags(), "flag_steps": {k: v["step"] for k, v in self.raised_flags().items()},
+            "flag_details": {k: v["detail"] for k, v in self.raised_flags().items()},
+            "exit_code": EXIT_CODES[self.status],
             "nonfinite_skipped": self.skipped, "reason": self.reason, "signal": self.signal_name,
             "world_size": self.info.world_size, "backend": cfg.parallel.backend,
             "shape": asdict(self.shape) if self.shape else None,
         }
         atomic_write_json(self.run_dir / "final.json", final)
 
+    def raised_flags(self) -> dict[str, dict[str, Any]]:
+        """Every callback's flags: name -> {"step", "detail"}."""
+        raised: dict[str, dict[str, Any]] = {}
+        for callback in self.callbacks:
+            raised.update(callback.raised_flags())
+        return raised
+
     def flags(self) -> list[str]:
-        out = []
-        if self.skipped:
-            out.append("nonfinite_steps")
-        if self.status == "diverged":
+        out = ["nonfinite_steps"] if self.skipped else []
+        out += list(self.raised_flags())
+        if self.status == "diverged" and "diverged" not in out:
             out.append("diverged")
         return out
+
+
+def default_callbacks(cfg: Config, stop: StopFlag) -> list[Callback]:
+    """Everything the loop does besides the step, highest priority first."""
+    from rrtrain.callbacks import Checkpointer, Evaluator, MetricsWriter, NonfiniteGuard, StopSignal, Throughput
+
+    from rrtrain.console import Console
+    from rrtrain.monitor import MonitorCallback
+
+    callbacks = [Throughput(), MetricsWriter(), NonfiniteGuard(), MonitorCallback(cfg.monitor), Console(), Evaluator(),
+                 Checkpointer(), StopSignal(stop)]
+    return sorted(callbacks, key=lambda c: -c.priority)
 
 
 def run(cfg: Config) -> int:
@@ -296,15 +322,14 @@ def run(cfg: Config) -> int:
     trainer = Trainer(cfg)
     try:
         trainer.fit()
-    except UsageError as err:
-        trainer.status, trainer.reason = "failed", str(err)
-        trainer.write_final()
-        raise
     except BaseException as err:
-        trainer.status, trainer.reason = "failed", f"{type(err).__name__}: {err}".splitlines()[0]
+        text = str(err) if isinstance(err, UsageError) else f"{type(err).__name__}: {err}".splitlines()[0]
+        trainer.status, trainer.reason = "failed", text
         trainer.write_final()
+        trainer.emit("on_end")
         raise
     trainer.write_final()
+    trainer.emit("on_end")
     dist.barrier()
     dist.teardown()
     return EXIT_CODES[trainer.status]

@@ -109,8 +109,14 @@ class Run:
 
 
 def is_convex(variant: str) -> bool:
-    """Convex-gate variants (`review_convex`, `highway_convex`, any `*_convex`) are drawn dashed."""
-    return variant.endswith("_convex")
+    """Convex-gate variants (the residual registry's `convex` rules) are drawn dashed; a name the registry
+    does not know (a run from another version) is not convex."""
+    from rrtrain import residuals
+
+    try:
+        return residuals.get(variant).convex
+    except KeyError:
+        return False
 
 
 def find_runs(sweep_dir: str | os.PathLike[str], skip: list[Path] | None = None) -> list[Run]:
@@ -119,16 +125,22 @@ def find_runs(sweep_dir: str | os.PathLike[str], skip: list[Path] | None = None)
     `skip` lists directories not to search (the report's own output directory).
     """
     root = Path(sweep_dir)
+    return sorted((read_run(d, root) for d in run_dirs(root, skip)), key=lambda r: r.rel)
+
+
+def run_dirs(sweep_dir: str | os.PathLike[str], skip: list[Path] | None = None) -> list[Path]:
+    """Every directory under `sweep_dir` (any depth) holding `final.json` or `metrics.jsonl`, sorted."""
+    root = Path(sweep_dir)
     skipped = {p.resolve() for p in (skip or [])}
-    runs: list[Run] = []
+    found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
         dirnames[:] = sorted(
             d for d in dirnames if d not in SKIP_DIRS and (here / d).resolve() not in skipped
         )
         if "final.json" in filenames or "metrics.jsonl" in filenames:
-            runs.append(read_run(here, root))
-    return sorted(runs, key=lambda r: r.rel)
+            found.append(here)
+    return sorted(found)
 
 
 def read_run(run_dir: Path, root: Path) -> Run:

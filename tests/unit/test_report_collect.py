@@ -80,3 +80,12 @@ def test_runs_found_at_any_depth_with_categories(tmp_path):
     assert runs["x/failed"].final_val_loss is None
     assert "spiky" in runs["spiky"].reason
     assert "final.json unreadable" in runs["corrupt"].reason
+
+
+def test_convex_runs_are_found_through_the_registry_not_the_name():
+    from rrtrain import residuals
+    from rrtrain.report.collect import is_convex
+
+    convex = {name for name in residuals.names() if residuals.get(name).convex}
+    assert convex == {name for name in residuals.names() if is_convex(name)} and "review_convex" in convex
+    assert not is_convex("made_up_convex") and not is_convex("review")
