@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from rrtrain.errors import UsageError
+from rrtrain.lazy_import import streaming_module
 from rrtrain.signals import ignore_stop_signals
 
 MANIFEST = "manifest.json"
@@ -70,7 +71,7 @@ def read_manifest(path: str) -> dict[str, Any]:
     """Load and check `manifest.json` of a prepared dataset (a local directory or a remote URL)."""
     try:
         if is_remote(path):
-            from streaming.base.storage.download import CloudDownloader
+            CloudDownloader = streaming_module("streaming.base.storage.download").CloudDownloader
 
             with tempfile.TemporaryDirectory() as tmp:
                 local = os.path.join(tmp, MANIFEST)
@@ -114,7 +115,7 @@ def clean_stale_shm(local_rank: int = 0) -> None:
     with _shm_lock:
         if _shm_cleaned:
             return
-        from streaming.base.util import clean_stale_shared_memory
+        clean_stale_shared_memory = streaming_module("streaming.base.util").clean_stale_shared_memory
 
         had_env = "LOCAL_RANK" in os.environ
         if not had_env:
@@ -154,7 +155,7 @@ def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str,
     another live dataset uses, and decompressing into a shared dataset dir would race) and the same
     for the ranks of one node. All ranks must open splits in the same order (streaming synchronises).
     """
-    from streaming import StreamingDataset
+    StreamingDataset = streaming_module("streaming.base.dataset").StreamingDataset
 
     remote_mode = is_remote(path) or bool(manifest.get("compression"))
     if remote_mode:
@@ -257,7 +258,7 @@ def epoch_order(samples_per_shard: np.ndarray, *, num_canonical_nodes: int, seed
     n = int(samples_per_shard.sum())
     if not shuffle:
         return np.arange(n, dtype=np.int64)
-    from streaming.base.shuffle import get_shuffle
+    get_shuffle = streaming_module("streaming.base.shuffle").get_shuffle
 
     perm = get_shuffle(SHUFFLE_ALGO, samples_per_shard.astype(np.int64), num_canonical_nodes, seed, epoch, block_size)
     return perm[canonical_interleave(n, num_canonical_nodes)]

@@ -23,8 +23,22 @@ class RMSNorm(nn.Module):
         with torch.no_grad():
             self.weight.fill_(0.0 if self.zero_centred else 1.0)
 
+    def gain(self) -> torch.Tensor:
+        """The multiplier applied after normalising: g, or 1 + w when zero-centred."""
+        return 1.0 + self.weight if self.zero_centred else self.weight
+
+    def inv_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """1 / sqrt(|x|^2 + d eps) per row, (..., 1), in at least fp32: forward(x) == x * inv_norm(x) * sqrt(d) * gain().
+
+        For callers that fold the normalisation into a following matmul instead of materialising it
+        (sqrt(d) then goes into the weight too): one pass over x and two ops on one scalar per row.
+        """
+        acc = torch.promote_types(x.dtype, torch.float32)
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=acc)
+        return torch.rsqrt(torch.addcmul(norm.new_tensor(x.shape[-1] * self.eps), norm, norm))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gain = 1.0 + self.weight if self.zero_centred else self.weight
+        gain = self.gain()
         acc = torch.promote_types(x.dtype, torch.float32)
         y = F.rms_norm(x.to(acc), (x.shape[-1],), gain.to(acc), self.eps)
         return y.to(x.dtype)

@@ -13,6 +13,7 @@ All of them keep the pre-norm inside `read` (u = F(RMSNorm(h))), and differ only
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -89,14 +90,16 @@ class GatedSite(PreNormSite):
         return norms + Gate.count(inputs, d, cfg.gate_rank)
 
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
-        z = self.gate_norm_h(state)
+        # z = [RMSN_h(h); RMSN_u(u)], handed to the gate factored (it never builds z; see Gate)
+        root_d = math.sqrt(state.shape[-1])
+        inputs = [(state, self.gate_norm_h.inv_norm(state), self.gate_norm_h.gain() * root_d)]
         if self.gate_norm_u is not None:
-            z = torch.cat([z, self.gate_norm_u(y)], dim=-1)  # (B, T, 2D)
-        r = self.gate(z)  # (B, T, D)
+            inputs.append((y, self.gate_norm_u.inv_norm(y), self.gate_norm_u.gain() * root_d))
+        r = self.gate(inputs)  # (B, T, D)
         self._record_gate(r)
         if self.convex:
-            return state + r * (y - state)  # (1 - r) h + r u
-        return state + r * y
+            return torch.lerp(state, y, r)  # (1 - r) h + r u
+        return torch.addcmul(state, r, y)  # h + r u
 
     def reset_parameters(self) -> None:
         super().reset_parameters()

@@ -1,0 +1,68 @@
+"""Start-up of a one-step tiny run: wall time, time to the first step, peak RSS and private memory per process.
+
+Run:  .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/benchmarks/bench_startup.py   (or `make bench`)
+
+A vs B in one sitting, interleaved, three runs each, medians:
+  A "import streaming first": the process imports the whole `streaming` package before the run, as the
+    trainer did before its streaming imports were deferred (transformers and torchvision come with it);
+  B "as shipped": `python -m rrtrain.train` as it is.
+Time to the first step is the first training line's appearance in metrics.jsonl after the process started
+(polled every 10 ms). Private memory (anonymous + private file pages at exit, /proc smaps_rollup) is what a
+process really adds on a node; RSS also counts the pages of shared libraries (torch's CUDA build alone maps
+~0.45 GB of them), which all ranks of a node share. Targets (issue 15): <= 4 s wall, <= 500 MB per process.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from trainutil import PY, REPO, TINY, env
+
+_RUN = """
+import atexit, json, resource, runpy, sys
+out, preload = sys.argv[1], sys.argv[2]
+if preload:
+    import streaming  # noqa: F401
+def report():
+    smaps = dict(l.split(":", 1) for l in open("/proc/self/smaps_rollup").read().splitlines()[1:])
+    kb = lambda k: int(smaps[k].split()[0])
+    json.dump({"maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+               "private_mb": (kb("Private_Dirty") + kb("Private_Clean")) / 1024}, open(out, "w"))
+atexit.register(report)
+sys.argv = ["rrtrain.train", *sys.argv[3:]]
+runpy.run_module("rrtrain.train", run_name="__main__")
+"""
+
+
+def one_run(tmp: Path, data: Path, preload: bool, i: int) -> dict:
+    run_dir, out = tmp / f"run-{preload}-{i}", tmp / f"mem-{preload}-{i}.json"
+    metrics = run_dir / "metrics.jsonl"
+    cmd = [PY, "-c", _RUN, str(out), "1" if preload else "", TINY, f"data.path={data}", f"run.dir={run_dir}",
+           "train.max_steps=1", "data.eval_batches=1"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = None
+    while proc.poll() is None:
+        if first is None and metrics.exists() and metrics.stat().st_size > 0:
+            first = time.perf_counter() - t0
+        time.sleep(0.01)
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr.read()[-3000:]
+    return {"wall_s": wall, "first_step_s": first if first is not None else wall, **json.loads(out.read_text())}
+
+
+def test_one_step_tiny_run_startup(tmp_path, stories_data):
+    runs: dict[bool, list[dict]] = {True: [], False: []}
+    for i in range(3):
+        for preload in (True, False):
+            runs[preload].append(one_run(tmp_path, stories_data, preload, i))
+    print("\n| one-step tiny run | wall s | to first step s | peak RSS MB | private MB |")
+    print("|---|---|---|---|---|")
+    for preload, name in ((True, "A: import streaming first (before)"), (False, "B: as shipped")):
+        med = {k: statistics.median(r[k] for r in runs[preload]) for k in runs[preload][0]}
+        print(f"| {name} | {med['wall_s']:.2f} | {med['first_step_s']:.2f} | {med['maxrss_mb']:.0f} | "
+              f"{med['private_mb']:.0f} |")
