@@ -68,12 +68,14 @@ class Trainer:
 
     def setup(self) -> None:
         from rrtrain.data import TrainLoader, check_vocab, eval_batches, read_manifest
+        from rrtrain.verify import verify_run_data
 
         cfg, info = self.cfg, self.info
         t = cfg.train
         if cfg.data.path is None:
             raise UsageError("data.path is not set: point it at a directory written by `rrtrain prep`")
         manifest = read_manifest(cfg.data.path)
+        verify_run_data(cfg.data.path, manifest, info.local_rank)
         self.shape = resolve_model_shape(cfg, manifest["vocab_size"], manifest["seq_len"])
         check_vocab(manifest, self.shape.vocab_size)
         per_step = t.micro_batch * info.world_size
