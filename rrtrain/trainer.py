@@ -9,6 +9,7 @@ directory holds a checkpoint resumes it exactly.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -18,11 +19,11 @@ import torch
 import yaml
 
 from rrtrain import dist, sizing
-from rrtrain.checkpoint import CheckpointManager, check_resume
+from rrtrain.checkpoint import CheckpointManager, check_resume, is_disk_full
 from rrtrain.config import Config
-from rrtrain.errors import UsageError
+from rrtrain.errors import RunError, UsageError
 from rrtrain.hardware import peak_flops, peak_memory_gb
-from rrtrain.io import atomic_write_json, atomic_write_text
+from rrtrain.io import atomic_write_json, atomic_write_text, unwritable_reason
 from rrtrain.metrics import MetricsLogger
 from rrtrain.model import build_model
 from rrtrain.optim import lr_at
@@ -60,9 +61,8 @@ class Trainer:
         self.wall_before, self.best_val, self.last_val = 0.0, math.inf, None
         self.shape: Optional[sizing.ModelShape] = None
         self.params = 0
-        if self.info.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        dist.barrier()
+        problem = unwritable_reason(self.run_dir) if self.info.is_main else None
+        dist.raise_together(f"run.dir '{self.run_dir}' cannot be written: {problem}" if problem else None)
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -268,9 +268,10 @@ class Trainer:
             self.loader.close()  # stop loader workers before the process group goes
         return self.status
 
-    def write_final(self) -> None:
+    def write_final(self) -> bool:
+        """Rank 0 writes final.json; False (after saying why) when it cannot be written, e.g. on a full disk."""
         if not self.info.is_main:
-            return
+            return True
         cfg = self.cfg
         final = {
             "status": self.status, "step": self.step, "tokens": self.tokens,
@@ -282,7 +283,13 @@ class Trainer:
             "world_size": self.info.world_size, "backend": cfg.parallel.backend,
             "shape": asdict(self.shape) if self.shape else None,
         }
-        atomic_write_json(self.run_dir / "final.json", final)
+        try:
+            atomic_write_json(self.run_dir / "final.json", final)
+        except OSError as err:
+            print(f"rrtrain train: error: cannot write {self.run_dir / 'final.json'} ({err.strerror or err}); "
+                  f"the run ended {self.status}", file=sys.stderr, flush=True)
+            return False
+        return True
 
     def flags(self) -> list[str]:
         out = []
@@ -298,15 +305,18 @@ def run(cfg: Config) -> int:
     trainer = Trainer(cfg)
     try:
         trainer.fit()
-    except UsageError as err:
+    except (UsageError, RunError) as err:
         trainer.status, trainer.reason = "failed", str(err)
         trainer.write_final()
         raise
     except BaseException as err:
         trainer.status, trainer.reason = "failed", f"{type(err).__name__}: {err}".splitlines()[0]
         trainer.write_final()
+        if is_disk_full(err):  # e.g. metrics.jsonl on a full disk: one line, not a traceback
+            raise RunError(f"no space left on the device ({trainer.reason}); free space and start the run "
+                           "again to resume from its last checkpoint") from None
         raise
-    trainer.write_final()
+    written = trainer.write_final()
     dist.barrier()
     dist.teardown()
-    return EXIT_CODES[trainer.status]
+    return EXIT_CODES[trainer.status] if written else EXIT_CODES["failed"]

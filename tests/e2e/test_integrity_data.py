@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rankutil import finish, start_ranks
+from faultutil import finish, start_ranks
 from trainutil import final, train
 
 SHARD = "train/shard.00000.mds"
