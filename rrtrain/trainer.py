@@ -29,6 +29,7 @@ from rrtrain.model import build_model
 from rrtrain.optim import lr_at
 from rrtrain.parallel import build_engine
 from rrtrain.signals import StopFlag
+from rrtrain.watchdog import PeerWatch, is_comm_error
 
 EXIT_CODES = {"completed": 0, "failed": 1, "diverged": 3, "stalled": 4, "preempted": 75}
 
@@ -291,6 +292,11 @@ class Trainer:
             return False
         return True
 
+    def fail_final(self, reason: str) -> None:
+        """The run failed for `reason`: final.json says so (rank 0)."""
+        self.status, self.reason = "failed", reason
+        self.write_final()
+
     def flags(self) -> list[str]:
         out = []
         if self.skipped:
@@ -303,19 +309,24 @@ class Trainer:
 def run(cfg: Config) -> int:
     """Run one training job to any ending; always leaves final.json; returns the process exit code."""
     trainer = Trainer(cfg)
+    watch = PeerWatch.start(trainer.info, cfg.parallel.timeout_s, on_lost=trainer.fail_final)
     try:
         trainer.fit()
     except (UsageError, RunError) as err:
-        trainer.status, trainer.reason = "failed", str(err)
-        trainer.write_final()
+        trainer.fail_final(str(err))
         raise
     except BaseException as err:
-        trainer.status, trainer.reason = "failed", f"{type(err).__name__}: {err}".splitlines()[0]
-        trainer.write_final()
+        lost = watch.lost() if watch is not None and is_comm_error(err) else None
+        trainer.fail_final(lost or f"{type(err).__name__}: {err}".splitlines()[0])
+        if lost:  # a rank died or hung (no launcher tore the group down): name it, not gloo's symptom
+            raise RunError(lost) from None
         if is_disk_full(err):  # e.g. metrics.jsonl on a full disk: one line, not a traceback
             raise RunError(f"no space left on the device ({trainer.reason}); free space and start the run "
                            "again to resume from its last checkpoint") from None
         raise
+    finally:
+        if watch is not None:
+            watch.stop()
     written = trainer.write_final()
     dist.barrier()
     dist.teardown()

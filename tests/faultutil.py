@@ -18,8 +18,9 @@ def start_ranks(run_dir: Path, data: Path, *overrides: str, world: int = 2) -> l
     procs = []
     for rank in range(world):
         e = env()
-        e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-        e.pop("LOCAL_RANK", None)
+        # one node: the local rank and size submitit exports (streaming places its shared memory by them)
+        e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                 LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
         cmd = [PY, "-m", "rrtrain.train", TINY, f"data.path={data}", f"run.dir={run_dir}", *overrides]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True, start_new_session=True))
