@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from data_prep.prep import PrepOptions, run_prep
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bpe-sample-docs", type=int, default=50_000, help="documents a bpe tokenizer is trained on (default: 50000)")
     p.add_argument("--eos-token", default=None, help="end-of-document token of an hf tokenizer, when not one of the usual names")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    p.epilog = "rrtrain prep --verify DIR: check every shard of a prepared dataset (hashes, token ids, indexes)"
     return p
 
 
@@ -57,11 +59,45 @@ def options_from_args(argv: list[str]) -> PrepOptions:
     )
 
 
+def verify_main(argv: list[str]) -> int:
+    """`rrtrain prep --verify DIR`: every shard's length, hash and token ids, every index against the manifest.
+
+    Prints one line per problem on stderr and a JSON summary on stdout; exit 0 when clean, 2 otherwise."""
+    if len(argv) != 1:
+        raise UsageError("usage: rrtrain prep --verify DIR")
+    from rrtrain.data import is_remote, read_manifest
+    from rrtrain.verify import dataset_problems, read_index
+
+    path = argv[0]
+    if is_remote(path):
+        raise UsageError(f"--verify reads a local directory; '{path}' is remote (verify a local copy)")
+    manifest = read_manifest(path)
+    problems = list(dataset_problems(path, manifest))
+    for problem in problems:
+        print(f"{PROG}: {path}: {problem}", file=sys.stderr)
+    summary: dict[str, object] = {"path": path, "ok": not problems, "problems": len(problems)}
+    for split in ("train", "val"):
+        try:
+            shards = read_index(os.path.join(path, split), split)
+        except UsageError:
+            continue
+        summary[f"{split}_shards"] = len(shards)
+        summary[f"{split}_samples"] = sum(int(s.get("samples", 0)) for s in shards)
+        summary[f"{split}_bytes"] = sum(int((s.get("zip_data") or s.get("raw_data") or {}).get("bytes") or 0) for s in shards)
+    print(json.dumps(summary))
+    return 0 if not problems else 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(x in ("-h", "--help") for x in argv):
         build_parser().print_help()
         return 0
+    if argv and argv[0] == "--verify":
+        try:
+            return verify_main(argv[1:])
+        except UsageError as err:
+            return fail(PROG, str(err))
     try:
         opts = options_from_args(argv)
         manifest = run_prep(opts)

@@ -7,26 +7,15 @@ matters, while a byte-identical re-prep keeps the same fingerprint.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any
 
+from rrtrain.verify import dataset_fingerprint  # noqa: F401  (one definition: `rrtrain prep --verify` checks it)
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
-
-
-def dataset_fingerprint(out_dir: str, tokenizer_hash: str, seq_len: int) -> str:
-    """sha256 over each split's index.json bytes, the tokenizer hash and seq_len."""
-    h = hashlib.sha256()
-    for split in SPLITS:
-        with open(os.path.join(out_dir, split, "index.json"), "rb") as f:
-            data = f.read()
-        h.update(f"{split}:{len(data)}:".encode())
-        h.update(data)
-    h.update(f"tokenizer:{tokenizer_hash}:seq_len:{seq_len}".encode())
-    return h.hexdigest()
 
 
 def build_manifest(*, source: str, source_fingerprint: str, tokenizer: str, tokenizer_hash: str,

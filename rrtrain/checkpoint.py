@@ -3,72 +3,204 @@
 Layout: RUN/checkpoints/step_00000100/{state/, train_state.json, rng_rank{r}.pt}, written into a hidden
 `.tmp_*` directory and renamed when complete; `RUN/checkpoints/latest` names the newest one and is updated
 last, so a crash at any point leaves the previous checkpoint usable. The last `keep` are kept.
+
+Integrity: `train_state.json` records the length and xxh64 of every other file of its checkpoint (hashed by
+the ranks in turn before the rename). Resume takes the newest checkpoint whose files all match, and warns,
+naming the file and the fault, for each newer one it passes over; it never starts afresh while checkpoints
+exist. RNG state is stored as tensors and plain numbers and read with `torch.load(weights_only=True)`.
+A write that fails (a full disk) removes its partial files and ends the run with `RunError`; the
+previous checkpoint stays as it was.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import random
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from rrtrain import dist
 from rrtrain.dist import DistInfo
-from rrtrain.errors import UsageError
+from rrtrain.errors import RunError, UsageError
 from rrtrain.io import atomic_write_json, atomic_write_text
+from rrtrain.verify import file_digest
+
+TRAIN_STATE = "train_state.json"
+HASH = "xxh64"
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's RNG states as tensors and plain numbers (loadable with weights_only=True)."""
+    version, py_state, gauss = random.getstate()
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python_version": version, "python": torch.tensor(py_state, dtype=torch.int64), "python_gauss": gauss,
+        "numpy": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "numpy_pos": int(pos),
+        "numpy_has_gauss": int(has_gauss), "numpy_gauss": float(cached), "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    random.setstate((state["python_version"], tuple(state["python"].tolist()), state["python_gauss"]))
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"],
+                         state["numpy_has_gauss"], state["numpy_gauss"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def checksum_files(root: Path, rank: int, world: int) -> dict[str, dict[str, Any]]:
+    """Length and xxh64 of this rank's share (every world-th, in sorted order) of the files under root."""
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return {str(p.relative_to(root)): {"bytes": p.stat().st_size, HASH: file_digest(str(p), HASH)}
+            for p in files[rank::world]}
+
+
+def file_problems(root: Path, recorded: dict[str, dict[str, Any]], rank: int, world: int) -> list[str]:
+    """What is wrong with this rank's share of a checkpoint's recorded files (empty: they all match)."""
+    problems = []
+    for rel in sorted(recorded)[rank::world]:
+        want, path = recorded[rel], root / rel
+        if not path.is_file():
+            problems.append(f"{rel} is missing")
+        elif path.stat().st_size != want["bytes"]:
+            problems.append(f"{rel} is {path.stat().st_size} bytes, {want['bytes']} were written")
+        elif file_digest(str(path), HASH) != want[HASH]:
+            problems.append(f"{rel} does not match its {HASH} checksum")
+    return problems
+
+
+#: a filesystem with less free space than this, just after a write failed, failed for lack of space
+NEARLY_FULL_BYTES = 64 << 20
+
+
+def is_disk_full(err: BaseException, where: Optional[Path] = None) -> bool:
+    """Whether a write failed for lack of space: ENOSPC / EDQUOT anywhere in the error (DCP's
+    CheckpointException wraps each rank's error), or, since torch's zip writer reports a short write as
+    "unexpected pos" with no errno, a failed write where the filesystem of `where` is now nearly full."""
+    seen: list[BaseException] = [err]
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict):
+        for f in failures.values():
+            f = f[0] if isinstance(f, tuple) and f else f
+            if isinstance(f, BaseException):
+                seen.append(f)
+    for e in seen:
+        cause: Optional[BaseException] = e
+        while cause is not None:
+            if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+                return True
+            cause = cause.__cause__ or cause.__context__
+    if "No space left on device" in str(err) or "Disk quota exceeded" in str(err):
+        return True
+    if where is None:
+        return False
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < NEARLY_FULL_BYTES
 
 
 class CheckpointManager:
     def __init__(self, run_dir: Path, keep: int, info: DistInfo) -> None:
         self.root = Path(run_dir) / "checkpoints"
         self.keep, self.info = keep, info
+        self.passed_over: list[str] = []  # warnings of the last latest(): newer checkpoints not usable
+
+    def complete(self) -> list[Path]:
+        """Renamed (hence complete when written) checkpoint directories, newest first."""
+        if not self.root.is_dir():
+            return []
+        return sorted((p for p in self.root.glob("step_*") if p.is_dir()), reverse=True)
+
+    def problem(self, path: Path) -> Optional[str]:
+        """Collective. What is wrong with a checkpoint, checked by all ranks in turn (None: usable)."""
+        try:
+            recorded = self.read_train_state(path).get("files")
+        except (OSError, ValueError) as err:
+            return f"{TRAIN_STATE} is unreadable ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+        if recorded is None:
+            return None  # written before checksums were recorded: nothing to check against
+        mine = file_problems(path, recorded, self.info.rank, self.info.world_size)
+        found = [p for ps in dist.gather_objects(mine) for p in ps]
+        return "; ".join(found) if found else None
 
     def latest(self) -> Optional[Path]:
-        marker = self.root / "latest"
-        if not marker.exists():
-            return None
-        path = self.root / marker.read_text().strip()
-        return path if (path / "train_state.json").exists() else None
+        """Collective. The newest checkpoint whose files match their checksums; warns about newer ones passed
+        over; None only when there is none at all; UsageError when there are some and none is usable."""
+        self.passed_over = []
+        for path in self.complete():
+            problem = self.problem(path)
+            if problem is None:
+                if self.passed_over and self.info.is_main:
+                    for line in self.passed_over:
+                        print(f"rrtrain: warning: {line}; resuming from {path.name}", file=sys.stderr, flush=True)
+                return path
+            self.passed_over.append(f"checkpoint {path.name} is unusable: {problem}")
+        if self.passed_over:
+            raise UsageError(f"no usable checkpoint in {self.root} ({'; '.join(self.passed_over)}); "
+                             "move the checkpoints away to start the run afresh")
+        return None
 
     def save(self, engine, step: int, train_state: dict) -> Path:
-        """Collective. Returns the final checkpoint directory."""
+        """Collective. Returns the final checkpoint directory. When any rank's write fails for lack of
+        space, the partial checkpoint is removed and every rank raises RunError."""
         name = f"step_{step:08d}"
         tmp, final = self.root / f".tmp_{name}", self.root / name
-        if self.info.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        dist.barrier()
-        engine.save(tmp / "state")
-        torch.save(rng_state(), tmp / f"rng_rank{self.info.rank}.pt")
-        dist.barrier()
-        if self.info.is_main:
-            atomic_write_json(tmp / "train_state.json", train_state)
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
-            atomic_write_text(self.root / "latest", name + "\n")
-            self._prune()
+        main = self.info.is_main
+        failure = _first(_space_failure(lambda: self._prepare(tmp), tmp) if main else None)
+        if failure is None:
+            failure = _first(_space_failure(lambda: self._write_shards(engine, tmp), tmp))
+        if failure is None:
+            files: dict[str, Any] = {}
+            for part in dist.gather_objects(checksum_files(tmp, self.info.rank, self.info.world_size)):
+                files.update(part)
+            state = {**train_state, "files": files}
+            failure = _first(_space_failure(lambda: self._publish(tmp, final, state), tmp) if main else None)
+        if failure:
+            if self.info.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            previous = next((p.name for p in self.complete() if p != final), None)
+            raise RunError(f"no space left on the device while writing checkpoint {name} under {self.root} "
+                           f"({failure}); its partial files were removed"
+                           + (f" and {previous} is intact" if previous else "")
+                           + ": free space and start the run again to resume")
         dist.barrier()
         return final
+
+    @staticmethod
+    def _prepare(tmp: Path) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+
+    def _publish(self, tmp: Path, final: Path, train_state: dict) -> None:
+        """Rank 0: the train state (with the checksums) into the hidden directory, then the rename, then `latest`."""
+        atomic_write_json(tmp / TRAIN_STATE, train_state)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        atomic_write_text(self.root / "latest", final.name + "\n")
+        self._prune()
+
+    def _write_shards(self, engine, tmp: Path) -> None:
+        """This rank's part of a checkpoint: model/optimizer shards and its RNG state."""
+        engine.save(tmp / "state")
+        torch.save(rng_state(), tmp / f"rng_rank{self.info.rank}.pt")
 
     def _prune(self) -> None:
         done = sorted(p for p in self.root.glob("step_*") if p.is_dir())
@@ -79,14 +211,31 @@ class CheckpointManager:
 
     @staticmethod
     def read_train_state(path: Path) -> dict:
-        return json.loads((path / "train_state.json").read_text())
+        return json.loads((path / TRAIN_STATE).read_text())
 
     def load(self, engine, path: Path) -> None:
         """Collective. Restores model, optimizer and this rank's RNG."""
         engine.load(path / "state")
         rng_file = path / f"rng_rank{self.info.rank}.pt"
         if rng_file.exists():
-            set_rng_state(torch.load(rng_file, weights_only=False))
+            set_rng_state(torch.load(rng_file, weights_only=True))
+
+
+def _space_failure(action, where: Path) -> Optional[str]:  # noqa: ANN001 - a thunk
+    """Run `action`; the first line of its error when it fails for lack of space (other errors propagate)."""
+    try:
+        action()
+    except (Exception, CheckpointException) as err:
+        if not is_disk_full(err, where):
+            raise
+        inner = [f[0] if isinstance(f, tuple) else f for f in (getattr(err, "failures", None) or {}).values()]
+        return next((str(e).splitlines()[0] for e in [*inner, err] if str(e).strip()), type(err).__name__)
+    return None
+
+
+def _first(failure: Optional[str]) -> Optional[str]:
+    """Collective: the lowest rank's failure, on every rank (None when no rank failed)."""
+    return next((f for f in dist.gather_objects(failure) if f), None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import importlib
 import sys
 from typing import Callable
 
-from rrtrain.errors import UsageError, fail
+from rrtrain.errors import RUN_ERROR_EXIT, RunError, UsageError, fail
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "prep": ("data_prep.cli", "shard a corpus into tokenized, packed MDS datasets"),
@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(entry(rest) or 0)
     except UsageError as err:
         return fail(f"rrtrain {name}", str(err))
+    except RunError as err:
+        fail(f"rrtrain {name}", str(err))
+        return RUN_ERROR_EXIT
 
 
 if __name__ == "__main__":

@@ -59,3 +59,22 @@ def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return t
 
+
+
+def gather_objects(value: object) -> list:
+    """Collective: every rank's `value` (small, picklable; sent over the process group), in rank order."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        found: list = [None] * dist.get_world_size()
+        dist.all_gather_object(found, value)
+        return found
+    return [value]
+
+
+def raise_together(problem: "str | None") -> None:
+    """Collective: when any rank has a problem, every rank raises UsageError with the lowest such rank's
+    message, so no rank is left waiting in a collective for one that has gone."""
+    from rrtrain.errors import UsageError
+
+    problem = next((p for p in gather_objects(problem) if p), None)
+    if problem:
+        raise UsageError(problem)

@@ -15,3 +15,11 @@ def fail(prog: str, message: str) -> int:
     """Print `prog: error: message` on stderr and return the usage exit status."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     return USAGE_EXIT
+
+
+class RunError(Exception):
+    """The run cannot go on for a reason outside its input (a full disk, a lost rank). Printed as one line;
+    the run ends `failed`, exit status 1."""
+
+
+RUN_ERROR_EXIT = 1

@@ -52,3 +52,26 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def unwritable_reason(directory: str | os.PathLike[str]) -> str | None:
+    """Why files cannot be written in `directory` (created when missing), or None when they can.
+
+    Tries what a run does: create the directory, then create, write and remove a hidden file in it. As root,
+    permission bits do not stop writes, so this catches what does: read-only mounts and files in the way."""
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write_probe.", dir=path)
+        try:
+            os.write(fd, b"ok")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except FileExistsError:
+        return "a file is in the way (it is not a directory)"
+    except OSError as err:
+        where = f" ({err.filename})" if err.filename and str(err.filename) != str(path) else ""
+        return f"{err.strerror or type(err).__name__}{where}"
+    return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from rrtrain.config import load_config
-from rrtrain.errors import UsageError, fail
+from rrtrain.errors import RUN_ERROR_EXIT, RunError, UsageError, fail
 
 
 def main(argv: list[str]) -> int:
@@ -26,6 +26,14 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main(sys.argv[1:]))
+        code = main(sys.argv[1:])
     except UsageError as err:
-        sys.exit(fail("rrtrain train", str(err)))
+        code = fail("rrtrain train", str(err))
+    except RunError as err:
+        fail("rrtrain train", str(err))
+        code = RUN_ERROR_EXIT
+    if code:
+        from rrtrain import dist
+
+        dist.teardown()  # every rank raised the same error; leaving the group up aborts at exit
+    sys.exit(code)  # outside the handlers: the run's objects are freed before exit (streaming cleans up)

@@ -20,16 +20,17 @@ import yaml
 
 from rrtrain import dist, runlock, sizing
 from rrtrain.callbacks import Callback, due
-from rrtrain.checkpoint import CheckpointManager, check_resume
+from rrtrain.checkpoint import CheckpointManager, check_resume, is_disk_full
 from rrtrain.config import Config
-from rrtrain.errors import UsageError
+from rrtrain.errors import RunError, UsageError
 from rrtrain.hardware import peak_flops
-from rrtrain.io import atomic_write_json, atomic_write_text
+from rrtrain.io import atomic_write_json, atomic_write_text, unwritable_reason
 from rrtrain.metrics import MetricsLogger
 from rrtrain.model import build_model
 from rrtrain.optim import lr_at
 from rrtrain.parallel import build_engine
 from rrtrain.signals import StopFlag
+from rrtrain.watchdog import PeerWatch, is_comm_error
 
 EXIT_CODES = {"completed": 0, "failed": 1, "diverged": 3, "stalled": 4, "preempted": 75}
 
@@ -64,8 +65,8 @@ class Trainer:
         self.params = 0
         self.callbacks: list[Callback] = []
         self.stopping, self.checkpoint_at_end = False, True
-        if self.info.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+        problem = unwritable_reason(self.run_dir) if self.info.is_main else None
+        dist.raise_together(f"run.dir '{self.run_dir}' cannot be written: {problem}" if problem else None)
         self.lock = runlock.hold(self.run_dir, cfg.run.lock_wait_s, self.info.is_main, self.info.device)
         dist.barrier()
 
@@ -73,12 +74,14 @@ class Trainer:
 
     def setup(self) -> None:
         from rrtrain.data import TrainLoader, check_vocab, eval_batches, read_manifest
+        from rrtrain.verify import verify_run_data
 
         cfg, info = self.cfg, self.info
         t = cfg.train
         if cfg.data.path is None:
             raise UsageError("data.path is not set: point it at a directory written by `rrtrain prep`")
         manifest = read_manifest(cfg.data.path)
+        verify_run_data(cfg.data.path, manifest, info.local_rank)
         self.shape = resolve_model_shape(cfg, manifest["vocab_size"], manifest["seq_len"])
         check_vocab(manifest, self.shape.vocab_size)
         per_step = t.micro_batch * info.world_size
@@ -275,9 +278,10 @@ class Trainer:
             if callback.name in states:
                 callback.load_state_dict(states[callback.name])
 
-    def write_final(self) -> None:
+    def write_final(self) -> bool:
+        """Rank 0 writes final.json; False (after saying why) when it cannot be written, e.g. on a full disk."""
         if not self.info.is_main:
-            return
+            return True
         cfg = self.cfg
         final = {
             "status": self.status, "step": self.step, "tokens": self.tokens,
@@ -291,9 +295,21 @@ class Trainer:
             "world_size": self.info.world_size, "backend": cfg.parallel.backend,
             "shape": asdict(self.shape) if self.shape else None,
         }
-        atomic_write_json(self.run_dir / "final.json", final)
-        if self.lock is not None:  # final.json is this copy's last write: the directory is free again
-            self.lock.release()
+        try:
+            atomic_write_json(self.run_dir / "final.json", final)
+        except OSError as err:
+            print(f"rrtrain train: error: cannot write {self.run_dir / 'final.json'} ({err.strerror or err}); "
+                  f"the run ended {self.status}", file=sys.stderr, flush=True)
+            return False
+        finally:
+            if self.lock is not None:  # final.json is this copy's last write: the directory is free again
+                self.lock.release()
+        return True
+
+    def fail_final(self, reason: str) -> None:
+        """The run failed for `reason`: final.json says so (rank 0)."""
+        self.status, self.reason = "failed", reason
+        self.write_final()
 
     def raised_flags(self) -> dict[str, dict[str, Any]]:
         """Every callback's flags: name -> {"step", "detail"}."""
@@ -331,16 +347,28 @@ def run(cfg: Config) -> int:
     except runlock.RunLocked as err:
         print(f"rrtrain: {err}", file=sys.stderr, flush=True)
         return runlock.LOCKED_EXIT
+    watch = PeerWatch.start(trainer.info, cfg.parallel.timeout_s, on_lost=trainer.fail_final)
     try:
         trainer.fit()
-    except BaseException as err:
-        text = str(err) if isinstance(err, UsageError) else f"{type(err).__name__}: {err}".splitlines()[0]
-        trainer.status, trainer.reason = "failed", text
-        trainer.write_final()
+    except (UsageError, RunError) as err:
+        trainer.fail_final(str(err))
         trainer.emit("on_end")
         raise
-    trainer.write_final()
+    except BaseException as err:
+        lost = watch.lost() if watch is not None and is_comm_error(err) else None
+        trainer.fail_final(lost or f"{type(err).__name__}: {err}".splitlines()[0])
+        trainer.emit("on_end")
+        if lost:  # a rank died or hung (no launcher tore the group down): name it, not gloo's symptom
+            raise RunError(lost) from None
+        if is_disk_full(err):  # e.g. metrics.jsonl on a full disk: one line, not a traceback
+            raise RunError(f"no space left on the device ({trainer.reason}); free space and start the run "
+                           "again to resume from its last checkpoint") from None
+        raise
+    finally:
+        if watch is not None:
+            watch.stop()
+    written = trainer.write_final()
     trainer.emit("on_end")
     dist.barrier()
     dist.teardown()
-    return EXIT_CODES[trainer.status]
+    return EXIT_CODES[trainer.status] if written else EXIT_CODES["failed"]

@@ -1,0 +1,70 @@
+"""Helpers of the fault-injection tests: ranks started the way srun or submitit start them (one plain process
+per rank sharing MASTER_ADDR/PORT, RANK and WORLD_SIZE, with no torchrun above them to tear the group down
+when one dies), and small real filesystems (tmpfs mounts: full disks, read-only directories)."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+from trainutil import PY, REPO, TINY, env, free_port
+
+
+def start_ranks(run_dir: Path, data: Path, *overrides: str, world: int = 2) -> list[subprocess.Popen]:
+    """Start `world` ranks of one run; each in its own session, output captured separately."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        e = env()
+        # one node: the local rank and size submitit exports (streaming places its shared memory by them)
+        e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                 LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+        cmd = [PY, "-m", "rrtrain.train", TINY, f"data.path={data}", f"run.dir={run_dir}", *overrides]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True, start_new_session=True))
+    return procs
+
+
+def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
+    """Wait for every rank (killing the rest when time runs out); (exit status, stdout, stderr) per rank."""
+    out = []
+    for p in procs:
+        try:
+            so, se = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            so, se = p.communicate()
+            raise AssertionError(f"rank did not exit within {timeout} s:\n{so[-2000:]}\n{se[-3000:]}")
+        out.append((p.returncode, so, se))
+    return out
+
+
+def can_mount() -> bool:
+    """Whether this machine lets the tests mount a tmpfs (root with CAP_SYS_ADMIN)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", d], capture_output=True).returncode:
+            return False
+        subprocess.run(["umount", d], check=True)
+    return True
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str, *options: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `path` (created), unmounted at the end whatever happens."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
+                   check=True, capture_output=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True, capture_output=True)
+
+
+def resize(path: Path, size: str) -> None:
+    """Grow (or shrink) a mounted tmpfs: space freed, as an operator would free it."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True, capture_output=True)
