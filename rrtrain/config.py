@@ -43,6 +43,7 @@ class ResidualConfig:
     mhc_alpha_init: float = 0.01  # mHC: initial alpha_pre / alpha_post / alpha_res
     mhc_offdiag_logit: float = -5.0  # mHC: initial off-diagonal H_res logit (near-identity start)
     attnres_block_size: int = 0  # AttnRes: sublayers per block; 0 = Full AttnRes
+    fixup_variant: Literal["fixup", "tfixup"] = "fixup"  # fixup: Fixup (ICLR 2019); tfixup: T-Fixup (ICML 2020)
 
 
 @dataclass

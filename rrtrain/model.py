@@ -113,6 +113,10 @@ class Transformer(nn.Module):
             )
             for i in range(shape.n_layers)
         )
+        self.stream.attach(self.tok_emb, self.pos_emb)  # for rules that reach inside (Fixup); no-op by default
+        for block in self.blocks:
+            block.attn_site.attach(block.attn)
+            block.mlp_site.attach(block.mlp)
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -121,7 +125,8 @@ class Transformer(nn.Module):
         - embeddings, QKV and the MLP's first layer: N(0, init_std)              (GPT-2)
         - output projections of both sublayers: N(0, init_std / sqrt(2 * n_layers)) (GPT-2 residual scaling)
         - a rule with `branch_init_gain` (DeepNorm's beta) multiplies V, the output projections and the MLP
-        - each residual site and the stream: their own reset_parameters (gates at r = 0.5, ReZero at 0, ...)
+        - each residual site and the stream: their own reset_parameters (gates at r = 0.5, ReZero at 0, ...),
+          last, so a rule that re-initialises what it was attached to (Fixup's branches) has the final word
         """
         std, n = self.init_std, self.shape.n_layers
         gain = self.rule.branch_init_gain(n) if self.rule.branch_init_gain else 1.0

@@ -54,10 +54,11 @@ _single("highway_convex", HighwayConvexSite, "(1-r)*h + r*u, r = sigma(W RMSN(h)
 _single("rezero", ReZeroSite, "h + alpha*u, scalar alpha = 0 at start (ReZero)")
 _single("layerscale", LayerScaleSite, "h + lambda*u, per-channel lambda, CaiT depth init (LayerScale)")
 
-# Multi-stream (gr, hc, mhc), depth-aggregating (attnres) and post-norm (deepnorm) rules: one module each.
-from rrtrain.residuals import attnres, deepnorm, gr, hc, mhc  # noqa: E402  (after the registry exists)
+# Multi-stream (gr, hc, mhc), depth-aggregating (attnres), post-norm (deepnorm) and normalisation-free (fixup)
+# rules: one module each.
+from rrtrain.residuals import attnres, deepnorm, fixup, gr, hc, mhc  # noqa: E402  (after the registry exists)
 
-for _spec in (gr.SPEC, hc.SPEC, mhc.SPEC, attnres.SPEC, deepnorm.SPEC):
+for _spec in (gr.SPEC, hc.SPEC, mhc.SPEC, attnres.SPEC, deepnorm.SPEC, fixup.SPEC):
     register(_spec)
 
 __all__ = ["RuleSpec", "Site", "SiteInfo", "State", "Stream", "StreamInfo", "get", "names", "register"]

@@ -7,6 +7,13 @@ A rule has two parts, following RESIDUALS.md section 0:
 * one `Site` per sublayer: `read(state) -> (x, ctx)` gives the sublayer's input (pre-norm included),
   `write(state, y, ctx) -> state` folds the sublayer's output `y` back in.
 
+Most rules act only on the state. A rule whose definition reaches inside the sublayer (Fixup: scalar
+biases between the branch's layers, a zero last layer) or prescribes the embedding's initialisation
+(T-Fixup) gets those modules through `Site.attach(branch)` and `Stream.attach(tok_emb, pos_emb)`, which
+the model calls once after building them; by default both do nothing. The rule may register hooks on
+what it is given and re-initialise it in its own `reset_parameters` (the model calls that after its
+own initialisation), so the block itself stays unaware of any rule.
+
 The state is opaque to the transformer block: a tensor (B, T, D) for single-stream rules, (B, T, n, D)
 for multi-stream ones, or a tuple of tensors for depth-aggregating ones. The block only passes it along,
 so a new rule never touches the block.
@@ -70,6 +77,9 @@ class Site(nn.Module):
     def write(self, state: State, y: torch.Tensor, ctx: Any) -> State:
         raise NotImplementedError
 
+    def attach(self, branch: nn.Module) -> None:
+        """Receive the sublayer this site wraps (attention or MLP). Default: the rule does not need it."""
+
     def reset_parameters(self) -> None:
         raise NotImplementedError
 
@@ -96,6 +106,9 @@ class Stream(nn.Module):
 
     def readout(self, state: State) -> torch.Tensor:
         raise NotImplementedError
+
+    def attach(self, tok_emb: nn.Embedding, pos_emb: Optional[nn.Embedding]) -> None:
+        """Receive the model's embeddings (positions: None under RoPE). Default: the rule does not need them."""
 
     def reset_parameters(self) -> None:
         raise NotImplementedError

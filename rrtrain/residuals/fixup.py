@@ -1,0 +1,191 @@
+"""Fixup and T-Fixup: no normalisation inside the residual branches; the initialisation alone keeps a deep
+stack trainable. docs/residuals.md says how each paper was mapped onto this block and what they leave open.
+
+Legend:  b batch · t tokens · d width · N blocks · L = 2N sublayers · h the state (b, t, d)
+
+fixup (Zhang, Dauphin & Ma, ICLR 2019), m = 2 weight layers per branch, `model.residual.fixup_variant=fixup`:
+    attention   y = s · W_o(attn(W_qkv(h + b_in)) + b_proj)
+    MLP         y = s · W_2(gelu(W_1(h + b_in) + b_act) + b_proj)
+    h ← h + y
+    init: W_o = W_2 = 0;  W_qkv, W_1 = the model's draw × L^(−1/(2m−2)) = L^(−1/2);  every b = 0, s = 1
+tfixup (Huang, Perez, Ba & Volkovs, ICML 2020), restated for a decoder-only stack, `fixup_variant=tfixup`:
+    h ← h + F(h), no norm and no scalars;  x = √d · (token + position embedding)
+    init: q, k, v (each d×d), W_o, W_1, W_2 Xavier-uniform; v, W_o, W_1, W_2 × a;
+          each of the k summed embedding tables N(0, a² / (k·d));  a = (6N)^(−1/4)
+readout (both): RMSN_f(h), then the tied LM head.
+
+The block does not know any of this: b_proj and b_act sit between the branch's own layers, so the site
+adds them with hooks on the branch's Linear layers, and re-initialises those layers, through `attach`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from rrtrain.config import ResidualConfig
+from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo
+from rrtrain.residuals.single import SingleStream
+
+
+def fixup_scale(n_sublayers: int) -> float:
+    """Fixup's factor on a branch's non-final weight layers: L^(−1/(2m−2)) with m = 2 layers per branch."""
+    return n_sublayers ** -0.5
+
+
+def tfixup_scale(n_blocks: int) -> float:
+    """T-Fixup's a for a decoder-only stack: 2N sublayers × 3 equal terms a⁴ summing to 1 gives (6N)^(−1/4)."""
+    return (6.0 * n_blocks) ** -0.25
+
+
+def branch_layers(branch: nn.Module, kind: str) -> tuple[nn.Linear, nn.Linear]:
+    """The first and the last weight layer of an attention ("attn") or MLP ("mlp") branch."""
+    return (branch.qkv, branch.proj) if kind == "attn" else (branch.fc, branch.proj)
+
+
+def xavier_branch(branch: nn.Module, kind: str, d: int) -> tuple[nn.Linear, nn.Linear]:
+    """Both papers' "standard" start: Xavier-uniform on every matrix of the branch (q, k, v as d×d each)."""
+    first, last = branch_layers(branch, kind)
+    blocks = first.weight.split(d) if kind == "attn" else (first.weight,)
+    for w in (*blocks, last.weight):
+        nn.init.xavier_uniform_(w)
+    return first, last
+
+
+class _BranchSite(Site):
+    """A site that keeps a reference to its branch without owning it (the block does)."""
+
+    def __init__(self, info: SiteInfo) -> None:
+        super().__init__(info)
+        self._branch: tuple[nn.Module, ...] = ()  # a tuple, so nn.Module does not register it as a child
+        self._hooks: list[Any] = []
+
+    def attach(self, branch: nn.Module) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._branch, self._hooks = (branch,), []
+
+    def read(self, state: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return state, None  # no norm inside the branch
+
+    def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return state + y
+
+
+class FixupSite(_BranchSite):
+    """Scalar biases before each weight layer (and the MLP's activation), a scalar multiplier on the output."""
+
+    def __init__(self, info: SiteInfo) -> None:
+        super().__init__(info)
+        self.bias_in = nn.Parameter(torch.zeros(1))
+        if info.kind == "mlp":
+            self.bias_act = nn.Parameter(torch.zeros(1))
+        self.bias_proj = nn.Parameter(torch.zeros(1))
+        self.scale = nn.Parameter(torch.ones(1))
+
+    @staticmethod
+    def count(kind: str) -> int:
+        return 4 if kind == "mlp" else 3
+
+    def attach(self, branch: nn.Module) -> None:
+        super().attach(branch)
+        first, last = branch_layers(branch, self.info.kind)
+        self._hooks.append(last.register_forward_pre_hook(self._add_bias_proj))
+        if self.info.kind == "mlp":
+            self._hooks.append(first.register_forward_hook(self._add_bias_act))
+
+    def _add_bias_proj(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return (args[0] + self.bias_proj.to(args[0].dtype),)
+
+    def _add_bias_act(self, module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        return out + self.bias_act.to(out.dtype)
+
+    def read(self, state: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return state + self.bias_in.to(state.dtype), None
+
+    def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return state + self.scale.to(y.dtype) * y
+
+    def reset_parameters(self) -> None:
+        """Scalars to 0 / 1; the branch (just drawn by the model's init_weights) to Fixup's start."""
+        with torch.no_grad():
+            for p in (self.bias_in, self.bias_proj, getattr(self, "bias_act", None)):
+                if p is not None:
+                    p.zero_()
+            self.scale.fill_(1.0)
+            if self._branch:
+                first, last = xavier_branch(self._branch[0], self.info.kind, self.info.d_model)
+                first.weight.mul_(fixup_scale(self.info.n_sublayers))
+                last.weight.zero_()
+
+
+class TFixupSite(_BranchSite):
+    """No parameters of its own: T-Fixup is an initialisation of the branch."""
+
+    @staticmethod
+    def count(kind: str) -> int:
+        return 0
+
+    def reset_parameters(self) -> None:
+        if not self._branch:
+            return
+        a, d = tfixup_scale(self.info.n_blocks), self.info.d_model
+        with torch.no_grad():
+            first, last = xavier_branch(self._branch[0], self.info.kind, d)
+            if self.info.kind == "attn":
+                first.weight[2 * d:].mul_(a)  # v only: q and k set the attention pattern, not the scale
+            else:
+                first.weight.mul_(a)
+            last.weight.mul_(a)
+
+
+class NormFreeStream(SingleStream):
+    """Unit-scale input for branches without a norm: x = √d · e, as both papers' code scales its embeddings.
+
+    The embedding tables are re-drawn N(0, g² / (k·d)) (k tables summed: tokens, and learned positions), so
+    x has per-coordinate standard deviation g: 1 for Fixup, T-Fixup's a for T-Fixup. The readout keeps
+    RMSN_f, and the tied head sees the table itself (entries ~ 1/√(k·d)), not the √d-scaled input.
+    """
+
+    def __init__(self, info: StreamInfo) -> None:
+        super().__init__(info)
+        self._embeddings: tuple[nn.Embedding, ...] = ()
+
+    def attach(self, tok_emb: nn.Embedding, pos_emb: Optional[nn.Embedding]) -> None:
+        self._embeddings = tuple(e for e in (tok_emb, pos_emb) if e is not None)
+
+    def input_std(self) -> float:
+        if self.info.cfg.fixup_variant == "tfixup":
+            return tfixup_scale(self.info.n_sublayers // 2)
+        return 1.0
+
+    def expand(self, e: torch.Tensor) -> torch.Tensor:
+        return e * math.sqrt(self.info.d_model)
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if not self._embeddings:
+            return
+        d, k = self.info.d_model, len(self._embeddings)
+        with torch.no_grad():
+            for table in self._embeddings:
+                nn.init.normal_(table.weight, std=self.input_std() / math.sqrt(k * d))
+
+
+def make_site(info: SiteInfo) -> Site:
+    return (FixupSite if info.cfg.fixup_variant == "fixup" else TFixupSite)(info)
+
+
+def params(d: int, n_sublayers: int, cfg: ResidualConfig) -> int:
+    site = FixupSite if cfg.fixup_variant == "fixup" else TFixupSite
+    n_attn, n_mlp = (n_sublayers + 1) // 2, n_sublayers // 2  # sublayer 2b is attention, 2b + 1 the MLP
+    return SingleStream.count(d) + n_attn * site.count("attn") + n_mlp * site.count("mlp")
+
+
+SPEC = RuleSpec(
+    name="fixup", site=make_site, stream=NormFreeStream, params=params,
+    summary="h + s*F(h + b), no branch norm, last layer 0, others x L^-1/2 (Fixup); tfixup: T-Fixup scaling",
+)

@@ -1,0 +1,194 @@
+"""Fixup and T-Fixup (`model.variant=fixup`, `model.residual.fixup_variant=fixup|tfixup`): the identity
+network at initialisation, the branches leaving zero after one AdamW step, the initial scales against the
+papers' formulas at several depths, the scalar biases where the paper puts them, and exact counting.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rrtrain import sizing
+from rrtrain.config import ModelConfig, ResidualConfig
+from rrtrain.model import Transformer, build_model
+from rrtrain.residuals.fixup import fixup_scale, tfixup_scale
+
+D, T, V, FF = 32, 16, 64, 128
+
+
+def model(blocks: int = 3, variant: str = "fixup", fixup_variant: str = "fixup", seed: int = 0,
+          d: int = D, pos: str = "learned") -> Transformer:
+    torch.manual_seed(seed)
+    m = ModelConfig(size="tiny", variant=variant, d_model=d, n_layers=blocks, n_heads=4, d_ff=4 * d, seq_len=T,
+                    vocab_size=V, pos=pos, residual=ResidualConfig(fixup_variant=fixup_variant))
+    return build_model(m)
+
+
+def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (2, T), generator=g), torch.randint(0, V, (2, T), generator=g)
+
+
+def branch_outputs(net: Transformer, idx: torch.Tensor) -> list[torch.Tensor]:
+    """What every sublayer adds to the residual state, s·F(...), in order (attention 0, MLP 0, ...)."""
+    seen: list[torch.Tensor] = []
+    for blk in net.blocks:
+        for site in (blk.attn_site, blk.mlp_site):
+            site.register_forward_hook(lambda mod, args, out: seen.append((out - args[0]).detach()))
+    net(idx)
+    return seen
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixup
+
+
+def test_identity_network_at_init():
+    """Every branch outputs exactly zero, so the model is embedding -> final norm -> tied LM head."""
+    net = model(blocks=4)
+    state = torch.randn(2, T, D)
+    out = state
+    for blk in net.blocks:
+        out = blk(out)
+    assert torch.equal(out, state)
+    idx, _ = batch()
+    e = net.stream.expand(net.tok_emb(idx) + net.pos_emb.weight[:T])
+    torch.testing.assert_close(net(idx), net.stream.norm(e) @ net.tok_emb.weight.T, rtol=0, atol=0)
+    assert all(torch.equal(y, torch.zeros_like(y)) for y in branch_outputs(net, idx))
+
+
+def test_branches_leave_zero_after_one_adamw_step():
+    net = model(blocks=3)
+    idx, tgt = batch()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.0)
+    net(idx, tgt).backward()
+    for blk in net.blocks:  # at init only the zero last layers are reachable by the gradient
+        assert blk.attn.proj.weight.grad.abs().max() > 0 and blk.mlp.proj.weight.grad.abs().max() > 0
+        assert torch.equal(blk.attn.qkv.weight.grad, torch.zeros_like(blk.attn.qkv.weight))
+        assert torch.equal(blk.mlp.fc.weight.grad, torch.zeros_like(blk.mlp.fc.weight))
+    opt.step()
+    opt.zero_grad()
+    assert all(y.abs().max() > 0 for y in branch_outputs(net, idx))
+    net(idx, tgt).backward()  # ... and from the second step on, every layer and every scalar learns
+    for name, p in net.named_parameters():
+        assert p.grad.abs().max() > 0, name
+
+
+@pytest.mark.parametrize("blocks", [1, 4, 12])
+def test_init_scales_match_the_formula(blocks):
+    """First layers Xavier-uniform x L^(-1/2) (q, k, v drawn as d×d blocks), last layers 0, scalars 0 / 1."""
+    net = model(blocks=blocks, d=64)
+    L = 2 * blocks
+    assert fixup_scale(L) == L ** -0.5
+    xavier = lambda fan_in, fan_out: math.sqrt(2.0 / (fan_in + fan_out))  # std of Xavier-uniform
+    for blk in net.blocks:
+        assert torch.equal(blk.attn.proj.weight, torch.zeros_like(blk.attn.proj.weight))
+        assert torch.equal(blk.mlp.proj.weight, torch.zeros_like(blk.mlp.proj.weight))
+        for w in blk.attn.qkv.weight.split(64):
+            assert w.abs().max() <= math.sqrt(3) * xavier(64, 64) * L ** -0.5 * (1 + 1e-6)
+            assert w.std().item() == pytest.approx(xavier(64, 64) * L ** -0.5, rel=0.06)
+        fc = blk.mlp.fc.weight
+        assert fc.std().item() == pytest.approx(xavier(64, 256) * L ** -0.5, rel=0.06)
+        for site in (blk.attn_site, blk.mlp_site):
+            assert site.scale.item() == 1.0 and site.bias_in.item() == 0.0 and site.bias_proj.item() == 0.0
+        assert blk.mlp_site.bias_act.item() == 0.0 and not hasattr(blk.attn_site, "bias_act")
+    # the input: x = √d·(token + position), each table N(0, 1/(2d)), so x has unit per-coordinate scale
+    for table in (net.tok_emb.weight, net.pos_emb.weight):
+        assert table.std().item() == pytest.approx(1 / math.sqrt(2 * 64), rel=0.06)
+
+
+def test_scalar_biases_sit_before_each_layer_and_the_activation():
+    """With every scalar set, each branch computes s·W_o(attn(W_qkv(h + b_in)) + b_proj) and
+    s·W_2(gelu(W_1(h + b_in) + b_act) + b_proj), checked against the same formula written out here."""
+    net = model(blocks=1).double()
+    blk = net.blocks[0]
+    with torch.no_grad():
+        for site, values in ((blk.attn_site, (0.3, -0.2, 1.7)), (blk.mlp_site, (-0.4, 0.25, 0.6, 0.8))):
+            params = [site.bias_in, site.bias_proj, site.scale] if len(values) == 3 else \
+                [site.bias_in, site.bias_act, site.bias_proj, site.scale]
+            for p, v in zip(params, values):
+                p.fill_(v)
+        for lin in (blk.attn.proj, blk.mlp.proj):
+            lin.weight.normal_(std=0.1)
+    h = torch.randn(2, T, D, dtype=torch.float64)
+    a, m = blk.attn_site, blk.mlp_site
+    q, k, v = F.linear(h + a.bias_in, blk.attn.qkv.weight).split(D, dim=-1)
+    q, k, v = (z.view(2, T, 4, -1).transpose(1, 2) for z in (q, k, v))
+    att = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, T, D)
+    h1 = h + a.scale * F.linear(att + a.bias_proj, blk.attn.proj.weight)
+    z = F.gelu(F.linear(h1 + m.bias_in, blk.mlp.fc.weight) + m.bias_act)
+    h2 = h1 + m.scale * F.linear(z + m.bias_proj, blk.mlp.proj.weight)
+    torch.testing.assert_close(blk(h), h2, rtol=1e-12, atol=1e-12)
+
+
+def test_scalars_are_not_weight_decayed():
+    from rrtrain.optim import no_decay_names
+
+    net = model(blocks=2)
+    skip = no_decay_names(net)
+    scalars = [n for n, p in net.named_parameters() if n.split(".")[-1] in ("bias_in", "bias_act", "bias_proj", "scale")]
+    assert len(scalars) == 2 * (3 + 4) and set(scalars) <= skip
+
+
+# ---------------------------------------------------------------------------------------------
+# T-Fixup
+
+
+@pytest.mark.parametrize("blocks", [1, 4, 12])
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_tfixup_init_scales_match_the_formula(blocks, pos):
+    """Xavier everywhere; v, W_o, W_1, W_2 and the input x = √d·Σ tables scaled by a = (6N)^(-1/4)."""
+    net = model(blocks=blocks, fixup_variant="tfixup", d=64, pos=pos)
+    a = tfixup_scale(blocks)
+    assert a == pytest.approx((6 * blocks) ** -0.25, rel=1e-15)
+    xavier = lambda fan_in, fan_out: math.sqrt(2.0 / (fan_in + fan_out))
+    for blk in net.blocks:
+        q, k, v = blk.attn.qkv.weight.split(64)
+        for w, gain in ((q, 1.0), (k, 1.0), (v, a), (blk.attn.proj.weight, a)):
+            assert w.std().item() == pytest.approx(gain * xavier(64, 64), rel=0.06)
+        assert blk.mlp.fc.weight.std().item() == pytest.approx(a * xavier(64, 256), rel=0.06)
+        assert blk.mlp.proj.weight.std().item() == pytest.approx(a * xavier(256, 64), rel=0.06)
+        assert not list(blk.attn_site.parameters()) and not list(blk.mlp_site.parameters())
+    tables = [net.tok_emb.weight] + ([net.pos_emb.weight] if pos == "learned" else [])
+    for table in tables:
+        assert table.std().item() == pytest.approx(a / math.sqrt(len(tables) * 64), rel=0.06)
+    e = torch.randn(2, T, 64)
+    assert torch.equal(net.stream.expand(e), e * 8.0)  # √64
+
+
+def test_tfixup_has_no_norm_inside_the_branch():
+    net = model(blocks=2, fixup_variant="tfixup")
+    state = torch.randn(2, T, D)
+    blk = net.blocks[0]
+    x, _ = blk.attn_site.read(state)
+    assert x is state
+    torch.testing.assert_close(blk(state), (lambda h: h + blk.mlp(h))(state + blk.attn(state)), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting and matching
+
+
+@pytest.mark.parametrize("fixup_variant,per_block", [("fixup", 3 + 4), ("tfixup", 0)])
+def test_count_is_exact(fixup_variant, per_block):
+    net = model(blocks=3, fixup_variant=fixup_variant)
+    rcfg = ResidualConfig(fixup_variant=fixup_variant)
+    assert sum(p.numel() for p in net.parameters()) == sizing.count_params(net.shape, "fixup", rcfg)
+    # against standard: no pre-norms (−d per sublayer), plus the scalars
+    assert sizing.gate_params(net.shape, "fixup", rcfg) == 3 * (per_block - 2 * D)
+
+
+@pytest.mark.parametrize("fixup_variant", ["fixup", "tfixup"])
+def test_params_match_review(capsys, fixup_variant):
+    from rrtrain.cli import main
+
+    argv = ["params", "--size", "rr-60m", "--variants", "review,fixup", "--match", "review", "--json",
+            "--set", f"residual.fixup_variant={fixup_variant}"]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["variants"]
+    assert abs(rows["fixup"]["params"] - rows["review"]["params"]) <= 0.005 * rows["review"]["params"]
+    assert rows["fixup"]["d_ff"] > rows["review"]["d_ff"]  # widened: fewer parameters than review at one shape
