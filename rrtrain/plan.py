@@ -343,10 +343,10 @@ def resolve(m: ModelConfig) -> sizing.ModelShape:
     return sizing.resolve_shape(m)
 
 
-def _state(s: Setup, lay: Layout) -> tuple[list[Item], list[Item], list[str]]:
-    """Held state and peak transient buffers per rank (rank 0: the largest shard)."""
+def _state(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item], list[str]]:
+    """Held state and peak transient buffers of one rank (rank 0 holds the largest FSDP shards)."""
     p, w = lay.numel, s.shard
-    local = lay.shard_numel(w)
+    local = lay.shard_numel(w, rank % w)
     n_tensors = len(lay.tensors)
     c = DTYPE_BYTES[s.precision]
     block, root = lay.block_numel(), lay.unit_numel(-1)
@@ -408,12 +408,12 @@ def comm_bytes_per_step(s: Setup, lay: Layout) -> int:
     return int(gather + 4 * p * ring)  # fp32 gradient reduce-scatter
 
 
-def plan(s: Setup) -> Plan:
-    """Memory per rank, communication and time for one run."""
+def plan(s: Setup, rank: int = 0) -> Plan:
+    """Memory per rank (rank 0 unless told), communication and time for one run."""
     check(s)
     shape = resolve(s.model)
     lay = layout(s.model, shape)
-    state, transient, warnings = _state(s, lay)
+    state, transient, warnings = _state(s, lay, rank)
     autocast = s.backend == "none" and s.precision == "bf16"
     prof = activation_profile(s.model, shape, s.precision, autocast)
     acts = {mode: s.micro_batch * (prof.saved(shape.n_layers, mode, s.ac_every)
