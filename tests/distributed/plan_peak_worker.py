@@ -1,9 +1,10 @@
 """Measure one rank's peak tensor memory over two training steps of the real model and engine.
 
-Run as `python plan_peak_worker.py OUT.json key=value ...` (one process) or under torchrun (FSDP2 on gloo).
-The keys are config overrides (model.*, train.micro_batch, parallel.*). Memory is counted by torch's
-MemTracker, which sees every tensor the step allocates (parameters, gradients, optimizer state,
-activations, all-gather buffers) on the CPU; rank 0 writes the peak as JSON.
+Run as `python plan_peak_worker.py OUT.json CASES.json` (one process) or under torchrun (FSDP2 on gloo).
+CASES.json maps a name to a list of config overrides (model.*, train.micro_batch, parallel.*); each case is
+measured in turn in the same process. Memory is counted by torch's MemTracker, which sees every tensor
+the step allocates (parameters, gradients, optimizer state, activations, all-gather buffers) on the CPU;
+rank 0 writes {name: peak bytes} as JSON.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from rrtrain.model import build_model
 from rrtrain.parallel import build_engine
 
 
-def main(out: str, overrides: list[str]) -> None:
+def peak_bytes(overrides: list[str], info: dist.DistInfo) -> int:
     cfg: Config = build(Config, apply_overrides({}, overrides))
-    info = dist.setup(cfg.parallel.timeout_s)
     torch.manual_seed(cfg.train.seed)
     tracker = MemTracker()
     with tracker:
@@ -38,13 +38,20 @@ def main(out: str, overrides: list[str]) -> None:
             engine.backward(loss, last_micro=True)
             engine.clip_grad_norm(1.0)
             engine.step(1e-3)
-    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+def main(out: str, cases_path: str) -> None:
+    with open(cases_path) as f:
+        cases: dict[str, list[str]] = json.load(f)
+    info = dist.setup(600)
+    peaks = {name: peak_bytes(overrides, info) for name, overrides in cases.items()}
     if info.is_main:
         with open(out, "w") as f:
-            json.dump({"peak": peak["Total"], "world_size": info.world_size}, f)
+            json.dump(peaks, f)
     dist.barrier()
     dist.teardown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    main(sys.argv[1], sys.argv[2])
