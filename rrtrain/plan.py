@@ -13,7 +13,7 @@ What is held per rank, as the trainer does it (`rrtrain/parallel/engine.py`, `de
 * FSDP2, bf16: fp32 master parameters, fp32 gradients and AdamW's two fp32 moments, all sharded
   over `dp_shard` ranks; bf16 compute copies of the unit in use (the root, which FSDP keeps gathered
   through forward and backward, plus the current and the prefetched block), and in backward that block's
-  bf16 gradient and its fp32 reduce-scatter input. With gradient accumulation the trainer skips the
+  gradient and its fp32 reduce-scatter input. With gradient accumulation the trainer skips the
   reduce-scatter on all but the last micro-batch, so FSDP keeps every unsharded gradient, in fp32.
 * One process: everything fp32 and whole; bf16 autocast caches one bf16 copy of each weight.
 * DeepSpeed ZeRO-1/2/3: bf16 working parameters (sharded at stage 3), fp32 gradient accumulation
@@ -64,6 +64,7 @@ class Setup:
     mfu: float = 0.40
     precision: str = "bf16"  # "bf16" (mixed, as on GPUs) or "fp32" (CPU tests)
     reshard_after_forward: bool = True
+    shape: Optional[sizing.ModelShape] = None  # the resolved shape when known (a matched sweep run); else the preset's
 
     @property
     def shard(self) -> int:
@@ -225,8 +226,11 @@ def checkpointed_blocks(n_layers: int, ac: str, ac_every: int) -> int:
     return len(range(0, n_layers, ac_every))
 
 
-def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool) -> tuple[int, int, int]:
-    """(bytes saved for backward, bytes of block 0's input state, logits bytes) for one sequence."""
+def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool) -> tuple[int, int]:
+    """(bytes saved for backward, bytes of the last block's input state) for one sequence, loss included.
+
+    The last block, not the first: a multi-stream rule's first input is a broadcast view of the embedding.
+    """
     from torch.multiprocessing.reductions import StorageWeakRef
 
     model = _build(m, shape)
@@ -246,7 +250,7 @@ def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool) -> tu
         tensors = state if isinstance(state, tuple) else (state,)
         block_in.append(sum(t.untyped_storage().nbytes() for t in tensors[-1:]))  # the newest source only
 
-    model.blocks[0].register_forward_pre_hook(note_input)
+    model.blocks[-1].register_forward_pre_hook(note_input)
     idx = torch.zeros(1, shape.seq_len, dtype=torch.long)
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
@@ -262,8 +266,8 @@ def activation_profile(m: ModelConfig, shape: sizing.ModelShape, compute: str, a
 def _activation_profile(m: ModelConfig, shape: sizing.ModelShape, compute: str, autocast: bool) -> ActivationProfile:
     dtype = torch.bfloat16 if compute == "bf16" and not autocast else torch.float32
     with _fake(dtype):
-        one, block_in = _saved_bytes(m, dataclasses.replace(shape, n_layers=1), autocast)
-        two, _ = _saved_bytes(m, dataclasses.replace(shape, n_layers=2), autocast)
+        one, _ = _saved_bytes(m, dataclasses.replace(shape, n_layers=1), autocast)
+        two, block_in = _saved_bytes(m, dataclasses.replace(shape, n_layers=2), autocast)
     loss_grad = shape.seq_len * shape.vocab_size * (10 if compute == "bf16" else 8)
     return ActivationProfile(fixed=2 * one - two, per_block=two - one, block_input=block_in, loss_grad=loss_grad)
 
@@ -366,10 +370,9 @@ def _state(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item], li
         if s.shard > 1 or s.precision == "bf16":
             transient += [Item("gathered root (embeddings; kept through the step)", cdt, c * root),
                           Item("gathered blocks (current + prefetched)", cdt, 2 * c * block)]
-        if s.shard > 1:
-            transient += [Item("block gradient before reduce-scatter", cdt, c * block)]
-            if s.precision == "bf16":
-                transient.append(Item("reduce-scatter input (fp32 reduction)", "fp32", 4 * block))
+        if s.shard > 1:  # FSDP2 copies the block's gradients into one fp32 buffer to reduce-scatter them
+            transient += [Item("block gradient before reduce-scatter", cdt, c * block),
+                          Item("reduce-scatter input (fp32 reduction)", "fp32", 4 * block)]
         if s.accum > 1 and s.shard > 1:
             transient.append(Item("unsharded gradients kept across micro-batches (no-sync accumulation)",
                                   "fp32", 4 * p))
@@ -411,7 +414,7 @@ def comm_bytes_per_step(s: Setup, lay: Layout) -> int:
 def plan(s: Setup, rank: int = 0) -> Plan:
     """Memory per rank (rank 0 unless told), communication and time for one run."""
     check(s)
-    shape = resolve(s.model)
+    shape = s.shape or resolve(s.model)
     lay = layout(s.model, shape)
     state, transient, warnings = _state(s, lay, rank)
     autocast = s.backend == "none" and s.precision == "bf16"
