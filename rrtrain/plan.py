@@ -139,7 +139,7 @@ class Layout:
 
     def block_numel(self) -> int:
         """The largest block's parameter count (blocks differ only for depth-dependent rules)."""
-        return max((self.unit_numel(u) for _, u in self.tensors if u >= 0), default=0)
+        return max((self.unit_numel(u) for u in {u for _, u in self.tensors if u >= 0}), default=0)
 
     def shard_numel(self, world: int, rank: int = 0) -> int:
         """Elements rank `rank` holds when every tensor is sharded on dim 0 over `world` ranks."""
@@ -347,50 +347,64 @@ def resolve(m: ModelConfig) -> sizing.ModelShape:
     return sizing.resolve_shape(m)
 
 
-def _state(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item], list[str]]:
-    """Held state and peak transient buffers of one rank (rank 0 holds the largest FSDP shards)."""
-    p, w = lay.numel, s.shard
-    local = lay.shard_numel(w, rank % w)
-    n_tensors = len(lay.tensors)
-    c = DTYPE_BYTES[s.precision]
+def _adam(local: int, n_tensors: int) -> list[Item]:
+    return [Item("optimizer: AdamW exp_avg + exp_avg_sq", "fp32", 8 * local),
+            Item("optimizer: AdamW step counters", "fp32", 4 * n_tensors)]
+
+
+def _held_single(s: Setup, lay: Layout) -> tuple[list[Item], list[Item]]:
+    """One process: fp32 weights, gradients and moments, whole; autocast caches bf16 weight copies."""
+    p = lay.numel
+    state = [Item("parameters", "fp32", 4 * p), Item("gradients", "fp32", 4 * p), *_adam(p, len(lay.tensors))]
+    transient = [Item("autocast bf16 weight copies", "bf16", 2 * p)] if s.precision == "bf16" else []
+    return state, transient
+
+
+def _held_fsdp(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item], list[str]]:
+    """FSDP2 as rrtrain/parallel/engine.py applies it: every block a unit, then the root."""
+    local = lay.shard_numel(s.shard, rank % s.shard)
+    c, cdt = DTYPE_BYTES[s.precision], s.precision
     block, root = lay.block_numel(), lay.unit_numel(-1)
-    warnings: list[str] = []
-    state: list[Item] = []
+    state = [Item("parameters (sharded master)", "fp32", 4 * local), Item("gradients (sharded)", "fp32", 4 * local),
+             *_adam(local, len(lay.tensors))]
     transient: list[Item] = []
-    adam = [Item("optimizer: AdamW exp_avg + exp_avg_sq", "fp32", 8 * (local if s.backend != "none" else p)),
-            Item("optimizer: AdamW step counters", "fp32", 4 * (n_tensors if s.backend != "deepspeed" else 0))]
-    if s.backend == "none":
-        state += [Item("parameters", "fp32", 4 * p), Item("gradients", "fp32", 4 * p), *adam]
-        if s.precision == "bf16":
-            transient.append(Item("autocast bf16 weight copies", "bf16", 2 * p))
-    elif s.backend == "fsdp":
-        state += [Item("parameters (sharded master)", "fp32", 4 * local),
-                  Item("gradients (sharded)", "fp32", 4 * local), *adam]
-        cdt = "bf16" if s.precision == "bf16" else "fp32"
-        if s.shard > 1 or s.precision == "bf16":
-            transient += [Item("gathered root (embeddings; kept through the step)", cdt, c * root),
-                          Item("gathered blocks (current + prefetched)", cdt, 2 * c * block)]
-        if s.shard > 1:  # FSDP2 copies the block's gradients into one fp32 buffer to reduce-scatter them
-            transient += [Item("block gradient before reduce-scatter", cdt, c * block),
-                          Item("reduce-scatter input (fp32 reduction)", "fp32", 4 * block)]
-        if s.accum > 1 and s.shard > 1:
-            transient.append(Item("unsharded gradients kept across micro-batches (no-sync accumulation)",
-                                  "fp32", 4 * p))
-            warnings.append(f"accumulating {s.accum} micro-batches: the trainer's FSDP path skips the "
-                            f"reduce-scatter until the last one and keeps every unsharded gradient in fp32 "
-                            f"({4 * p / 2**30:.1f} GiB per rank); raise --micro-batch or --gpus to avoid it")
-    else:
-        z, sh = s.zero_stage, s.gpus
-        state += [Item("parameters (bf16 working copy)" if s.precision == "bf16" else "parameters",
-                       s.precision, c * (-(-p // sh) if z == 3 else p))]
-        if s.precision == "bf16":
-            state.append(Item("parameters (fp32 master, sharded)", "fp32", 4 * -(-p // sh)))
-        state += [Item("gradients (fp32 accumulation" + (", sharded)" if z >= 2 else ")"), "fp32",
-                       4 * (-(-p // sh) if z >= 2 else p)),
-                  Item(adam[0].what, "fp32", 8 * -(-p // sh))]
-        if z == 3:
-            transient.append(Item("gathered blocks (current + prefetched)", s.precision, 2 * c * block))
+    warnings: list[str] = []
+    if s.shard > 1 or s.precision == "bf16":
+        transient += [Item("gathered root (embeddings; kept through the step)", cdt, c * root),
+                      Item("gathered blocks (current + prefetched)", cdt, 2 * c * block)]
+    if s.shard > 1:  # FSDP2 copies the block's gradients into one fp32 buffer to reduce-scatter them
+        transient += [Item("block gradient before reduce-scatter", cdt, c * block),
+                      Item("reduce-scatter input (fp32 reduction)", "fp32", 4 * block)]
+    if s.accum > 1 and s.shard > 1:
+        p = lay.numel
+        transient.append(Item("unsharded gradients kept across micro-batches (no-sync accumulation)", "fp32", 4 * p))
+        warnings.append(f"accumulating {s.accum} micro-batches: the trainer's FSDP path skips the reduce-scatter "
+                        f"until the last one and keeps every unsharded gradient in fp32 ({4 * p / 2**30:.1f} GiB "
+                        f"per rank); raise --micro-batch or --gpus to avoid it")
     return state, transient, warnings
+
+
+def _held_deepspeed(s: Setup, lay: Layout) -> tuple[list[Item], list[Item]]:
+    """ZeRO's documented layout: stage 1 shards the moments and master weights, 2 also gradients, 3 also weights."""
+    p, z, c = lay.numel, s.zero_stage, DTYPE_BYTES[s.precision]
+    part = -(-p // s.gpus)
+    state = [Item("parameters" + (" (bf16 working copy)" if s.precision == "bf16" else ""), s.precision,
+                  c * (part if z == 3 else p))]
+    if s.precision == "bf16":
+        state.append(Item("parameters (fp32 master, sharded)", "fp32", 4 * part))
+    state += [Item("gradients (fp32 accumulation" + (", sharded)" if z >= 2 else ")"), "fp32",
+                   4 * (part if z >= 2 else p)),
+              Item("optimizer: AdamW exp_avg + exp_avg_sq (sharded)", "fp32", 8 * part)]
+    transient = [Item("gathered blocks (current + prefetched)", s.precision, 2 * c * lay.block_numel())] if z == 3 else []
+    return state, transient
+
+
+def _held(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item], list[str]]:
+    """Held state and peak transient buffers of one rank (rank 0 holds the largest FSDP shards)."""
+    if s.backend == "fsdp":
+        return _held_fsdp(s, lay, rank)
+    state, transient = _held_single(s, lay) if s.backend == "none" else _held_deepspeed(s, lay)
+    return state, transient, []
 
 
 def comm_bytes_per_step(s: Setup, lay: Layout) -> int:
@@ -416,7 +430,7 @@ def plan(s: Setup, rank: int = 0) -> Plan:
     check(s)
     shape = s.shape or resolve(s.model)
     lay = layout(s.model, shape)
-    state, transient, warnings = _state(s, lay, rank)
+    state, transient, warnings = _held(s, lay, rank)
     autocast = s.backend == "none" and s.precision == "bf16"
     prof = activation_profile(s.model, shape, s.precision, autocast)
     acts = {mode: s.micro_batch * (prof.saved(shape.n_layers, mode, s.ac_every)
