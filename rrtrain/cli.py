@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "params": ("rrtrain.params_cli", "parameter counts per variant, with parameter matching"),
     "train": ("rrtrain.train", "one training run (same entry point as torchrun -m rrtrain.train)"),
     "bench": ("rrtrain.bench", "throughput, MFU and memory of one configuration"),
+    "plan": ("rrtrain.plan_cli", "memory per GPU and time for a run, before spending it"),
     "report": ("rrtrain.report.cli", "significance tables and scaling plots from a sweep directory"),
     "demo": ("rrtrain.demo", "the embedded default, end to end"),
     "sweep": ("launchers.sweep_cli", "expand a sweep file and submit its runs (slurm, local, debug)"),

@@ -20,6 +20,19 @@ GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "MI300X": {"bf16": 1307.0, "tf32": 653.7, "fp32": 163.4},
 }
 
+# Device memory per GPU in GiB, as CUDA reports it (total_memory), for `rrtrain plan`.
+GPU_MEMORY_GIB: dict[str, float] = {
+    "H200": 139.8,  # 141 GB HBM3e
+    "H100": 79.1,  # 80 GB HBM3 (SXM)
+    "A100": 79.2,  # the 80 GB model
+    "A10G": 22.0,
+    "L40S": 44.4,
+    "L4": 22.0,
+    "V100": 31.7,  # the 32 GB model
+    "B200": 178.4,  # 192 GB HBM3e, 180 GB usable
+    "MI300X": 191.5,
+}
+
 
 def precision_key(precision: str) -> str:
     return {"bf16": "bf16", "fp32_tf32": "tf32", "fp32": "fp32"}[precision]

@@ -1,0 +1,57 @@
+"""Measure one rank's peak tensor memory over two training steps of the real model and engine.
+
+Run as `python plan_peak_worker.py OUT.json CASES.json` (one process) or under torchrun (FSDP2 on gloo).
+CASES.json maps a name to a list of config overrides (model.*, train.micro_batch, parallel.*); each case is
+measured in turn in the same process. Memory is counted by torch's MemTracker, which sees every tensor
+the step allocates (parameters, gradients, optimizer state, activations, all-gather buffers) on the CPU;
+rank 0 writes {name: peak bytes} as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from rrtrain import dist
+from rrtrain.config import Config, apply_overrides, build
+from rrtrain.model import build_model
+from rrtrain.parallel import build_engine
+
+
+def peak_bytes(overrides: list[str], info: dist.DistInfo) -> int:
+    cfg: Config = build(Config, apply_overrides({}, overrides))
+    torch.manual_seed(cfg.train.seed)
+    tracker = MemTracker()
+    with tracker:
+        model = build_model(cfg.model)
+        engine = build_engine(model, cfg, info)
+        vocab, t = model.shape.vocab_size, model.shape.seq_len
+        gen = torch.Generator().manual_seed(info.rank)
+        for step in range(2):
+            if step:
+                tracker.reset_mod_stats()  # per-module stats are per iteration; the peak is kept
+            batch = torch.randint(0, vocab, (cfg.train.micro_batch, t + 1), generator=gen)
+            loss = engine.forward(batch[:, :-1], batch[:, 1:])
+            engine.backward(loss, last_micro=True)
+            engine.clip_grad_norm(1.0)
+            engine.step(1e-3)
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+def main(out: str, cases_path: str) -> None:
+    with open(cases_path) as f:
+        cases: dict[str, list[str]] = json.load(f)
+    info = dist.setup(600)
+    peaks = {name: peak_bytes(overrides, info) for name, overrides in cases.items()}
+    if info.is_main:
+        with open(out, "w") as f:
+            json.dump(peaks, f)
+    dist.barrier()
+    dist.teardown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
