@@ -1,0 +1,70 @@
+"""Helpers for the tests that run jobs on the local Slurm cluster (slurm/local/start.sh). There is no
+accounting (no sacct) on that cluster: a job's state comes from squeue, which keeps finished jobs for
+MinJobAge (300 s) after they end."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+START = REPO / "slurm" / "local" / "start.sh"
+STOP = REPO / "slurm" / "local" / "stop.sh"
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+          "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
+
+
+def squeue(job: str) -> dict[str, str]:
+    """State of every task of a job (array tasks as `JOBID_TASK`), finished ones included."""
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", str(job), "-o", "%i %T"], capture_output=True,
+                         text=True, timeout=30)
+    if out.returncode != 0:
+        return {}  # a job id squeue has already forgotten
+    return dict(line.split() for line in out.stdout.splitlines() if line.strip())
+
+
+def restarts(job: str) -> int:
+    """How many times Slurm requeued the job (its restart count)."""
+    out = subprocess.run(["scontrol", "show", "job", str(job)], capture_output=True, text=True, timeout=30)
+    for field in out.stdout.split():
+        if field.startswith("Restarts="):
+            return int(field.split("=", 1)[1])
+    return 0
+
+
+def wait_state(job: str, want: set[str], timeout: float = 240, poll: float = 1.0) -> dict[str, str]:
+    """Wait until every task of `job` is in one of the `want` states; returns the states."""
+    deadline = time.time() + timeout
+    states: dict[str, str] = {}
+    while time.time() < deadline:
+        states = squeue(job)
+        if states and all(s in want for s in states.values()):
+            return states
+        time.sleep(poll)
+    raise AssertionError(f"job {job} not in {sorted(want)} after {timeout} s: {states}")
+
+
+def wait_done(job: str, timeout: float = 240) -> dict[str, str]:
+    """Wait until no task of `job` is pending, running or being requeued; returns the final states."""
+    deadline = time.time() + timeout
+    states: dict[str, str] = {}
+    while time.time() < deadline:
+        states = squeue(job)
+        if states and not ACTIVE.intersection(states.values()):
+            return states
+        time.sleep(1.0)
+    raise AssertionError(f"job {job} still active after {timeout} s: {states}")
+
+
+def cancel(*jobs: str) -> None:
+    """Cancel jobs a test submitted (a no-op for finished ones), so a failing test leaves none behind."""
+    if jobs:
+        subprocess.run(["scancel", *map(str, jobs)], capture_output=True, timeout=30)
+
+
+def sbatch(script: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Submit a batch script; returns the job id."""
+    out = subprocess.run(["sbatch", "--parsable", *args, str(script)], capture_output=True, text=True,
+                         timeout=60, env=env, check=True)
+    return out.stdout.strip().split(";")[0]
