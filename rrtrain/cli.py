@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("rrtrain.bench", "throughput, MFU and memory of one configuration"),
     "report": ("rrtrain.report.cli", "significance tables and scaling plots from a sweep directory"),
     "demo": ("rrtrain.demo", "the embedded default, end to end"),
+    "sweep": ("launchers.sweep_cli", "expand a sweep file and submit its runs (slurm, local, debug)"),
+    "status": ("launchers.status_cli", "one row per run of a sweep: state, step, loss, flags"),
 }
 
 
