@@ -68,3 +68,43 @@ def sbatch(script: Path, *args: str, env: dict[str, str] | None = None) -> str:
     out = subprocess.run(["sbatch", "--parsable", *args, str(script)], capture_output=True, text=True,
                          timeout=60, env=env, check=True)
     return out.stdout.strip().split(";")[0]
+
+
+def sweep_file(path: Path, data: Path, *, variants: list[str], steps: int, resources: dict,
+               runs: dict | None = None, name: str = "t") -> Path:
+    """A sweep of tiny runs (one seed per variant) on an already prepared dataset."""
+    import yaml
+
+    spec = {
+        "name": name, "config": str(REPO / "configs" / "train" / "tiny.yaml"), "data": str(data),
+        "variants": variants, "sizes": {"tiny": {"seeds": 1, "overrides": {"train.max_steps": steps}}},
+        "overrides": {"train.global_batch": 8, "train.micro_batch": 8, "train.log_every": 1,
+                      "train.eval_every": 0, "train.ckpt_every": 0, "train.warmup_steps": 2},
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 2, **resources},
+        "runs": runs or {},
+    }
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def rrtrain(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m rrtrain ARGS` (the console script's code, from this checkout)."""
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "rrtrain", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)
+
+
+def submitted_jobs(out: Path) -> list[dict[str, str]]:
+    """Run id -> job id, one dict per submission recorded in sweep.json."""
+    import json
+
+    return [sub["jobs"] for sub in json.loads((out / "sweep.json").read_text())["submissions"]]
+
+
+def status(out: Path, env: dict[str, str]) -> dict:
+    import json
+
+    proc = rrtrain("status", str(out), "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
