@@ -71,15 +71,16 @@ def sbatch(script: Path, *args: str, env: dict[str, str] | None = None) -> str:
 
 
 def sweep_file(path: Path, data: Path, *, variants: list[str], steps: int, resources: dict,
-               runs: dict | None = None, name: str = "t") -> Path:
-    """A sweep of tiny runs (one seed per variant) on an already prepared dataset."""
+               overrides: dict | None = None, runs: dict | None = None, name: str = "t") -> Path:
+    """A sweep of tiny runs (one seed per variant) on an already prepared dataset; `overrides` are training
+    keys over the defaults here, `runs` training keys per run id."""
     import yaml
 
     spec = {
         "name": name, "config": str(REPO / "configs" / "train" / "tiny.yaml"), "data": str(data),
         "variants": variants, "sizes": {"tiny": {"seeds": 1, "overrides": {"train.max_steps": steps}}},
         "overrides": {"train.global_batch": 8, "train.micro_batch": 8, "train.log_every": 1,
-                      "train.eval_every": 0, "train.ckpt_every": 0, "train.warmup_steps": 2},
+                      "train.eval_every": 0, "train.ckpt_every": 0, "train.warmup_steps": 2, **(overrides or {})},
         "resources": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 2, **resources},
         "runs": runs or {},
     }
@@ -108,3 +109,19 @@ def status(out: Path, env: dict[str, str]) -> dict:
     proc = rrtrain("status", str(out), "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+def elapsed_s(job: str) -> int:
+    """How long the job has been running (squeue's TIME: [D-]H:MM:SS or M:SS)."""
+    out = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%M"], capture_output=True, text=True, timeout=30)
+    text = out.stdout.strip()
+    days, _, clock = text.rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds + 86400 * int(days or 0)
+
+
+def set_time_limit(job: str, minutes: int) -> None:
+    subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"], check=True,
+                   capture_output=True, timeout=30)
