@@ -1,0 +1,127 @@
+"""Helpers for the tests that run jobs on the local Slurm cluster (slurm/local/start.sh). There is no
+accounting (no sacct) on that cluster: a job's state comes from squeue, which keeps finished jobs for
+MinJobAge (300 s) after they end."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+START = REPO / "slurm" / "local" / "start.sh"
+STOP = REPO / "slurm" / "local" / "stop.sh"
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+          "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
+
+
+def squeue(job: str) -> dict[str, str]:
+    """State of every task of a job (array tasks as `JOBID_TASK`), finished ones included."""
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", str(job), "-o", "%i %T"], capture_output=True,
+                         text=True, timeout=30)
+    if out.returncode != 0:
+        return {}  # a job id squeue has already forgotten
+    return dict(line.split() for line in out.stdout.splitlines() if line.strip())
+
+
+def restarts(job: str) -> int:
+    """How many times Slurm requeued the job (its restart count)."""
+    out = subprocess.run(["scontrol", "show", "job", str(job)], capture_output=True, text=True, timeout=30)
+    for field in out.stdout.split():
+        if field.startswith("Restarts="):
+            return int(field.split("=", 1)[1])
+    return 0
+
+
+def wait_state(job: str, want: set[str], timeout: float = 240, poll: float = 1.0) -> dict[str, str]:
+    """Wait until every task of `job` is in one of the `want` states; returns the states."""
+    deadline = time.time() + timeout
+    states: dict[str, str] = {}
+    while time.time() < deadline:
+        states = squeue(job)
+        if states and all(s in want for s in states.values()):
+            return states
+        time.sleep(poll)
+    raise AssertionError(f"job {job} not in {sorted(want)} after {timeout} s: {states}")
+
+
+def wait_done(job: str, timeout: float = 240) -> dict[str, str]:
+    """Wait until no task of `job` is pending, running or being requeued; returns the final states."""
+    deadline = time.time() + timeout
+    states: dict[str, str] = {}
+    while time.time() < deadline:
+        states = squeue(job)
+        if states and not ACTIVE.intersection(states.values()):
+            return states
+        time.sleep(1.0)
+    raise AssertionError(f"job {job} still active after {timeout} s: {states}")
+
+
+def cancel(*jobs: str) -> None:
+    """Cancel jobs a test submitted (a no-op for finished ones), so a failing test leaves none behind."""
+    if jobs:
+        subprocess.run(["scancel", *map(str, jobs)], capture_output=True, timeout=30)
+
+
+def sbatch(script: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Submit a batch script; returns the job id."""
+    out = subprocess.run(["sbatch", "--parsable", *args, str(script)], capture_output=True, text=True,
+                         timeout=60, env=env, check=True)
+    return out.stdout.strip().split(";")[0]
+
+
+def sweep_file(path: Path, data: Path, *, variants: list[str], steps: int, resources: dict,
+               overrides: dict | None = None, runs: dict | None = None, name: str = "t") -> Path:
+    """A sweep of tiny runs (one seed per variant) on an already prepared dataset; `overrides` are training
+    keys over the defaults here, `runs` training keys per run id."""
+    import yaml
+
+    spec = {
+        "name": name, "config": str(REPO / "configs" / "train" / "tiny.yaml"), "data": str(data),
+        "variants": variants, "sizes": {"tiny": {"seeds": 1, "overrides": {"train.max_steps": steps}}},
+        "overrides": {"train.global_batch": 8, "train.micro_batch": 8, "train.log_every": 1,
+                      "train.eval_every": 0, "train.ckpt_every": 0, "train.warmup_steps": 2, **(overrides or {})},
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 2, **resources},
+        "runs": runs or {},
+    }
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def rrtrain(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m rrtrain ARGS` (the console script's code, from this checkout)."""
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "rrtrain", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)
+
+
+def submitted_jobs(out: Path) -> list[dict[str, str]]:
+    """Run id -> job id, one dict per submission recorded in sweep.json."""
+    import json
+
+    return [sub["jobs"] for sub in json.loads((out / "sweep.json").read_text())["submissions"]]
+
+
+def status(out: Path, env: dict[str, str]) -> dict:
+    import json
+
+    proc = rrtrain("status", str(out), "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def elapsed_s(job: str) -> int:
+    """How long the job has been running (squeue's TIME: [D-]H:MM:SS or M:SS)."""
+    out = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%M"], capture_output=True, text=True, timeout=30)
+    text = out.stdout.strip()
+    days, _, clock = text.rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds + 86400 * int(days or 0)
+
+
+def set_time_limit(job: str, minutes: int) -> None:
+    subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"], check=True,
+                   capture_output=True, timeout=30)
