@@ -103,7 +103,8 @@ def prepare_data(sweep: spec.Sweep, out: Path, dry_run: bool) -> None:
     print(f"preparing the data: {out / 'data'}", flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise UsageError(f"data prep failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise UsageError(f"data prep failed (exit {proc.returncode}): {last}")
 
 
 def print_plan(sweep: spec.Sweep, runs: list[Run], todo: list[Run], skipped: dict[str, str]) -> None:
