@@ -62,7 +62,8 @@ class Trainer:
         self.shape: Optional[sizing.ModelShape] = None
         self.params = 0
         self.callbacks: list[Callback] = []
-        self.stopping, self.checkpoint_at_end = False, True
+        self.stopping, self.checkpoint_at_end = False, True  # set by request_stop
+        self.resumed_at: Optional[int] = None  # the checkpoint step this process started from
         if self.info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         dist.barrier()
