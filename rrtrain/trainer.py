@@ -64,7 +64,8 @@ class Trainer:
         self.shape: Optional[sizing.ModelShape] = None
         self.params = 0
         self.callbacks: list[Callback] = []
-        self.stopping, self.checkpoint_at_end = False, True
+        self.stopping, self.checkpoint_at_end = False, True  # set by request_stop
+        self.resumed_at: Optional[int] = None  # the checkpoint step this process started from
         problem = unwritable_reason(self.run_dir) if self.info.is_main else None
         dist.raise_together(f"run.dir '{self.run_dir}' cannot be written: {problem}" if problem else None)
         self.lock = runlock.hold(self.run_dir, cfg.run.lock_wait_s, self.info.is_main, self.info.device)
