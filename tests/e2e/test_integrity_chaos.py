@@ -14,9 +14,9 @@ import pytest
 
 from trainutil import final, kill_group, losses, records, start, train
 
-STEPS, EVERY_CKPT, EVERY_EVAL, KILLS = 40, 2, 3, 10
+STEPS, EVERY_CKPT, EVERY_EVAL, KILLS = 32, 2, 3, 10
 ARGS = (f"train.max_steps={STEPS}", f"train.ckpt_every={EVERY_CKPT}", f"train.eval_every={EVERY_EVAL}",
-        "train.log_every=1", "train.keep_ckpts=2", "data.eval_batches=8")
+        "train.log_every=1", "train.keep_ckpts=2", "data.eval_batches=6")
 BACKENDS = {"single": ((), 1), "fsdp2": (("train.micro_batch=8", "parallel.backend=fsdp"), 2)}
 
 
