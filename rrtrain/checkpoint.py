@@ -7,7 +7,9 @@ last, so a crash at any point leaves the previous checkpoint usable. The last `k
 Integrity: `train_state.json` records the length and xxh64 of every other file of its checkpoint (hashed by
 the ranks in turn before the rename). Resume takes the newest checkpoint whose files all match, and warns,
 naming the file and the fault, for each newer one it passes over; it never starts afresh while checkpoints
-exist. RNG state is stored as tensors and plain numbers and read with `torch.load(weights_only=True)`.
+exist. RNG state is stored as tensors and plain numbers and read with `torch.load(weights_only=True)`; the
+train state is JSON. Two readers below still unpickle, and both run only after the checksums passed: DCP's
+`.metadata` (torch reads it with `pickle.load`) and DeepSpeed's loader (rrtrain/parallel/deepspeed.py).
 A write that fails (a full disk) removes its partial files and ends the run with `RunError`; the
 previous checkpoint stays as it was.
 """
