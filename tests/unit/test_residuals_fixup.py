@@ -169,6 +169,23 @@ def test_tfixup_has_no_norm_inside_the_branch():
     torch.testing.assert_close(blk(state), (lambda h: h + blk.mlp(h))(state + blk.attn(state)), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("fixup_variant", ["fixup", "tfixup"])
+def test_meta_build_attaches_and_initialises_like_cpu(fixup_variant):
+    """The FSDP lifecycle (meta -> to_empty -> init_weights) reaches the branches and tables the rule was
+    attached to: the same weights as a model built on CPU, with the rule's own start (not GPT-2's)."""
+    m = ModelConfig(size="tiny", variant="fixup", d_model=D, n_layers=2, n_heads=4, d_ff=FF, seq_len=T,
+                    vocab_size=V, residual=ResidualConfig(fixup_variant=fixup_variant))
+    cpu, meta = build_model(m), build_model(m, device="meta")
+    meta.to_empty(device="cpu")
+    for net in (cpu, meta):
+        torch.manual_seed(5)
+        net.init_weights()
+    for (n1, t1), (n2, t2) in zip(cpu.state_dict().items(), meta.state_dict().items()):
+        assert n1 == n2 and torch.equal(t1, t2), n1
+    assert meta.tok_emb.weight.std().item() == pytest.approx(
+        (1.0 if fixup_variant == "fixup" else tfixup_scale(2)) / math.sqrt(2 * D), rel=0.1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Counting and matching
 
