@@ -28,6 +28,11 @@ def model(blocks: int = 3, variant: str = "fixup", fixup_variant: str = "fixup",
     return build_model(m)
 
 
+def xavier(fan_in: int, fan_out: int) -> float:
+    """Standard deviation of Xavier-uniform."""
+    return math.sqrt(2.0 / (fan_in + fan_out))
+
+
 def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, V, (2, T), generator=g), torch.randint(0, V, (2, T), generator=g)
@@ -84,7 +89,6 @@ def test_init_scales_match_the_formula(blocks):
     net = model(blocks=blocks, d=64)
     L = 2 * blocks
     assert fixup_scale(L) == L ** -0.5
-    xavier = lambda fan_in, fan_out: math.sqrt(2.0 / (fan_in + fan_out))  # std of Xavier-uniform
     for blk in net.blocks:
         assert torch.equal(blk.attn.proj.weight, torch.zeros_like(blk.attn.proj.weight))
         assert torch.equal(blk.mlp.proj.weight, torch.zeros_like(blk.mlp.proj.weight))
@@ -130,7 +134,8 @@ def test_scalars_are_not_weight_decayed():
 
     net = model(blocks=2)
     skip = no_decay_names(net)
-    scalars = [n for n, p in net.named_parameters() if n.split(".")[-1] in ("bias_in", "bias_act", "bias_proj", "scale")]
+    names = ("bias_in", "bias_act", "bias_proj", "scale")
+    scalars = [n for n, _ in net.named_parameters() if n.split(".")[-1] in names]
     assert len(scalars) == 2 * (3 + 4) and set(scalars) <= skip
 
 
@@ -145,7 +150,6 @@ def test_tfixup_init_scales_match_the_formula(blocks, pos):
     net = model(blocks=blocks, fixup_variant="tfixup", d=64, pos=pos)
     a = tfixup_scale(blocks)
     assert a == pytest.approx((6 * blocks) ** -0.25, rel=1e-15)
-    xavier = lambda fan_in, fan_out: math.sqrt(2.0 / (fan_in + fan_out))
     for blk in net.blocks:
         q, k, v = blk.attn.qkv.weight.split(64)
         for w, gain in ((q, 1.0), (k, 1.0), (v, a), (blk.attn.proj.weight, a)):
