@@ -97,6 +97,7 @@ FREE = {
     "run.name", "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.diag_every",
     "train.allow_config_change", "train.fail_at_step", "train.fail_steps", "parallel.ac", "parallel.ac_every", "parallel.timeout_s",
     "parallel.reshard_after_forward", "train.compile", "data.num_workers", "data.cache_dir", "run.dir",
+    "run.lock_wait_s",
 }
 #: changes that make resuming impossible whatever the user says (the saved state cannot be loaded)
 NEVER_PREFIXES = ("model.", "match.")

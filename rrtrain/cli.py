@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("rrtrain.plan_cli", "memory per GPU and time for a run, before spending it"),
     "report": ("rrtrain.report.cli", "significance tables and scaling plots from a sweep directory"),
     "demo": ("rrtrain.demo", "the embedded default, end to end"),
+    "sweep": ("launchers.sweep_cli", "expand a sweep file and submit its runs (slurm, local, debug)"),
+    "status": ("launchers.status_cli", "one row per run of a sweep: state, step, loss, flags"),
 }
 
 

@@ -24,6 +24,7 @@ from rrtrain.errors import UsageError
 class RunConfig:
     dir: str = "runs/default"  # the run directory: config.yaml, metrics.jsonl, tb/, checkpoints/, final.json
     name: str = ""  # free-form label; defaults to the directory's name
+    lock_wait_s: float = 120.0  # a second copy of this run waits this long for the run dir's lock, then exits 73
 
 
 @dataclass
@@ -206,6 +207,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise UsageError(f"{key}: expected a string, got {value!r}")
     if dataclasses.is_dataclass(tp):
         return build(tp, value, key)
+    if tp in (list, dict):  # free-form fields (sweep files: lists of sbatch lines, maps of overrides)
+        if isinstance(value, tp):
+            return value
+        raise UsageError(f"{key}: expected a {'list' if tp is list else 'mapping'}, got {value!r}")
     raise UsageError(f"{key}: unsupported type {tp!r}")
 
 

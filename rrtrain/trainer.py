@@ -9,6 +9,7 @@ directory holds a checkpoint resumes it exactly.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, Optional
 import torch
 import yaml
 
-from rrtrain import dist, sizing
+from rrtrain import dist, runlock, sizing
 from rrtrain.checkpoint import CheckpointManager, check_resume
 from rrtrain.config import Config
 from rrtrain.errors import UsageError
@@ -62,6 +63,7 @@ class Trainer:
         self.params = 0
         if self.info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = runlock.hold(self.run_dir, cfg.run.lock_wait_s, self.info.is_main, self.info.device)
         dist.barrier()
 
     # -- set-up -------------------------------------------------------------------------------
@@ -281,6 +283,8 @@ class Trainer:
             "shape": asdict(self.shape) if self.shape else None,
         }
         atomic_write_json(self.run_dir / "final.json", final)
+        if self.lock is not None:  # final.json is this copy's last write: the directory is free again
+            self.lock.release()
 
     def flags(self) -> list[str]:
         out = []
@@ -292,8 +296,14 @@ class Trainer:
 
 
 def run(cfg: Config) -> int:
-    """Run one training job to any ending; always leaves final.json; returns the process exit code."""
-    trainer = Trainer(cfg)
+    """Run one training job to any ending; always leaves final.json; returns the process exit code.
+
+    A second copy of a run whose directory is locked by a live process writes nothing and returns 73."""
+    try:
+        trainer = Trainer(cfg)
+    except runlock.RunLocked as err:
+        print(f"rrtrain: {err}", file=sys.stderr, flush=True)
+        return runlock.LOCKED_EXIT
     try:
         trainer.fit()
     except UsageError as err:

@@ -1,0 +1,28 @@
+"""`--executor debug`: the runs one after another inside this process (breakpoints work; the live code is
+used, not the sweep's snapshot)."""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Optional
+
+from launchers.expand import Run
+
+
+def submit(runs: list[Run], configs: dict[str, Path]) -> tuple[dict[str, Optional[str]], dict[str, int]]:
+    from rrtrain.config import load_config
+    from rrtrain.trainer import run as train
+
+    jobs: dict[str, Optional[str]] = {}
+    codes: dict[str, int] = {}
+    for run in runs:
+        jobs[run.id] = "debug"
+        print(f"[debug] {run.id}", flush=True)
+        try:
+            codes[run.id] = train(load_config(configs[run.id]))
+        except Exception:  # a failed run is reported, the sweep goes on
+            traceback.print_exc()
+            codes[run.id] = 1
+        print(f"[debug] {run.id} ended with exit status {codes[run.id]}", flush=True)
+    return jobs, codes

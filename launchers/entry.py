@@ -1,0 +1,94 @@
+"""The job entry point submitit runs: one run of a sweep, one task per GPU.
+
+The trainer owns the stop signals while it trains (its handler replaces submitit's): on USR2/TERM it agrees
+across ranks at a step boundary, saves collectively and returns 75. This entry point then turns "preempted"
+into a requeue through submitit's own protocol (its USR2 handler, called on global rank 0: it checkpoints
+this callable, requeues the job within `max_num_timeout` and exits), and turns every other non-zero ending
+into an exception, so a failed run is never recorded as a success and a preempted one never as finished.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from launchers import record
+from rrtrain import runlock
+
+PREEMPTED_EXIT = 75
+#: how long a non-zero rank waits for rank 0's requeue to end the job step before giving up
+REQUEUE_GRACE_S = 120.0
+
+
+class RunFailed(RuntimeError):
+    """The run ended without completing (failed, diverged, stalled, locked by another copy)."""
+
+
+def config_path(sweep_dir: Path, run_id: str) -> Path:
+    return Path(sweep_dir) / "configs" / f"{run_id}.yaml"
+
+
+class RunJob:
+    """A picklable callable: `RunJob(sweep_dir)(run_id)` trains that run; submitit requeues it by `checkpoint`."""
+
+    def __init__(self, sweep_dir: str) -> None:
+        self.sweep_dir = str(sweep_dir)
+
+    def __call__(self, run_id: str) -> dict[str, Any]:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        if env.num_tasks > 1:
+            # the torch.distributed env from the scheduler's tasks; devices stay as Slurm gave them (cuda:LOCAL_RANK)
+            submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        code = train(Path(self.sweep_dir), run_id)
+        if code == PREEMPTED_EXIT:
+            requeue(env, run_id)
+        return outcome(Path(self.sweep_dir), run_id, code)
+
+    def checkpoint(self, run_id: str) -> Any:
+        """submitit's hook: requeue the same call (the run resumes from its own checkpoint)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, run_id)
+
+
+def train(sweep_dir: Path, run_id: str) -> int:
+    from rrtrain.config import load_config
+    from rrtrain.trainer import run
+
+    return run(load_config(config_path(sweep_dir, run_id)))
+
+
+def outcome(sweep_dir: Path, run_id: str, code: int) -> dict[str, Any]:
+    """final.json of a completed run; raises RunFailed for every other ending."""
+    import json
+
+    rec = record.load(sweep_dir) or {"runs": {}}
+    run_dir = Path(rec["runs"].get(run_id, {}).get("dir", Path(sweep_dir) / run_id))
+    if code == runlock.LOCKED_EXIT:
+        raise RunFailed(f"run {run_id}: another copy holds {run_dir}; this copy did not train")
+    try:
+        final = json.loads((run_dir / "final.json").read_text())
+    except (OSError, ValueError):
+        final = {}
+    if code != 0:
+        raise RunFailed(f"run {run_id} ended {final.get('status', 'failed')} (exit {code}): {final.get('reason', '')}")
+    return final
+
+
+def requeue(env: Any, run_id: str) -> None:
+    """Hand a preempted run back to submitit's checkpoint-and-requeue handler; never returns normally."""
+    from submitit.core.job_environment import SignalHandler
+
+    sig = env._usr_sig()
+    handler = signal.getsignal(sig)
+    if env.global_rank != 0:
+        time.sleep(REQUEUE_GRACE_S)  # rank 0 requeues; that ends this task too
+        raise RunFailed(f"run {run_id} was preempted and not requeued within {REQUEUE_GRACE_S:g} s")
+    if not isinstance(getattr(handler, "__self__", None), SignalHandler):
+        raise RunFailed(f"run {run_id} was preempted, and this is not a submitit job that can requeue")
+    handler(sig, None)  # checkpoints this callable and requeues (exits), or raises UncompletedJobError
+    raise RunFailed(f"run {run_id} was preempted and submitit did not requeue it")

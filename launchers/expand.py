@@ -1,0 +1,141 @@
+"""A sweep file -> its runs: one per (size, variant, seed), each a fully resolved, validated training config.
+
+A run's id is `SIZE-VARIANT-sSEED` and its directory `SWEEP_DIR/<id>`. Overrides apply in this order: the base
+training config, the sweep's `overrides`, the size's `overrides`, the axes (size, variant, seed, budget,
+matching, data, run dir), then the run's own entry under `runs:` (which may not move an axis).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from launchers.spec import Resources, Sweep
+from rrtrain.config import Config, build, read_yaml, validate
+from rrtrain.errors import UsageError
+
+#: characters allowed in names and paths that end up in shell scripts (they are quoted as well)
+SAFE = re.compile(r"^[A-Za-z0-9._+/@:=,-]+$")
+AXES = ("model.size", "model.variant", "train.seed", "run.dir")
+
+
+@dataclass(frozen=True)
+class Run:
+    id: str
+    size: str
+    variant: str
+    seed: int
+    config: dict  # the resolved Config as plain data (Config.to_dict())
+    resources: Resources
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.config["run"]["dir"])
+
+
+def run_id(size: str, variant: str, seed: int) -> str:
+    return f"{size}-{variant}-s{seed}"
+
+
+def check_safe(text: str, what: str) -> str:
+    """Refuse a name or path that could break (or inject into) a shell script."""
+    if not SAFE.match(text):
+        bad = sorted({c for c in text if not SAFE.match(c)})
+        raise UsageError(f"{what} {text!r} has characters that are unsafe in a job script ({''.join(bad)!r}); "
+                         "use letters, digits and ._+/@:=,-")
+    return text
+
+
+def set_key(data: dict, dotted: str, value: Any) -> None:
+    """Set `a.b.c` in nested plain data, creating mappings on the way."""
+    parts = dotted.split(".")
+    if not all(parts):
+        raise UsageError(f"override key {dotted!r} has an empty part")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
+    """Every run of the sweep, in file order (size, then variant, then seed)."""
+    spec = sweep.spec
+    out = Path(out).resolve()
+    check_safe(str(out), "sweep directory")
+    check_safe(spec.name, "sweep name")
+    base = read_yaml(sweep.base_config)
+    ids = {run_id(size, v, seed) for size, s in sweep.size_specs.items() for v in spec.variants
+           for seed in range(s.seeds)}
+    for rid, over in spec.runs.items():
+        if rid not in ids:
+            close = difflib.get_close_matches(rid, sorted(ids), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UsageError(f"runs: no run '{rid}' in this sweep{hint}")
+        moved = [k for k in over if k in AXES]
+        if moved:
+            raise UsageError(f"runs.{rid}: {moved[0]} is an axis of the sweep and cannot be overridden per run")
+    runs: list[Run] = []
+    for size, s in sweep.size_specs.items():
+        for variant in spec.variants:
+            for seed in range(s.seeds):
+                rid = check_safe(run_id(size, variant, seed), "run name")
+                data = copy.deepcopy(base)
+                for key, value in {**spec.overrides, **s.overrides}.items():
+                    set_key(data, key, value)
+                set_key(data, "model.size", size)
+                set_key(data, "model.variant", variant)
+                set_key(data, "train.seed", seed)
+                set_key(data, "run.dir", str(out / rid))
+                set_key(data, "run.name", rid)
+                if spec.match:
+                    set_key(data, "match.reference", spec.match)
+                if s.tokens is not None:
+                    set_key(data, "train.tokens", s.tokens)
+                if data_path is not None:
+                    set_key(data, "data.path", str(data_path))
+                for key, value in spec.runs.get(rid, {}).items():
+                    set_key(data, key, value)
+                try:
+                    cfg = build(Config, data)
+                    validate(cfg)
+                except UsageError as err:
+                    raise UsageError(f"run {rid}: {err}") from None
+                if cfg.data.path is None:
+                    raise UsageError(f"run {rid}: no data: set 'data' or 'prep' in the sweep file")
+                if cfg.train.max_steps is None and cfg.train.tokens is None:
+                    raise UsageError(f"run {rid}: no budget: set sizes.{size}.tokens or train.max_steps")
+                runs.append(Run(rid, size, variant, seed, cfg.to_dict(), sweep.size_resources[size]))
+    return runs
+
+
+def data_path(sweep: Sweep, out: Path) -> Optional[Path]:
+    """Where the runs read their data: the sweep's own prepared copy, or `data` relative to the sweep file."""
+    if sweep.spec.prep is not None:
+        return Path(out).resolve() / "data"
+    if sweep.spec.data is None:
+        return None
+    p = Path(sweep.spec.data).expanduser()
+    return p if p.is_absolute() else (sweep.path.parent / p).resolve()
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def config_diff(old: dict, new: dict) -> list[str]:
+    """`key: old -> new` for every key whose value differs."""
+    a, b = flatten(old), flatten(new)
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]

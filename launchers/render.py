@@ -1,0 +1,112 @@
+"""sbatch scripts from the templates in `slurm/`: one array script + manifest per resource shape, one
+multi-node script per multi-node run. Every value is shell-quoted, and names and paths that could break a
+script are refused before anything is written (`launchers.expand.check_safe`)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import asdict
+from pathlib import Path
+
+from launchers.expand import Run, check_safe
+from launchers.spec import Resources
+from rrtrain.io import atomic_write_text
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "slurm"
+
+
+def shape_key(r: Resources) -> str:
+    return json.dumps(asdict(r), sort_keys=True)
+
+
+def group_runs(runs: list[Run]) -> dict[str, list[Run]]:
+    """Runs by resource shape, each group named after its sizes (e.g. `rr-60m+rr-150m`)."""
+    by_shape: dict[str, list[Run]] = {}
+    for run in runs:
+        by_shape.setdefault(shape_key(run.resources), []).append(run)
+    out: dict[str, list[Run]] = {}
+    for members in by_shape.values():
+        sizes = list(dict.fromkeys(r.size for r in members))
+        out["+".join(sizes)] = members
+    return out
+
+
+def sbatch_lines(r: Resources, job_name: str, output: str, array: str | None) -> list[str]:
+    """The `#SBATCH` header for one resource shape (values quoted)."""
+    q = shlex.quote
+    lines = [f"#SBATCH --job-name={q(job_name)}", f"#SBATCH --nodes={r.nodes}",
+             f"#SBATCH --ntasks-per-node={1 if r.nodes > 1 else r.tasks}",
+             f"#SBATCH --cpus-per-task={r.cpus_per_task if r.nodes == 1 else r.cpus_per_task * r.tasks}",
+             f"#SBATCH --mem={int(r.mem_gb * 1024)}M", f"#SBATCH --time={r.time_min}",
+             "#SBATCH --requeue", f"#SBATCH --signal=B:USR2@{r.signal_delay_s}", "#SBATCH --open-mode=append",
+             f"#SBATCH --output={q(output)}"]
+    if r.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={r.gpus_per_node}")
+    if array is not None:
+        lines.append(f"#SBATCH --array={array}")
+    for key in ("partition", "account", "qos", "constraint"):
+        value = getattr(r, key)
+        if value:
+            lines.append(f"#SBATCH --{key}={q(check_safe(str(value), key))}")
+    for extra in r.extra_sbatch:
+        lines.append(f"#SBATCH {extra}")
+    return lines
+
+
+def _fill(template: str, sbatch: list[str], variables: list[str]) -> str:
+    """Replace the template's `# >>> sbatch` and `# >>> vars` blocks."""
+    def swap(text: str, block: str, body: list[str]) -> str:
+        start, end = f"# >>> {block}\n", f"# <<< {block}\n"
+        i, j = text.index(start) + len(start), text.index(end)
+        return text[:i] + "".join(b + "\n" for b in body) + text[j:]
+
+    return swap(swap(template, "sbatch", sbatch), "vars", variables)
+
+
+def train_argv(run: Run, python: str, config_path: Path) -> list[str]:
+    """The command that trains one run on one node (torchrun when it has several tasks)."""
+    if run.resources.tasks > 1:
+        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={run.resources.tasks}",
+                "-m", "rrtrain.train", str(config_path)]
+    return [python, "-m", "rrtrain.train", str(config_path)]
+
+
+def run_command(run: Run, python: str, code: str, config_path: Path) -> str:
+    """The same as one shell line, with the snapshot first on the import path."""
+    env = ["env", f"PYTHONPATH={code}", f"OMP_NUM_THREADS={run.resources.cpus_per_task}"]
+    return " ".join(shlex.quote(a) for a in env + train_argv(run, python, config_path))
+
+
+def render(out: Path, name: str, runs: list[Run], python: str, code: str, configs: dict[str, Path]) -> list[dict]:
+    """Write the scripts and manifests for `runs`; returns one entry per script: path, runs, how to submit."""
+    q = shlex.quote
+    slurm_dir = out / "slurm"
+    for text, what in ((python, "python path"), (code, "code snapshot path"), (str(out), "sweep directory")):
+        check_safe(text, what)
+    scripts = []
+    for group, members in group_runs(runs).items():
+        r = members[0].resources
+        if r.nodes == 1:
+            manifest = slurm_dir / f"array-{group}.manifest"
+            rows = [f"{m.id}\t{m.dir}\t{run_command(m, python, code, configs[m.id])}" for m in members]
+            atomic_write_text(manifest, "".join(row + "\n" for row in rows))
+            array = f"0-{len(members) - 1}%{min(len(members), r.array_parallelism)}"
+            header = sbatch_lines(r, f"{name}-{group}", str(slurm_dir / "logs" / f"array-{group}-%A_%a.out"), array)
+            variables = [f'MANIFEST="${{1:-{q(str(manifest))}}}"', f"MAX_REQUEUES={r.max_requeues}"]
+            script = slurm_dir / f"array-{group}.sbatch"
+            atomic_write_text(script, _fill((TEMPLATES / "array.sbatch").read_text(), header, variables))
+            scripts.append({"script": str(script), "runs": [m.id for m in members], "array": array,
+                            "submit": f"sbatch {q(str(script))}"})
+            continue
+        for m in members:
+            header = sbatch_lines(r, f"{name}-{m.id}", str(slurm_dir / "logs" / f"{m.id}-%j.out"), None)
+            variables = [f"PYTHON={q(python)}", f"CODE={q(code)}", f"RUN_DIR={q(str(m.dir))}",
+                         f"GPUS_PER_NODE={max(1, r.tasks)}", 'RDZV_PORT="${RDZV_PORT:-29500}"',
+                         f"MAX_REQUEUES={r.max_requeues}", 'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"',
+                         'export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"']
+            script = slurm_dir / f"multinode-{m.id}.sbatch"
+            atomic_write_text(script, _fill((TEMPLATES / "multinode.sbatch").read_text(), header, variables))
+            scripts.append({"script": str(script), "runs": [m.id], "array": None,
+                            "submit": f"sbatch {q(str(script))} {q(str(configs[m.id]))}"})
+    return scripts

@@ -1,0 +1,76 @@
+"""`--executor slurm`: one submitit job array per resource shape (`map_array`), one task per GPU.
+
+Each array task runs `launchers.entry.RunJob` with the sweep's code snapshot first on PYTHONPATH. Time-limit
+warnings (USR2, `signal_delay_s` before the limit) and preemptions make the run checkpoint; the entry point
+requeues it through submitit, at most `max_requeues` times for time limits (submitit's max_num_timeout).
+Returns as soon as the arrays are queued.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+from launchers.entry import RunJob
+from launchers.expand import Run
+from launchers.render import group_runs
+from launchers.spec import Resources
+from rrtrain.errors import UsageError
+
+
+def extra_parameters(r: Resources) -> dict[str, Any]:
+    """`extra_sbatch` lines (`--key=value` / `--flag`) as submitit's additional parameters, plus --requeue."""
+    out: dict[str, Any] = {"requeue": True}
+    for extra in r.extra_sbatch:
+        key, sep, value = extra.lstrip("-").partition("=")
+        out[key.replace("-", "_")] = value if sep else True
+    return out
+
+
+def parameters(r: Resources, name: str, code: str) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "name": name, "nodes": r.nodes, "tasks_per_node": r.tasks, "cpus_per_task": r.cpus_per_task,
+        "mem_gb": r.mem_gb, "timeout_min": r.time_min, "slurm_signal_delay_s": r.signal_delay_s,
+        "slurm_array_parallelism": r.array_parallelism, "slurm_additional_parameters": extra_parameters(r),
+        "slurm_setup": [f"export PYTHONPATH={shlex.quote(code)}${{PYTHONPATH:+:$PYTHONPATH}}",
+                        f"export OMP_NUM_THREADS={r.cpus_per_task}"],
+    }
+    if r.gpus_per_node:
+        params["gpus_per_node"] = r.gpus_per_node
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(r, key):
+            params[f"slurm_{key}"] = getattr(r, key)
+    return params
+
+
+def submit(runs: list[Run], out: Path, name: str, code: str) -> dict[str, Optional[str]]:
+    """Queue every run; returns the job id of each (ARRAY_TASK)."""
+    import submitit
+
+    if shutil.which("sbatch") is None:
+        raise UsageError("--executor slurm: sbatch is not on PATH (no Slurm here); try --executor local")
+    jobs: dict[str, Optional[str]] = {}
+    for group, members in group_runs(runs).items():
+        r = members[0].resources
+        executor = submitit.AutoExecutor(folder=str(out / "slurm" / "submitit" / "%j"), cluster="slurm",
+                                         slurm_max_num_timeout=r.max_requeues)
+        executor.update_parameters(**parameters(r, f"{name}-{group}", code))
+        try:
+            submitted = executor.map_array(RunJob(str(out)), [m.id for m in members])
+        except Exception as err:
+            raise SubmitError(f"sbatch failed for {group} ({err}); it may have submitted anyway: check squeue "
+                              "before submitting again", jobs) from err
+        for m, job in zip(members, submitted):
+            jobs[m.id] = job.job_id
+        print(f"[slurm] {group}: array {submitted[0].job_id.split('_')[0]} with {len(members)} runs", flush=True)
+    return jobs
+
+
+class SubmitError(RuntimeError):
+    """A submission that failed part-way; `jobs` holds what was queued before it."""
+
+    def __init__(self, message: str, jobs: dict[str, Optional[str]]) -> None:
+        super().__init__(message)
+        self.jobs = jobs

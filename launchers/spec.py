@@ -1,0 +1,198 @@
+"""The sweep file: a base training config, the axes variant x size x seed, resources per size.
+
+Read with the same machinery as run configs (`rrtrain.config.build`): an unknown key names the closest valid
+one, a wrong type says what was expected. Everything that cannot work (an unknown size or variant, a seed count
+below one, resources a scheduler cannot grant) is refused here, before anything is written or submitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from rrtrain.config import _merge, apply_overrides, build, read_yaml
+from rrtrain.errors import UsageError
+
+
+@dataclass
+class Resources:
+    """What one run asks the scheduler for. `gpus_per_node: 0` is a CPU run (tests, the demo)."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: Optional[int] = None  # None: one task per GPU (one when there is no GPU)
+    cpus_per_task: int = 1
+    mem_gb: float = 4.0
+    time_min: int = 60
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    extra_sbatch: list = field(default_factory=list)  # more `#SBATCH` lines, e.g. "--exclusive"
+    signal_delay_s: int = 120  # the time-limit warning (USR2) this long before the limit
+    array_parallelism: int = 64  # at most this many runs of one array at a time (the `%N` throttle)
+    max_requeues: int = 10  # time-limit requeues before a run is given up (submitit's max_num_timeout)
+
+    @property
+    def tasks(self) -> int:
+        per_node = self.tasks_per_node if self.tasks_per_node is not None else max(1, self.gpus_per_node)
+        return per_node
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks
+
+
+@dataclass
+class PrepSpec:
+    """Data the sweep prepares itself (once, into SWEEP_DIR/data) with `rrtrain prep`."""
+
+    source: str = "synthetic:stories"
+    tokenizer: str = "byte"
+    seq_len: int = 128
+    num_docs: Optional[int] = None
+    val_fraction: Optional[float] = None
+    seed: int = 0
+
+
+@dataclass
+class SizeSpec:
+    seeds: int = 1  # seeds 0 .. seeds-1
+    tokens: Optional[int] = None  # the token budget of every variant at this size (train.tokens)
+    overrides: dict = field(default_factory=dict)  # training keys for this size, e.g. {train.max_steps: 40}
+    resources: dict = field(default_factory=dict)  # over the sweep's `resources`
+
+
+@dataclass
+class SweepSpec:
+    name: str = ""  # default: the sweep file's name
+    config: str = ""  # the base training config, relative to the sweep file (or to configs/train/)
+    data: Optional[str] = None  # data.path, relative to the sweep file; or use `prep`
+    prep: Optional[PrepSpec] = None
+    variants: list = field(default_factory=list)
+    match: Optional[str] = None  # e.g. review: the other variants are widened to its parameter count per size
+    sizes: dict = field(default_factory=dict)  # size preset -> SizeSpec
+    overrides: dict = field(default_factory=dict)  # training keys for every run
+    runs: dict = field(default_factory=dict)  # run id -> training keys for that run only
+    resources: Resources = field(default_factory=Resources)
+    gpu: str = "H100"  # for the GPU-hour estimate of --dry-run
+    mfu: float = 0.4  # assumed model FLOPs utilisation, for the same estimate
+    out: Optional[str] = None  # the sweep directory when --out is not given, relative to the sweep file
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A validated sweep file: the spec, where it came from, and its hash."""
+
+    spec: SweepSpec
+    path: Path
+    sha256: str
+    base_config: Path
+    size_specs: dict  # size -> SizeSpec
+    size_resources: dict  # size -> Resources
+
+
+def flat_overrides(data: Any, where: str) -> dict[str, Any]:
+    """`{train: {max_steps: 4}, "model.n_layers": 2}` -> `{"train.max_steps": 4, "model.n_layers": 2}`."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: expected a mapping of training keys, got {data!r}")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            for sub, v in flat_overrides(value, f"{where}.{key}").items():
+                out[f"{key}.{sub}"] = v
+        else:
+            out[str(key)] = value
+    return out
+
+
+def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
+    """Read and validate a sweep file, with `key.sub=value` overrides of its own keys (e.g.
+    `resources.partition=debug`); raises UsageError with a one-line reason."""
+    from rrtrain import residuals, sizing
+
+    path = Path(path).resolve()
+    raw = apply_overrides(read_yaml(path), overrides or [])
+    sha = hashlib.sha256(path.read_bytes() + "".join(f"\n{o}" for o in overrides or []).encode()).hexdigest()
+    spec: SweepSpec = build(SweepSpec, raw)
+    spec.name = spec.name or path.stem
+    if not spec.config:
+        raise UsageError(f"{path.name}: 'config' is not set (the base training config, e.g. ../train/tiny.yaml)")
+    base = _find_config(path, spec.config)
+    if spec.data is not None and spec.prep is not None:
+        raise UsageError("set either 'data' (a prepared directory) or 'prep' (the sweep prepares it), not both")
+    if not spec.variants:
+        raise UsageError("'variants' is empty: list the residual rules to compare, e.g. [review, highway, standard]")
+    known = residuals.names()
+    for v in list(spec.variants) + ([spec.match] if spec.match else []):
+        if v not in known:
+            close = difflib.get_close_matches(str(v), known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UsageError(f"variants: unknown residual rule '{v}'{hint}; known: {', '.join(known)}")
+    if len(set(spec.variants)) != len(spec.variants):
+        raise UsageError(f"variants: listed twice: {spec.variants}")
+    if not spec.sizes:
+        raise UsageError("'sizes' is empty: map size presets to their seeds, e.g. {rr-60m: {seeds: 3}}")
+    presets = sizing.presets()
+    size_specs: dict[str, SizeSpec] = {}
+    size_resources: dict[str, Resources] = {}
+    for size, body in spec.sizes.items():
+        size = str(size)
+        if size not in presets:
+            close = difflib.get_close_matches(size, list(presets), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UsageError(f"sizes: unknown size preset '{size}'{hint}; known: {', '.join(presets)}")
+        s: SizeSpec = build(SizeSpec, {"seeds": body} if isinstance(body, int) else body, f"sizes.{size}")
+        if s.seeds < 1:
+            raise UsageError(f"sizes.{size}.seeds must be at least 1, got {s.seeds}")
+        if s.tokens is not None and s.tokens < 1:
+            raise UsageError(f"sizes.{size}.tokens must be at least 1, got {s.tokens}")
+        s.overrides = flat_overrides(s.overrides, f"sizes.{size}.overrides")
+        merged = _merge(dataclasses.asdict(spec.resources), s.resources or {})
+        res: Resources = build(Resources, merged, f"sizes.{size}.resources")
+        check_resources(res, f"sizes.{size}.resources")
+        size_specs[size], size_resources[size] = s, res
+    check_resources(spec.resources, "resources")
+    spec.overrides = flat_overrides(spec.overrides, "overrides")
+    spec.runs = {str(k): flat_overrides(v, f"runs.{k}") for k, v in (spec.runs or {}).items()}
+    if not 0 < spec.mfu <= 1:
+        raise UsageError(f"mfu must be in (0, 1], got {spec.mfu}")
+    return Sweep(spec, path, sha, base, size_specs, size_resources)
+
+
+def _find_config(sweep_path: Path, name: str) -> Path:
+    from rrtrain.sizing import configs_dir
+
+    for cand in (sweep_path.parent / name, configs_dir() / "train" / name):
+        if cand.is_file():
+            return cand.resolve()
+    raise UsageError(f"config: no training config '{name}' beside {sweep_path.name} or in configs/train/")
+
+
+def check_resources(r: Resources, where: str) -> None:
+    """Refuse what no scheduler grants: zero nodes, negative GPUs, no time, tasks that do not fit the GPUs."""
+    for key in ("nodes", "cpus_per_task", "time_min", "array_parallelism"):
+        if getattr(r, key) < 1:
+            raise UsageError(f"{where}.{key} must be at least 1, got {getattr(r, key)}")
+    for key in ("gpus_per_node", "max_requeues", "signal_delay_s"):
+        if getattr(r, key) < 0:
+            raise UsageError(f"{where}.{key} must not be negative, got {getattr(r, key)}")
+    if r.mem_gb <= 0:
+        raise UsageError(f"{where}.mem_gb must be positive, got {r.mem_gb}")
+    if r.tasks_per_node is not None and r.tasks_per_node < 1:
+        raise UsageError(f"{where}.tasks_per_node must be at least 1, got {r.tasks_per_node}")
+    if r.gpus_per_node and r.tasks_per_node is not None and r.tasks_per_node != r.gpus_per_node:
+        raise UsageError(f"{where}: tasks_per_node={r.tasks_per_node} but gpus_per_node={r.gpus_per_node}: "
+                         "runs take one task per GPU")
+    if r.signal_delay_s >= r.time_min * 60:
+        raise UsageError(f"{where}.signal_delay_s={r.signal_delay_s} is not shorter than time_min={r.time_min} min: "
+                         "the warning would come before the run starts")
+    for extra in r.extra_sbatch:
+        if not isinstance(extra, str) or not extra.startswith("-") or "\n" in extra:
+            raise UsageError(f"{where}.extra_sbatch: {extra!r} is not one sbatch option such as '--exclusive'")

@@ -1,0 +1,91 @@
+"""`rrtrain status SWEEP_DIR [--json] [--watch [--interval S]]`
+
+One row per run of a sweep: id, variant, size, seed, scheduler state (squeue, when there is one), run state,
+step / total, tokens, last train and val loss, tokens/s, flags; the runs that need attention first and the
+counts by state at the bottom. Reads sweep.json and each run's final.json, lock and the tail of its
+metrics.jsonl: a 200-run sweep takes well under 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from launchers import record, runstate
+from launchers.scheduler import squeue_states
+from rrtrain.errors import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        raise UsageError(message)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = _Parser(prog="rrtrain status", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sweep_dir")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    p.add_argument("--interval", type=float, default=10.0, help="--watch: seconds between refreshes")
+    return p.parse_args(argv)
+
+
+def collect(sweep_dir: Path) -> dict[str, Any]:
+    """The status object: {"sweep", "dir", "runs": [...], "counts": {state: n}}."""
+    rec = record.load(sweep_dir)
+    if rec is None:
+        raise UsageError(f"{sweep_dir}: no sweep.json here (not a sweep directory written by `rrtrain sweep`)")
+    last = record.last_jobs(rec)
+    queue = squeue_states() if any(ex == "slurm" for ex, _ in last.values()) else None
+    rows = []
+    for rid, entry in rec["runs"].items():
+        executor, job = last.get(rid, ("", None))
+        sched = queue.get(job) if queue is not None and executor == "slurm" and job else None
+        rows.append(runstate.run_row(rid, entry, sched, submitted=rid in last))
+    order = {s: i for i, s in enumerate(runstate.ATTENTION)}
+    rows.sort(key=lambda r: (order.get(r["state"], 0), r["id"]))
+    counts = Counter(r["state"] for r in rows)
+    return {"sweep": rec.get("name", sweep_dir.name), "dir": str(sweep_dir),
+            "runs": rows, "counts": {s: counts[s] for s in runstate.STATES if counts[s]}}
+
+
+def _num(v: Any, fmt: str) -> str:
+    return format(v, fmt) if isinstance(v, (int, float)) else "-"
+
+
+def table(status: dict[str, Any]) -> str:
+    lines = [f"sweep {status['sweep']} ({status['dir']})",
+             f"{'run':<28} {'variant':<14} {'size':<9} {'seed':>4} {'sched':<10} {'state':<10} "
+             f"{'step':>15} {'tokens':>13} {'loss':>8} {'val':>8} {'tok/s':>9}  flags"]
+    for r in status["runs"]:
+        step = f"{_num(r['step'], 'd')}/{_num(r['total_steps'], 'd')}"
+        lines.append(f"{r['id']:<28} {r['variant']:<14} {r['size']:<9} {r['seed']:>4} {r['scheduler'] or '-':<10} "
+                     f"{r['state']:<10} {step:>15} {_num(r['tokens'], ',d'):>13} {_num(r['loss'], '.4f'):>8} "
+                     f"{_num(r['val_loss'], '.4f'):>8} {_num(r['tokens_per_s'], ',.0f'):>9}  "
+                     f"{','.join(r['flags']) or ''}")
+    lines.append("  ".join(f"{s}: {n}" for s, n in status["counts"].items()) + f"  (total {len(status['runs'])})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    sweep_dir = Path(args.sweep_dir)
+    if args.interval <= 0:
+        raise UsageError(f"--interval must be positive, got {args.interval}")
+    while True:
+        status = collect(sweep_dir)
+        text = json.dumps(status) if args.json else table(status)
+        if args.watch and not args.json and sys.stdout.isatty():
+            sys.stdout.write("\x1b[H\x1b[2J")
+        print(text, flush=True)
+        if not args.watch:
+            return 0
+        try:
+            time.sleep(args.interval)
+        except KeyboardInterrupt:
+            return 0
