@@ -19,7 +19,7 @@ from rrtrain import runlock
 
 PREEMPTED_EXIT = 75
 #: how long a non-zero rank waits for rank 0's requeue to end the job step before giving up
-REQUEUE_GRACE_S = 300.0
+REQUEUE_GRACE_S = 120.0
 
 
 class RunFailed(RuntimeError):

@@ -76,7 +76,8 @@ def merge(record: Optional[dict[str, Any]], sweep: Sweep, runs: list[Run]) -> di
 
 def add_submission(record: dict[str, Any], executor: str, jobs: dict[str, Optional[str]]) -> None:
     record.setdefault("submissions", []).append(
-        {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "executor": executor, "jobs": jobs})
+        {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "executor": executor, "jobs": jobs,
+         "sweep_sha256": record.get("sweep_sha256"), "code_sha256": record.get("code", {}).get("sha256")})
 
 
 def last_jobs(record: dict[str, Any]) -> dict[str, tuple[str, Optional[str]]]:

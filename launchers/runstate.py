@@ -122,6 +122,6 @@ def run_row(run_id: str, entry: dict, scheduler: Optional[str], submitted: bool)
         "id": run_id, "variant": entry["variant"], "size": entry["size"], "seed": entry["seed"],
         "scheduler": scheduler, "state": state, "step": step, "total_steps": total_steps(entry["config"]),
         "tokens": tokens, "loss": train.get("loss") if train else None, "val_loss": val_loss,
-        "tokens_per_s": tps, "flags": list((final or {}).get("flags", [])) if final else [],
+        "tokens_per_s": tps, "flags": list(final.get("flags", [])) if final else [],
         "dir": str(run_dir),
     }

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from rrtrain.config import _merge, build, read_yaml
+from rrtrain.config import _merge, apply_overrides, build, read_yaml
 from rrtrain.errors import UsageError
 
 
@@ -112,13 +112,14 @@ def flat_overrides(data: Any, where: str) -> dict[str, Any]:
     return out
 
 
-def load(path: str | Path) -> Sweep:
-    """Read and validate a sweep file; raises UsageError with a one-line reason."""
+def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
+    """Read and validate a sweep file, with `key.sub=value` overrides of its own keys (e.g.
+    `resources.partition=debug`); raises UsageError with a one-line reason."""
     from rrtrain import residuals, sizing
 
     path = Path(path).resolve()
-    raw = read_yaml(path)
-    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    raw = apply_overrides(read_yaml(path), overrides or [])
+    sha = hashlib.sha256(path.read_bytes() + "".join(f"\n{o}" for o in overrides or []).encode()).hexdigest()
     spec: SweepSpec = build(SweepSpec, raw)
     spec.name = spec.name or path.stem
     if not spec.config:

@@ -1,4 +1,4 @@
-"""`rrtrain sweep SWEEP.yaml --out DIR [--executor slurm|local|debug] [--parallel N] [--dry-run]`
+"""`rrtrain sweep SWEEP.yaml --out DIR [--executor slurm|local|debug] [--parallel N] [--dry-run] [key=value ...]`
 
 Expand a sweep file into runs (SIZE-VARIANT-sSEED, one directory each under DIR) and submit the ones that
 need it: a new run, or one that failed or was preempted (it resumes from its checkpoint). Completed,
@@ -10,8 +10,11 @@ that changes an existing run's config is refused, listing the differences; addin
   debug   one after another in this process
 
 --dry-run prints the runs, their resources and GPU-hours, and writes DIR/slurm/*.sbatch (submit them with
-sbatch, no Python needed) without submitting anything. Exit status: 0 when submitted (slurm) or when every
-run completed (local, debug), 1 when a run did not, 2 for bad input.
+sbatch, no Python needed) without submitting anything. Trailing `key.sub=value` arguments override the
+sweep file's own keys, e.g. `resources.partition=debug sizes.tiny.seeds=1`.
+
+Exit status: 0 when submitted (slurm) or when every run completed (local, debug), 1 when a run did not,
+2 for bad input.
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--executor", choices=["slurm", "local", "debug"], default="local")
     p.add_argument("--parallel", type=int, default=1, help="local: runs at a time (default 1)")
     p.add_argument("--dry-run", action="store_true", help="print and render, submit nothing")
-    return p.parse_args(argv)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override the sweep file's keys")
+    return p.parse_intermixed_args(argv)
 
 
 def sweep_dir(sweep: spec.Sweep, out: Optional[str]) -> Path:
@@ -63,7 +67,12 @@ def to_submit(runs: list[Run], rec: Optional[dict]) -> tuple[list[Run], dict[str
     if rec is None:
         return list(runs), {}
     last = record.last_jobs(rec)
-    queue = squeue_states() if any(ex == "slurm" for ex, _ in last.values()) else None
+    queue = None
+    if any(ex == "slurm" for ex, _ in last.values()):
+        queue = squeue_states()
+        if queue is None:  # a queued run would be submitted twice
+            raise UsageError("this sweep has Slurm jobs, and squeue cannot be read here: run `rrtrain sweep` "
+                             "where squeue works, so that queued runs are not submitted twice")
     todo, skipped = [], {}
     for run in runs:
         executor, job = last.get(run.id, ("", None))
@@ -94,7 +103,8 @@ def prepare_data(sweep: spec.Sweep, out: Path, dry_run: bool) -> None:
     print(f"preparing the data: {out / 'data'}", flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise UsageError(f"data prep failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise UsageError(f"data prep failed (exit {proc.returncode}): {last}")
 
 
 def print_plan(sweep: spec.Sweep, runs: list[Run], todo: list[Run], skipped: dict[str, str]) -> None:
@@ -118,7 +128,7 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     if args.parallel < 1:
         raise UsageError(f"--parallel must be at least 1, got {args.parallel}")
-    sweep = spec.load(args.sweep)
+    sweep = spec.load(args.sweep, args.overrides)
     check_gpu(sweep.spec.gpu)
     out = sweep_dir(sweep, args.out)
     runs = expand(sweep, out, data_path(sweep, out))
@@ -165,7 +175,11 @@ def main(argv: list[str]) -> int:
     if args.executor == "local":
         from launchers import local_executor
 
-        jobs, codes = local_executor.submit(todo, python, code, configs, out / "slurm" / "logs", args.parallel)
+        try:
+            jobs, codes = local_executor.submit(todo, python, code, configs, out / "slurm" / "logs", args.parallel)
+        except KeyboardInterrupt:
+            print("interrupted: the running runs were stopped at a step boundary; submit again to resume them")
+            return 130
     else:
         from launchers import debug_executor
 

@@ -163,9 +163,9 @@ def hold(run_dir: Path, wait_s: float, is_main: bool, device: Any) -> Optional[R
     if is_main:
         try:
             lock = RunLock(run_dir).acquire(wait_s)
-        except RunLocked as err:
+        except (RunLocked, OSError) as err:  # OSError (an unwritable dir): raised below, once the others know
             error = err
     failed = dist.all_reduce(torch.tensor([1.0 if error else 0.0], device=device), "max")
     if failed.item() > 0:
-        raise error or RunLocked(f"run directory {run_dir} is locked by another copy of this run")
+        raise error or RunLocked(f"run directory {run_dir}: rank 0 could not take its lock")
     return lock

@@ -1,0 +1,130 @@
+"""`rrtrain status`: run states from files, the tail-only read of metrics.jsonl (200 runs < 2 s), and which runs
+a resubmission picks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from launchers import record, runstate, status_cli
+from launchers.sweep_cli import to_submit
+from launchers.expand import Run
+from launchers.spec import Resources
+from rrtrain import runlock
+from trainutil import PY
+
+CONFIG = {"train": {"max_steps": 1000, "tokens": None, "global_batch": 8}, "model": {"size": "tiny", "seq_len": None},
+          "data": {"path": None}, "run": {"dir": ""}}
+
+
+def fake_run(root: Path, rid: str, step: int, big_mb: int = 0, final: dict | None = None) -> dict:
+    """A run directory whose metrics.jsonl is `big_mb` MiB of (sparse) padding followed by real lines."""
+    run_dir = root / rid
+    run_dir.mkdir(parents=True)
+    path = run_dir / "metrics.jsonl"
+    with open(path, "wb") as f:
+        if big_mb:
+            f.truncate(big_mb * 2**20)
+            f.seek(big_mb * 2**20)
+            f.write(b"\n")
+        for s in range(max(1, step - 300), step + 1):
+            rec = {"step": s, "loss": 5.0 - s / 1000, "grad_norm": 1.0, "lr": 1e-3, "tokens": s * 512}
+            if s % 10 == 0:
+                rec["tokens_per_s"] = 1234.5
+            f.write((json.dumps(rec) + "\n").encode())
+            if s % 250 == 0:
+                f.write((json.dumps({"step": s, "val_loss": 4.0 - s / 1000, "tokens": s * 512}) + "\n").encode())
+            if s % 50 == 0:
+                f.write((json.dumps({"kind": "diag", "step": s, "block_grad_norm": [0.1] * 200}) + "\n").encode())
+    if final is not None:
+        (run_dir / "final.json").write_text(json.dumps(final))
+    config = json.loads(json.dumps(CONFIG))
+    config["run"]["dir"] = str(run_dir)
+    return {"size": "tiny", "variant": "review", "seed": 0, "dir": str(run_dir), "config": config,
+            "resources": {}}
+
+
+def test_tail_finds_last_train_val_and_speed(tmp_path):
+    entry = fake_run(tmp_path, "r", 997, big_mb=8)
+    row = runstate.run_row("r", entry, None, submitted=True)
+    assert row["step"] == 997 and row["total_steps"] == 1000 and row["tokens"] == 997 * 512
+    assert row["loss"] == pytest.approx(5.0 - 0.997) and row["val_loss"] == pytest.approx(4.0 - 0.75)
+    assert row["tokens_per_s"] == 1234.5
+    assert row["state"] == "failed"  # it ran, it holds no lock and left no final.json: killed hard
+
+
+def test_status_of_200_big_runs_under_2_s(tmp_path):
+    runs = {}
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": runlock._start_time(os.getpid())}
+    for i in range(200):
+        rid = f"tiny-review-s{i}"
+        final = {"status": "completed", "step": 1000, "tokens": 512000, "flags": []} if i % 2 else None
+        runs[rid] = fake_run(tmp_path, rid, 1000 if i % 2 else 500 + i, big_mb=200, final=final)
+        if final is None:  # this process "trains" the other half
+            (tmp_path / rid / runlock.LOCK_NAME).write_text(json.dumps(me))
+    record.save(tmp_path, {"version": 1, "name": "big", "runs": runs, "submissions": []})
+    t0 = time.perf_counter()
+    status = status_cli.collect(tmp_path)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 2.0, f"status took {elapsed:.2f} s for 200 runs"
+    assert status["counts"] == {"running": 100, "completed": 100}
+    assert status["runs"][0]["state"] == "running"  # needs more attention than the completed ones
+    rows = {r["id"]: r for r in status["runs"]}
+    assert rows["tiny-review-s3"]["step"] == 1000 and rows["tiny-review-s4"]["step"] == 504
+
+
+def test_classify():
+    alive = {"host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
+    dead = {"host": socket.gethostname(), "pid": 2**22 + 12345, "heartbeat": time.time()}
+    far_stale = {"host": "elsewhere", "pid": 1, "heartbeat": time.time() - 3600}
+    done = {"status": "completed"}
+    assert runstate.classify(done, alive, None, True, True) == "running"  # a resumed run: the lock wins
+    assert runstate.classify({"status": "preempted"}, None, "PENDING", True, True) == "pending"  # requeued
+    assert runstate.classify({"status": "preempted"}, None, None, True, True) == "preempted"
+    assert runstate.classify(None, None, "RUNNING", False, True) == "running"
+    assert runstate.classify(None, dead, None, True, True) == "failed"
+    assert runstate.classify(None, far_stale, None, True, True) == "failed"
+    assert runstate.classify(None, None, None, False, True) == "unknown"
+    assert runstate.classify(None, None, None, False, False) == "pending"
+    assert runstate.classify({"status": "diverged"}, None, None, True, True) == "diverged"
+
+
+def test_resubmission_picks_failed_and_preempted_only(tmp_path):
+    res = Resources()
+    states = {"done": {"status": "completed"}, "div": {"status": "diverged"}, "bad": {"status": "failed"},
+              "pre": {"status": "preempted"}, "new": None, "live": None}
+    runs, entries = [], {}
+    for rid, final in states.items():
+        entry = fake_run(tmp_path, rid, 10, final=final)
+        entries[rid] = entry
+        runs.append(Run(rid, "tiny", "review", 0, entry["config"], res))
+    (tmp_path / "new" / "metrics.jsonl").unlink()
+    runlock.RunLock(tmp_path / "live").acquire(0)  # a live copy trains there
+    rec = {"version": 1, "name": "x", "runs": entries, "submissions": [
+        {"executor": "local", "jobs": {rid: "local:1" for rid in states if rid != "new"}}]}
+    todo, skipped = to_submit(runs, rec)
+    assert sorted(r.id for r in todo) == ["bad", "new", "pre"]
+    assert skipped == {"done": "completed", "div": "diverged", "live": "running"}
+
+
+def test_status_cli_json_and_bad_dir(tmp_path):
+    runs = {"a": fake_run(tmp_path, "a", 20, final={"status": "failed", "step": 20, "flags": ["nonfinite_steps"]})}
+    record.save(tmp_path, {"version": 1, "name": "s", "runs": runs, "submissions": []})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([PY, "-m", "rrtrain", "status", str(tmp_path), "--json"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["sweep"] == "s" and out["counts"] == {"failed": 1}
+    row = out["runs"][0]
+    assert {k: row[k] for k in ("id", "state", "step", "flags")} == {
+        "id": "a", "state": "failed", "step": 20, "flags": ["nonfinite_steps"]}
+    proc = subprocess.run([PY, "-m", "rrtrain", "status", str(tmp_path / "nope")], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and "no sweep.json" in proc.stderr
