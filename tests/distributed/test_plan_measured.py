@@ -1,8 +1,8 @@
 """The plan's predicted peak against the measured peak on CPU (fp32): tiny and a ~20M model, one process and
 FSDP2 on 2 ranks (torchrun, gloo); in one process also activation checkpointing (full) and a multi-stream
-rule (mHC, 4 streams) with selective checkpointing. The worker runs two real steps of the model and engine under torch's MemTracker
-(tests/distributed/plan_peak_worker.py), every case in one process. Runtime: about 2 min on a loaded 2-core
-machine (under 1 min of CPU).
+rule (mHC, 4 streams) with selective checkpointing. The worker runs two real steps of the model and engine
+under torch's MemTracker (tests/distributed/plan_peak_worker.py), every case of a test in one process.
+Runtime: about 2.5 min on the loaded 2-core machine (under 1 min of CPU).
 """
 
 from __future__ import annotations
