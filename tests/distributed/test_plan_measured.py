@@ -17,6 +17,7 @@ from rrtrain.config import ModelConfig
 from rrtrain.plan import Setup, plan
 from tests.trainutil import PY, REPO, env, free_port
 
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 WORKER = str(Path(__file__).with_name("plan_peak_worker.py"))
 M20 = {"d_model": 256, "n_layers": 8, "n_heads": 4}
 CASES = {  # name: (model keys over the tiny preset, parallel.ac)
