@@ -391,7 +391,8 @@ def _held_deepspeed(s: Setup, lay: Layout) -> tuple[list[Item], list[Item]]:
                   c * (part if z == 3 else p))]
     if s.precision == "bf16":
         state.append(Item("parameters (fp32 master, sharded)", "fp32", 4 * part))
-    state += [Item("gradients (fp32 accumulation" + (", sharded)" if z >= 2 else ")"), "fp32",
+    # ZeRO allocates its fp32 gradient buffers up front, so they are held through forward as well
+    state += [Item("gradient accumulation buffers" + (" (sharded)" if z >= 2 else ""), "fp32",
                    4 * (part if z >= 2 else p)),
               Item("optimizer: AdamW exp_avg + exp_avg_sq (sharded)", "fp32", 8 * part)]
     gathered = Item("gathered blocks (current + prefetched)", s.precision, 2 * c * lay.block_numel())
