@@ -391,7 +391,7 @@ def _held_deepspeed(s: Setup, lay: Layout) -> tuple[list[Item], list[Item]]:
                   c * (part if z == 3 else p))]
     if s.precision == "bf16":
         state.append(Item("parameters (fp32 master, sharded)", "fp32", 4 * part))
-    # ZeRO allocates its fp32 gradient buffers up front, so they are held through forward as well
+    # counted as held through forward too: conservative, and not checked against DeepSpeed itself
     state += [Item("gradient accumulation buffers" + (" (sharded)" if z >= 2 else ""), "fp32",
                    4 * (part if z >= 2 else p)),
               Item("optimizer: AdamW exp_avg + exp_avg_sq (sharded)", "fp32", 8 * part)]
