@@ -391,10 +391,12 @@ def _held_deepspeed(s: Setup, lay: Layout) -> tuple[list[Item], list[Item]]:
                   c * (part if z == 3 else p))]
     if s.precision == "bf16":
         state.append(Item("parameters (fp32 master, sharded)", "fp32", 4 * part))
-    state += [Item("gradients (fp32 accumulation" + (", sharded)" if z >= 2 else ")"), "fp32",
+    # counted as held through forward too: conservative, and not checked against DeepSpeed itself
+    state += [Item("gradient accumulation buffers" + (" (sharded)" if z >= 2 else ""), "fp32",
                    4 * (part if z >= 2 else p)),
               Item("optimizer: AdamW exp_avg + exp_avg_sq (sharded)", "fp32", 8 * part)]
-    transient = [Item("gathered blocks (current + prefetched)", s.precision, 2 * c * lay.block_numel())] if z == 3 else []
+    gathered = Item("gathered blocks (current + prefetched)", s.precision, 2 * c * lay.block_numel())
+    transient = [gathered] if z == 3 else []
     return state, transient
 
 

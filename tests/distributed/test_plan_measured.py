@@ -1,8 +1,8 @@
 """The plan's predicted peak against the measured peak on CPU (fp32): tiny and a ~20M model, one process and
 FSDP2 on 2 ranks (torchrun, gloo); in one process also activation checkpointing (full) and a multi-stream
-rule (mHC, 4 streams) with selective checkpointing. The worker runs two real steps of the model and engine under torch's MemTracker
-(tests/distributed/plan_peak_worker.py), every case in one process. Runtime: about 2 min on a loaded 2-core
-machine (under 1 min of CPU).
+rule (mHC, 4 streams) with selective checkpointing. The worker runs two real steps of the model and engine
+under torch's MemTracker (tests/distributed/plan_peak_worker.py), every case of a test in one process.
+Runtime: about 2.5 min on the loaded 2-core machine (under 1 min of CPU).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from rrtrain.config import ModelConfig
 from rrtrain.plan import Setup, plan
 from tests.trainutil import PY, REPO, env, free_port
 
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 WORKER = str(Path(__file__).with_name("plan_peak_worker.py"))
 M20 = {"d_model": 256, "n_layers": 8, "n_heads": 4}
 CASES = {  # name: (model keys over the tiny preset, parallel.ac)

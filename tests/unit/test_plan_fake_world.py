@@ -8,6 +8,7 @@ for its parameter bytes, which needs no step. Runtime: about 45 s on one loaded 
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -54,6 +55,7 @@ def simulate(m: ModelConfig, rank: int, step: bool) -> dict[str, int]:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_frontier_70b_sharded_state_matches_plan_exactly():
     m = ModelConfig(size="frontier-70b")
     measured = simulate(m, rank=0, step=True)
