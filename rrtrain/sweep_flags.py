@@ -5,7 +5,7 @@ writing the same files) are judged alike.
   (the caller keeps this for runs whose job the scheduler says is running);
 - `lagging`: the run's recent loss is above the median of its peers (same size, other variants and seeds, at
   the same tokens seen) by `monitor.peer_mad` median absolute deviations;
-- `early_stall`: the in-run plateau test (`rrtrain.monitor.LossMonitor`) run on the file's training losses.
+- `early_stall`: the in-run plateau test (`rrtrain.convergence.LossMonitor`) run on the file's training losses.
 
 The in-run flags a run recorded (`final.json` `flags`, flag lines in `metrics.jsonl`) are carried along.
 Only the tail of a big `metrics.jsonl` is read (`tail_bytes`). `to_cancel` says which runs' jobs to cancel.
@@ -27,7 +27,7 @@ from typing import Any, Optional
 import yaml
 
 from rrtrain.config import MonitorConfig
-from rrtrain.monitor import DIVERGED, STALLED, LossMonitor, smoothing_span
+from rrtrain.convergence import DIVERGED, STALLED, LossMonitor, smoothing_span
 from rrtrain.report.collect import run_dirs
 
 NO_HEARTBEAT, LAGGING, EARLY_STALL = "no_heartbeat", "lagging", "early_stall"
