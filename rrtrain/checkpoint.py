@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import random
 import shutil
 import sys
@@ -220,7 +221,12 @@ class CheckpointManager:
         engine.load(path / "state")
         rng_file = path / f"rng_rank{self.info.rank}.pt"
         if rng_file.exists():
-            set_rng_state(torch.load(rng_file, weights_only=True))
+            try:
+                state = torch.load(rng_file, weights_only=True)
+            except pickle.UnpicklingError as err:
+                raise UsageError(f"checkpoint {path.name}: {rng_file.name} is not plain tensors and numbers (written by "
+                                 "an older rrtrain, which pickled its RNG state); refusing to unpickle it") from err
+            set_rng_state(state)
 
 
 def _space_failure(action, where: Path) -> Optional[str]:  # noqa: ANN001 - a thunk
