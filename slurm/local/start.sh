@@ -126,6 +126,8 @@ SlurmctldLogFile=$STATE/log/slurmctld.log
 SlurmdLogFile=$STATE/log/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
+# Without a default, a job that asks for no memory is given the whole node and runs alone.
+DefMemPerCPU=$((mem_mb / cpus))
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
