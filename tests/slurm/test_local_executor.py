@@ -18,8 +18,8 @@ from launchers.entry import RunJob
 from slurmutil import rrtrain, sweep_file
 from trainutil import env, final, records
 
-STEPS = 300
-SIGNAL_AFTER_S = 30  # USR2 this long after each attempt starts (start-up takes 5-25 s of it)
+STEPS = 400
+SIGNAL_AFTER_S = 25  # USR2 this long after each attempt starts (start-up takes 5-20 s of it)
 SUBMISSIONS = 3
 
 
