@@ -37,7 +37,7 @@ from rrtrain.hardware import peak_memory_gb
 if TYPE_CHECKING:
     from rrtrain.trainer import Trainer
 
-DIAG_KEYS = ("block_grad_norm", "gate_mean", "gate_std")
+DIAG_KEYS = ("block_grad_norm", "gate_mean", "gate_std", "gate_hist")
 
 
 class Callback:

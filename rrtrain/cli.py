@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("rrtrain.bench", "throughput, MFU and memory of one configuration"),
     "report": ("rrtrain.report.cli", "significance tables and scaling plots from a sweep directory"),
     "demo": ("rrtrain.demo", "the embedded default, end to end"),
+    "dashboard": ("rrtrain.dashboard", "TensorBoard on loopback over a sweep's runs (per-size charts, HParams)"),
 }
 
 

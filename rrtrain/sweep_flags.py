@@ -50,17 +50,19 @@ class RunVerdict:
     records: list[dict[str, Any]] = field(default_factory=list, repr=False)  # training lines from the tail
 
 
-def read_tail(path: Path, tail_bytes: int = TAIL_BYTES) -> list[dict[str, Any]]:
-    """The JSON objects on the last `tail_bytes` of a JSONL file (a cut first line and torn lines skipped)."""
+def read_tail(path: Path, tail_bytes: Optional[int] = TAIL_BYTES) -> list[dict[str, Any]]:
+    """The JSON objects on the last `tail_bytes` (None: all) of a JSONL file; a cut first line and torn lines
+    are skipped, a missing file has none."""
     try:
         with open(path, "rb") as fh:
             size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, size - tail_bytes))
+            cut = tail_bytes is not None and size > tail_bytes
+            fh.seek(size - tail_bytes if cut else 0)
             data = fh.read()
     except OSError:
         return []
     lines = data.split(b"\n")
-    if size > tail_bytes:
+    if cut:
         lines = lines[1:]
     out = []
     for raw in lines:
@@ -71,6 +73,16 @@ def read_tail(path: Path, tail_bytes: int = TAIL_BYTES) -> list[dict[str, Any]]:
         if isinstance(rec, dict):
             out.append(rec)
     return out
+
+
+def read_final(run: Path) -> dict[str, Any]:
+    """The run's final.json, or {} when it has none (still running) or it cannot be read."""
+    return _read_json(run / "final.json")
+
+
+def read_config(run: Path) -> dict[str, Any]:
+    """The run's resolved config.yaml as plain data, or {}."""
+    return _read_yaml(run / "config.yaml")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -90,7 +102,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def read_run(path: Path, root: Path, tail_bytes: int = TAIL_BYTES) -> RunVerdict:
-    final, config = _read_json(path / "final.json"), _read_yaml(path / "config.yaml")
+    final, config = read_final(path), read_config(path)
     model, train = config.get("model") or {}, config.get("train") or {}
     verdict = RunVerdict(path=path, rel=path.relative_to(root).as_posix() if path != root else ".",
                          size=final.get("size") or model.get("size"), variant=final.get("variant") or model.get("variant"),
@@ -122,7 +134,7 @@ def _recent_loss(records: list[dict[str, Any]], n: int = 10) -> float:
 
 def _entropy_and_warmup(path: Path) -> tuple[Optional[float], int]:
     """The run's training data's unigram entropy (from its manifest) and its warmup steps, where findable."""
-    config = _read_yaml(path / "config.yaml")
+    config = read_config(path)
     data_path = (config.get("data") or {}).get("path")
     manifest = _read_json(Path(data_path) / "manifest.json") if data_path else {}
     entropy = manifest.get("unigram_entropy")

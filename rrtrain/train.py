@@ -1,7 +1,7 @@
 """`rrtrain train CONFIG [key=value ...]`, and the same run distributed:
 `torchrun --nproc_per_node=N -m rrtrain.train CONFIG [key=value ...]`.
 
-Exit status: 0 completed, 1 failed, 2 bad input, 3 diverged, 75 preempted (stopped by a signal at a step
+Exit status: 0 completed, 1 failed, 2 bad input, 3 diverged, 4 stalled, 75 preempted (stopped by a signal at a step
 boundary after writing a checkpoint: restart the same command to resume).
 """
 

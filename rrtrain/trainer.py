@@ -64,7 +64,8 @@ class Trainer:
         self.params = 0
         self.callbacks: list[Callback] = []
         self.pending: list[tuple[dict[str, Any], torch.Tensor]] = []  # steps whose values are still on the device
-        self.stopping, self.checkpoint_at_end = False, True
+        self.stopping, self.checkpoint_at_end = False, True  # set by request_stop
+        self.resumed_at: Optional[int] = None  # the checkpoint step this process started from
         if self.info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         dist.barrier()
@@ -220,6 +221,7 @@ class Trainer:
         if stats:
             out["gate_mean"] = [float(s["gate_mean"]) for s in stats]
             out["gate_std"] = [float(s["gate_std"]) for s in stats]
+            out["gate_hist"] = [s["gate_hist"].tolist() for s in stats if "gate_hist" in s]
             for s in sites:
                 s.stats = {}
         return out

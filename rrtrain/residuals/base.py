@@ -25,6 +25,9 @@ from rrtrain.config import ResidualConfig
 State = Any  # torch.Tensor, or a tuple of tensors for depth-aggregating rules
 
 
+GATE_BINS = 20  # gate histogram bins on [0, 1], recorded on diagnostic steps
+
+
 @dataclass(frozen=True)
 class SiteInfo:
     """Where a site sits in the model; passed to every site's constructor."""
@@ -71,10 +74,12 @@ class Site(nn.Module):
         raise NotImplementedError
 
     def _record_gate(self, r: torch.Tensor) -> None:
-        """Keep the gate's mean and spread as detached device tensors (no host sync in forward)."""
+        """Keep the gate's mean, spread and histogram on [0, 1] (GATE_BINS bins, for the dashboard) as detached
+        device tensors (no host sync in forward)."""
         if self.record:
             r = r.detach().float()
-            self.stats = {"gate_mean": r.mean(), "gate_std": r.std()}
+            self.stats = {"gate_mean": r.mean(), "gate_std": r.std(),
+                          "gate_hist": torch.histc(r, bins=GATE_BINS, min=0.0, max=1.0)}
 
 
 class Stream(nn.Module):

@@ -1,0 +1,70 @@
+"""The convergence monitor inside real training runs: at 40 sublayers on the synthetic stories the convex gate
+stalls at the unigram entropy and is flagged, the additive gate is not; a resumed run keeps its windows.
+
+The curves behind the thresholds are in docs/depth.md ("The convex gate at 40 sublayers")."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from trainutil import final, kill_group, records, start, train, wait_for_step
+
+DEEP = ["model.n_layers=20", "train.global_batch=8", "train.micro_batch=8", "train.lr=0.001", "train.warmup_steps=15",
+        "train.max_steps=150", "train.log_every=25", "train.eval_every=0", "train.ckpt_every=0",
+        "monitor.min_steps=60", "monitor.window=40"]
+
+
+def flags(run) -> dict[str, int]:
+    return {r["flag"]: r["step"] for r in records(run) if r.get("kind") == "flag"}
+
+
+CONVEX = [*DEEP, "model.variant=review_convex", "monitor.on_stall=stop"]
+
+
+@pytest.fixture(scope="module")
+def convex_run(tmp_path_factory, stories_data):
+    run = tmp_path_factory.mktemp("convex") / "run"
+    return run, train(run, stories_data, *CONVEX, expect=4)
+
+
+def test_convex_gate_stalls_at_40_sublayers_and_additive_does_not(tmp_path, stories_data, convex_run):
+    convex, proc = convex_run
+    additive = tmp_path / "additive"
+    train(additive, stories_data, *DEEP, "model.variant=review", "monitor.on_stall=stop")
+    fin = final(convex)
+    assert fin["status"] == "stalled" and fin["exit_code"] == 4 and "stalled" in fin["flags"], fin
+    assert fin["flag_steps"]["stalled"] == fin["step"] == flags(convex)["stalled"]
+    assert "FLAG stalled at step" in proc.stdout and "rrtrain: stalled" in proc.stdout
+    assert (convex / "checkpoints" / "latest").read_text().strip() == f"step_{fin['step']:08d}"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(convex / "tb"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("monitor/stalled")] == [(fin["step"], 1.0)]
+    assert any(tag.startswith("monitor/flags") for tag in acc.Tags()["tensors"]), acc.Tags()
+    assert final(additive)["status"] == "completed" and final(additive)["flags"] == [] and flags(additive) == {}
+    manifest = json.loads((stories_data / "manifest.json").read_text())
+    convex_loss = [r["loss"] for r in records(convex) if "loss" in r]
+    additive_loss = [r["loss"] for r in records(additive) if "loss" in r]
+    print(f"unigram entropy {manifest['unigram_entropy']:.3f}; stalled at step {fin['step']}; last losses: "
+          f"convex {convex_loss[-1]:.3f}, additive {additive_loss[-1]:.3f}")
+
+
+def test_a_resumed_run_keeps_its_monitor_windows(tmp_path, stories_data, convex_run):
+    """Stopped (SIGTERM, checkpoint) after the plateau began and before the flag, the run raises the stall at the
+    same step as the uninterrupted run: its windows came back from the checkpoint and did not restart at zero."""
+    ref = convex_run[0]
+    at = flags(ref)["stalled"]
+    run = tmp_path / "run"
+    proc = start(run, stories_data, *CONVEX)
+    wait_for_step(run, at - 15, proc)
+    kill_group(proc, signal.SIGTERM)
+    assert proc.wait(timeout=120) == 75
+    stopped = final(run)["step"]
+    assert at - 40 < stopped < at, (stopped, at)  # less than a window before the flag
+    train(run, stories_data, *CONVEX, expect=4)
+    assert flags(run) == flags(ref) and final(run)["flag_steps"] == final(ref)["flag_steps"]
+    assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, at + 1))
