@@ -186,9 +186,12 @@ class Trainer:
 
     def records_due(self) -> bool:
         """Steps after which the pending records reach the host: the log cadence, the steps where evaluation,
-        a checkpoint or the stop check follow (they see every record up to their step), and the last step."""
-        t, step = self.cfg.train, self.step
-        return (step % t.log_every == 0 or step >= self.total_steps or step % t.stop_check_every == 0
+        a checkpoint or the stop check follow (they see every record up to their step), and the last step.
+        Every step when a record can end the run at its own step (`train.on_nonfinite=halt`, `monitor.on_stall`
+        or `monitor.on_diverge` = stop): such a stop is exact, at the price of one host sync per step."""
+        t, m, step = self.cfg.train, self.cfg.monitor, self.step
+        exact_stops = t.on_nonfinite == "halt" or m.on_stall == "stop" or m.on_diverge == "stop"
+        return (exact_stops or step % t.log_every == 0 or step >= self.total_steps or step % t.stop_check_every == 0
                 or due(step, t.eval_every, self.total_steps) or due(step, t.ckpt_every, self.total_steps))
 
     def flush_records(self) -> None:
