@@ -82,7 +82,8 @@ start_munge() {
 
 write_conf() {
     local cpus mem_mb
-    cpus=$(nproc)
+    # GNU nproc honours OMP_NUM_THREADS (tests set it to 1): count the CPUs this machine gives us instead.
+    cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
     # Leave 10% of the memory (and at least 512 MB) to the system and the daemons.
     mem_mb=$(awk '/^MemTotal:/ { m = int($2 / 1024); r = int(m * 0.9); if (m - r < 512) r = m - 512; print r }' /proc/meminfo)
     mkdir -p "$STATE/spool" "$STATE/ctld" "$STATE/log"
@@ -169,5 +170,5 @@ until node_idle; do
     fi
     sleep 0.5
 done
-say "cluster up: node $NODE, partition debug, $(nproc) CPUs (state in $STATE)"
+say "cluster up: node $NODE, partition debug, $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) CPUs (state in $STATE)"
 echo "SLURM_CONF=$CONF"
