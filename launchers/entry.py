@@ -44,7 +44,7 @@ class RunJob:
             # the torch.distributed env from the scheduler's tasks; devices stay as Slurm gave them (cuda:LOCAL_RANK)
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         code = train(Path(self.sweep_dir), run_id)
-        if code == PREEMPTED_EXIT:
+        if code == PREEMPTED_EXIT and not cancelled(Path(self.sweep_dir), run_id):
             requeue(env, run_id)
         return outcome(Path(self.sweep_dir), run_id, code)
 
@@ -62,12 +62,23 @@ def train(sweep_dir: Path, run_id: str) -> int:
     return run(load_config(config_path(sweep_dir, run_id)))
 
 
+def run_dir_of(sweep_dir: Path, run_id: str) -> Path:
+    rec = record.load(sweep_dir) or {"runs": {}}
+    return Path(rec["runs"].get(run_id, {}).get("dir", Path(sweep_dir) / run_id))
+
+
+def cancelled(sweep_dir: Path, run_id: str) -> bool:
+    """Whether `rrtrain sweep --cancel-flagged` stopped this run (then it is not requeued)."""
+    from launchers.cancel import read_marker
+
+    return read_marker(run_dir_of(sweep_dir, run_id)) is not None
+
+
 def outcome(sweep_dir: Path, run_id: str, code: int) -> dict[str, Any]:
     """final.json of a completed run; raises RunFailed for every other ending."""
     import json
 
-    rec = record.load(sweep_dir) or {"runs": {}}
-    run_dir = Path(rec["runs"].get(run_id, {}).get("dir", Path(sweep_dir) / run_id))
+    run_dir = run_dir_of(sweep_dir, run_id)
     if code == runlock.LOCKED_EXIT:
         raise RunFailed(f"run {run_id}: another copy holds {run_dir}; this copy did not train")
     try:

@@ -7,20 +7,25 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
 from launchers.expand import Run
 from launchers.render import train_argv
 
 
-def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], logs: Path,
-           parallel: int) -> tuple[dict[str, Optional[str]], dict[str, int]]:
-    """Run every run to its end; returns (job id per run, exit status per run)."""
+#: seconds between two calls of `on_poll` (the cancellation of flagged runs) while runs are going
+POLL_EVERY_S = 10.0
+
+
+def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], logs: Path, parallel: int,
+           on_poll: Optional[Callable[[], object]] = None) -> tuple[dict[str, Optional[str]], dict[str, int]]:
+    """Run every run to its end, calling `on_poll` every POLL_EVERY_S; returns (job id per run, exit status per run)."""
     logs.mkdir(parents=True, exist_ok=True)
     queue = list(runs)
     running: dict[str, tuple[subprocess.Popen, IO]] = {}
     jobs: dict[str, Optional[str]] = {}
     codes: dict[str, int] = {}
+    polled = time.monotonic()
     try:
         while queue or running:
             while queue and len(running) < parallel:
@@ -44,6 +49,9 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
                     codes[rid] = proc.returncode
                     del running[rid]
                     print(f"[local] {rid} ended with exit status {proc.returncode}", flush=True)
+            if on_poll is not None and running and time.monotonic() - polled >= POLL_EVERY_S:
+                on_poll()
+                polled = time.monotonic()
             time.sleep(0.2)
     finally:
         for rid, (proc, log) in running.items():  # interrupted: stop the runs (they checkpoint and exit 75)

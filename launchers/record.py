@@ -71,6 +71,7 @@ def merge(record: Optional[dict[str, Any]], sweep: Sweep, runs: list[Run]) -> di
     for run in runs:
         out["runs"].setdefault(run.id, run_entry(run))
     out["sweep_file"], out["sweep_sha256"] = str(sweep.path), sweep.sha256
+    out["cancel_flagged"] = sweep.spec.monitor.cancel
     return out
 
 

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from launchers.cancel import cancelled_state, read_marker
 from launchers.scheduler import ACTIVE, WAITING
 from rrtrain import runlock
 
@@ -85,7 +86,7 @@ def total_steps(config: dict) -> Optional[int]:
 
 
 def classify(final: Optional[dict], lock: Optional[dict], scheduler: Optional[str], started: bool,
-             submitted: bool) -> str:
+             submitted: bool, cancelled: Optional[dict] = None) -> str:
     """One state from the evidence, the live evidence first (a requeued run has an old final.json)."""
     if lock is not None and runlock.holder_alive(lock):
         return "running"
@@ -93,6 +94,8 @@ def classify(final: Optional[dict], lock: Optional[dict], scheduler: Optional[st
         return "pending"
     if scheduler in ACTIVE:
         return "running"
+    if cancelled is not None:
+        return cancelled_state(cancelled)
     if final is not None:
         status = final.get("status")
         return status if status in STATES else "unknown"
@@ -108,8 +111,9 @@ def run_row(run_id: str, entry: dict, scheduler: Optional[str], submitted: bool)
     lock = runlock.read(run_dir)
     metrics = run_dir / "metrics.jsonl"
     train, val, speed = tail_records(metrics)
+    cancelled = read_marker(run_dir)
     state = classify(final, lock, scheduler, started=train is not None or os.path.exists(metrics),
-                     submitted=submitted)
+                     submitted=submitted, cancelled=cancelled)
     step = train.get("step") if train else (final or {}).get("step")
     if final and state in FINISHED + ("failed", "preempted"):
         step = final.get("step", step)
@@ -118,10 +122,15 @@ def run_row(run_id: str, entry: dict, scheduler: Optional[str], submitted: bool)
         tokens = train.get("tokens")
     tps = speed.get("tokens_per_s") if speed else None
     val_loss = val.get("val_loss") if val else (final or {}).get("final_val_loss")
+    flags = list(final.get("flags", [])) if final else []
+    details = dict(final.get("flag_details") or {}) if final else {}
+    if cancelled is not None:
+        flags.append("cancelled")
+        details["cancelled"] = str(cancelled.get("reason", ""))
     return {
         "id": run_id, "variant": entry["variant"], "size": entry["size"], "seed": entry["seed"],
         "scheduler": scheduler, "state": state, "step": step, "total_steps": total_steps(entry["config"]),
         "tokens": tokens, "loss": train.get("loss") if train else None, "val_loss": val_loss,
-        "tokens_per_s": tps, "flags": list(final.get("flags", [])) if final else [],
+        "tokens_per_s": tps, "flags": flags, "flag_details": details,
         "dir": str(run_dir),
     }

@@ -69,6 +69,13 @@ class SizeSpec:
 
 
 @dataclass
+class SweepMonitor:
+    """What the sweep does about flagged runs (the runs' own thresholds are `monitor.*` training keys)."""
+
+    cancel: bool = False  # cancel stalled and diverged runs' jobs (launchers.cancel) on every status / local poll
+
+
+@dataclass
 class SweepSpec:
     name: str = ""  # default: the sweep file's name
     config: str = ""  # the base training config, relative to the sweep file (or to configs/train/)
@@ -83,6 +90,7 @@ class SweepSpec:
     gpu: str = "H100"  # for the GPU-hour estimate of --dry-run
     mfu: float = 0.4  # assumed model FLOPs utilisation, for the same estimate
     out: Optional[str] = None  # the sweep directory when --out is not given, relative to the sweep file
+    monitor: SweepMonitor = field(default_factory=SweepMonitor)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from launchers import record, runstate
+from launchers import cancel, record, runstate
 from launchers.scheduler import squeue_states
 from rrtrain.errors import UsageError
+
+
+#: how much of each metrics.jsonl the sweep-level flags read: the plateau test's window with room to spare
+STATUS_TAIL_BYTES = 128 * 1024
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,16 +46,38 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
         raise UsageError(f"{sweep_dir}: no sweep.json here (not a sweep directory written by `rrtrain sweep`)")
     last = record.last_jobs(rec)
     queue = squeue_states() if any(ex == "slurm" for ex, _ in last.values()) else None
+    if rec.get("cancel_flagged"):
+        cancel.cancel_flagged(sweep_dir)
     rows = []
     for rid, entry in rec["runs"].items():
         executor, job = last.get(rid, ("", None))
         sched = queue.get(job) if queue is not None and executor == "slurm" and job else None
         rows.append(runstate.run_row(rid, entry, sched, submitted=rid in last))
+    add_sweep_flags(sweep_dir, rec, rows)
     order = {s: i for i, s in enumerate(runstate.ATTENTION)}
-    rows.sort(key=lambda r: (order.get(r["state"], 0), r["id"]))
+    rows.sort(key=lambda r: (order.get(r["state"], 0), not r["flags"], r["id"]))
     counts = Counter(r["state"] for r in rows)
     return {"sweep": rec.get("name", sweep_dir.name), "dir": str(sweep_dir),
             "runs": rows, "counts": {s: counts[s] for s in runstate.STATES if counts[s]}}
+
+
+def add_sweep_flags(sweep_dir: Path, rec: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Add the sweep-level flags (`rrtrain.sweep_flags`: no_heartbeat, lagging, early_stall, and the in-run flags
+    a running run has raised so far) to the rows; no_heartbeat only where the run is running."""
+    from rrtrain.sweep_flags import NO_HEARTBEAT, judge_sweep
+
+    verdicts = {str(v.path.resolve()): v for v in
+                judge_sweep(sweep_dir, cancel.monitor_config(rec), tail_bytes=STATUS_TAIL_BYTES, live_only=True)}
+    for row in rows:
+        verdict = verdicts.get(str(Path(row["dir"]).resolve()))
+        if verdict is None:
+            continue
+        for name, why in verdict.flags.items():
+            if name == NO_HEARTBEAT and row["state"] != "running":
+                continue
+            if name not in row["flags"]:
+                row["flags"].append(name)
+            row["flag_details"].setdefault(name, why)
 
 
 def _num(v: Any, fmt: str) -> str:

@@ -27,7 +27,7 @@ from typing import Optional
 
 import yaml
 
-from launchers import record, runstate, snapshot, spec
+from launchers import cancel, record, runstate, snapshot, spec
 from launchers.entry import config_path
 from launchers.estimate import check_gpu, cost
 from launchers.expand import Run, check_safe, data_path, expand
@@ -44,11 +44,13 @@ class _Parser(argparse.ArgumentParser):
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = _Parser(prog="rrtrain sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sweep", help="a sweep file (configs/sweeps/*.yaml)")
+    p.add_argument("sweep", help="a sweep file (configs/sweeps/*.yaml); with --cancel-flagged, a sweep directory")
     p.add_argument("--out", help="the sweep directory (default: the sweep file's `out`)")
     p.add_argument("--executor", choices=["slurm", "local", "debug"], default="local")
     p.add_argument("--parallel", type=int, default=1, help="local: runs at a time (default 1)")
     p.add_argument("--dry-run", action="store_true", help="print and render, submit nothing")
+    p.add_argument("--cancel-flagged", action="store_true",
+                   help="cancel the jobs of the sweep directory's stalled and diverged runs, recording why")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override the sweep file's keys")
     return p.parse_intermixed_args(argv)
 
@@ -103,7 +105,8 @@ def prepare_data(sweep: spec.Sweep, out: Path, dry_run: bool) -> None:
     print(f"preparing the data: {out / 'data'}", flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise UsageError(f"data prep failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise UsageError(f"data prep failed (exit {proc.returncode}): {last}")
 
 
 def print_plan(sweep: spec.Sweep, runs: list[Run], todo: list[Run], skipped: dict[str, str]) -> None:
@@ -123,10 +126,21 @@ def print_plan(sweep: spec.Sweep, runs: list[Run], todo: list[Run], skipped: dic
           f"{sweep.spec.mfu:.0%} MFU on {sweep.spec.gpu}: {total:,.1f}")
 
 
+def cancel_command(out: Path) -> int:
+    """`rrtrain sweep --cancel-flagged SWEEP_DIR`."""
+    if record.load(out) is None:
+        raise UsageError(f"{out}: no sweep.json here (--cancel-flagged takes a sweep directory)")
+    done = cancel.cancel_flagged(out)
+    print(f"cancelled {len(done)} flagged run(s)" if done else "no run is flagged stalled or diverged: nothing cancelled")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
     if args.parallel < 1:
         raise UsageError(f"--parallel must be at least 1, got {args.parallel}")
+    if args.cancel_flagged:
+        return cancel_command(Path(args.sweep))
     sweep = spec.load(args.sweep, args.overrides)
     check_gpu(sweep.spec.gpu)
     out = sweep_dir(sweep, args.out)
@@ -175,7 +189,9 @@ def main(argv: list[str]) -> int:
         from launchers import local_executor
 
         try:
-            jobs, codes = local_executor.submit(todo, python, code, configs, out / "slurm" / "logs", args.parallel)
+            poll = (lambda: cancel.cancel_flagged(out)) if sweep.spec.monitor.cancel else None
+            jobs, codes = local_executor.submit(todo, python, code, configs, out / "slurm" / "logs", args.parallel,
+                                                on_poll=poll)
         except KeyboardInterrupt:
             print("interrupted: the running runs were stopped at a step boundary; submit again to resume them")
             return 130
@@ -183,9 +199,12 @@ def main(argv: list[str]) -> int:
         from launchers import debug_executor
 
         jobs, codes = debug_executor.submit(todo, configs)
+    rec = record.load(out) or rec  # cancellations may have been recorded meanwhile
     record.add_submission(rec, args.executor, jobs)
     record.save(out, rec)
-    bad = {rid: c for rid, c in codes.items() if c != 0}
-    print(f"{len(codes) - len(bad)} of {len(codes)} runs completed" +
+    stopped = {rid for rid in codes if cancel.read_marker(Path(rec["runs"][rid]["dir"])) is not None}
+    bad = {rid: c for rid, c in codes.items() if c != 0 and rid not in stopped}
+    print(f"{len(codes) - len(bad) - len(stopped)} of {len(codes)} runs completed" +
+          (f"; cancelled as flagged: {', '.join(sorted(stopped))}" if stopped else "") +
           (f"; not completed: {', '.join(f'{k} (exit {v})' for k, v in bad.items())}" if bad else ""))
     return 1 if bad else 0

@@ -53,6 +53,7 @@ class LossMonitor:
         self.ema: Optional[float] = None
         self.smoothed: deque[float] = deque(maxlen=cfg.window + 1)  # the EMA at each of the last window+1 steps
         self.recent: deque[float] = deque(maxlen=cfg.window)  # raw losses not inside a spike
+        self.recent_sum, self.recent_sq = 0.0, 0.0  # their sum and sum of squares
         self.spike = 0  # consecutive steps above the spike threshold
         self.raised: dict[str, dict[str, Any]] = {}
 
@@ -75,8 +76,9 @@ class LossMonitor:
     def _loss(self, step: int, loss: float) -> list[Flag]:
         cfg, out = self.cfg, []
         if len(self.recent) >= max(2, cfg.window // 2):
-            mean = sum(self.recent) / len(self.recent)
-            std = math.sqrt(sum((x - mean) ** 2 for x in self.recent) / (len(self.recent) - 1))
+            n = len(self.recent)
+            mean = self.recent_sum / n
+            std = math.sqrt(max(0.0, self.recent_sq - n * mean * mean) / (n - 1))
             threshold = self.ema + cfg.spike_sigma * std
             if loss > threshold:
                 self.spike += 1  # a spike does not move the baseline it is judged against
@@ -85,7 +87,11 @@ class LossMonitor:
                                     f"+ {cfg.spike_sigma:g} x std {std:.4f}) for {self.spike} steps"))
                 return out
         self.spike = 0
+        if len(self.recent) == self.recent.maxlen:  # running sums: the spike test is O(1) per step
+            old = self.recent[0]
+            self.recent_sum, self.recent_sq = self.recent_sum - old, self.recent_sq - old * old
         self.recent.append(loss)
+        self.recent_sum, self.recent_sq = self.recent_sum + loss, self.recent_sq + loss * loss
         self.ema = loss if self.ema is None else self.ema + self.alpha * (loss - self.ema)
         self.smoothed.append(self.ema)
         if STALLED not in self.raised and self.stalled(step):
@@ -114,12 +120,15 @@ class LossMonitor:
 
     def state_dict(self) -> dict[str, Any]:
         return {"ema": self.ema, "smoothed": list(self.smoothed), "recent": list(self.recent), "spike": self.spike,
-                "raised": dict(self.raised)}
+                "raised": dict(self.raised), "recent_sum": self.recent_sum, "recent_sq": self.recent_sq}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.ema = state.get("ema")
         self.smoothed = deque(state.get("smoothed", []), maxlen=self.cfg.window + 1)
         self.recent = deque(state.get("recent", []), maxlen=self.cfg.window)
+        # the running sums as they were (recomputing them could differ in the last bit from the uninterrupted run's)
+        self.recent_sum = state.get("recent_sum", sum(self.recent))
+        self.recent_sq = state.get("recent_sq", sum(x * x for x in self.recent))
         self.spike = int(state.get("spike", 0))
         self.raised = dict(state.get("raised", {}))
 

@@ -2,7 +2,8 @@
 `torchrun --nproc_per_node=N -m rrtrain.train CONFIG [key=value ...]`.
 
 Exit status: 0 completed, 1 failed, 2 bad input, 3 diverged, 4 stalled, 75 preempted (stopped by a signal at a step
-boundary after writing a checkpoint: restart the same command to resume).
+boundary after writing a checkpoint: restart the same command to resume), 73 another live copy of this run
+holds its directory (`run.lock`; nothing was written).
 """
 
 from __future__ import annotations

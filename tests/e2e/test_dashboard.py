@@ -20,7 +20,7 @@ CHROMIUM = "/usr/bin/chromium"
 FAST = ["train.max_steps=6", "train.log_every=1", "train.eval_every=3", "train.diag_every=3", "train.global_batch=4",
         "train.micro_batch=4", "train.warmup_steps=1"]
 SMALL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=64"]
-RUNS = {("tiny", "review", 0): [], ("tiny", "standard", 0): [], ("tiny", "review", 1): ["train.seed=1"],
+RUNS = {("tiny", "review", 0): [], ("tiny", "standard", 0): [],
         ("rr-60m", "review", 0): ["model.size=rr-60m", *SMALL], ("rr-60m", "standard", 0): ["model.size=rr-60m", *SMALL]}
 
 
@@ -69,7 +69,7 @@ def dashboard(sweep):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         first = proc.stdout.readline()
-        assert f"http://127.0.0.1:{port}/" in first and "5 runs" in first, first
+        assert f"http://127.0.0.1:{port}/" in first and f"{len(RUNS)} runs" in first, first
         deadline = time.time() + 120
         while True:
             try:
@@ -130,5 +130,5 @@ def test_the_dashboard_in_a_browser(dashboard, chromium, tmp_path):
             if query.get("tag") == ["^tiny/train_loss$"] and any(r.json().get("tag_to_events", {}).values()):
                 drawn.add(query["run"][0])
         browser.close()
-    assert drawn == {"tiny/review/seed0", "tiny/standard/seed0", "tiny/review/seed1"}, drawn
+    assert drawn == {"tiny/review/seed0", "tiny/standard/seed0"}, drawn
 

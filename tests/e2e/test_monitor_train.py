@@ -39,6 +39,12 @@ def test_convex_gate_stalls_at_40_sublayers_and_additive_does_not(tmp_path, stor
     assert fin["flag_steps"]["stalled"] == fin["step"] == flags(convex)["stalled"]
     assert "FLAG stalled at step" in proc.stdout and "rrtrain: stalled" in proc.stdout
     assert (convex / "checkpoints" / "latest").read_text().strip() == f"step_{fin['step']:08d}"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(convex / "tb"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("monitor/stalled")] == [(fin["step"], 1.0)]
+    assert any(tag.startswith("monitor/flags") for tag in acc.Tags()["tensors"]), acc.Tags()
     assert final(additive)["status"] == "completed" and final(additive)["flags"] == [] and flags(additive) == {}
     manifest = json.loads((stories_data / "manifest.json").read_text())
     convex_loss = [r["loss"] for r in records(convex) if "loss" in r]

@@ -5,6 +5,7 @@ Budget: about 2 minutes on 2 quiet cores."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -111,3 +112,41 @@ def test_two_copies_of_one_run_one_writer(tmp_path, stories_data):
     assert final(run_dir)["status"] == "completed" and final(run_dir)["step"] == 120
     assert sorted(losses(run_dir)) == list(range(1, 121))
     assert not (run_dir / "run.lock").exists()
+
+
+def test_array_script_forwards_the_signal_requeues_and_resumes(tmp_path, stories_data):
+    """The rendered array.sbatch outside Slurm (a stand-in `scontrol` records the requeue): USR2 to the batch
+    shell reaches the run as TERM, the run checkpoints and exits 75, the shell requeues its array task; the
+    restarted task resumes and completes with every step exactly once."""
+    out = tmp_path / "sweep"
+    spec = sweep_file(tmp_path, stories_data, "arr", variants=["review"],
+                      sizes={"tiny": {"seeds": 1, "overrides": {"train.max_steps": 60}}})
+    proc = rrtrain("sweep", spec, "--out", out, "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    (fakebin / "scontrol").write_text('#!/bin/bash\necho "$@" >> "$FAKE_SCONTROL_LOG"\n')
+    (fakebin / "scontrol").chmod(0o755)
+    task_env = {**env(), "PATH": f"{fakebin}:{env()['PATH']}", "FAKE_SCONTROL_LOG": str(tmp_path / "scontrol.log"),
+                "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "0"}
+    script = out / "slurm" / "array-tiny.sbatch"
+    run_dir = out / "tiny-review-s0"
+    with open(tmp_path / "task.log", "w") as log:
+        task = subprocess.Popen(["bash", str(script)], env=task_env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 300
+        while not losses(run_dir) or max(losses(run_dir)) < 5:
+            assert task.poll() is None and time.time() < deadline, (tmp_path / "task.log").read_text()[-3000:]
+            time.sleep(0.05)
+        task.send_signal(signal.SIGUSR2)
+        assert task.wait(timeout=300) == 0
+    text = (tmp_path / "task.log").read_text()
+    assert "checkpointed (exit 75); requeueing 77_0" in text, text[-3000:]
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 77_0\n"
+    stopped = final(run_dir)
+    assert stopped["status"] == "preempted" and 5 <= stopped["step"] < 60
+    restart = subprocess.run(["bash", str(script)], env={**task_env, "SLURM_RESTART_COUNT": "1"},
+                             capture_output=True, text=True, timeout=300)
+    assert restart.returncode == 0, restart.stdout[-3000:]
+    assert final(run_dir)["status"] == "completed" and final(run_dir)["step"] == 60
+    assert sorted(losses(run_dir)) == list(range(1, 61))
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 77_0\n"  # completed: no second requeue

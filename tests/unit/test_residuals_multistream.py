@@ -421,7 +421,8 @@ def test_gated_rules_record_gate_statistics(variant):
         s.record = True
     model(torch.randint(0, 64, (2, 16)))
     stats = model.sites()[0].stats
-    assert set(stats) == {"gate_mean", "gate_std"} and 0.0 < stats["gate_mean"].item() < 1.0
+    assert set(stats) == {"gate_mean", "gate_std", "gate_hist"} and 0.0 < stats["gate_mean"].item() < 1.0
+    assert stats["gate_hist"].shape == (residuals.base.GATE_BINS,) and stats["gate_hist"].sum() > 0
 
 
 @pytest.mark.parametrize("variant, res", VARIANTS)

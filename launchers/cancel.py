@@ -1,0 +1,105 @@
+"""Stop the jobs of runs that will never converge, so that no more GPU-hours burn on them.
+
+`rrtrain sweep --cancel-flagged SWEEP_DIR` (or `monitor: {cancel: true}` in the sweep file, acted on by every
+`rrtrain status` and by the local executor while it waits) judges every run from its files
+(`rrtrain.sweep_flags`: stalled, diverged, early_stall) and, for each run still going that carries one of
+those flags:
+
+1. writes `RUN/cancelled.json` (why, which flags, when) first, so that nothing requeues the run — the job
+   entry point and `slurm/array.sbatch` look for it before requeueing — and a resubmission leaves it alone;
+2. stops its job: `scancel` for a Slurm job (the run gets TERM, checkpoints at the next step boundary and
+   exits), TERM to the lock holder for a run of the local executor;
+3. records the cancellation and its reason in `sweep.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from launchers import record
+from rrtrain import runlock
+from rrtrain.config import MonitorConfig, build
+from rrtrain.io import atomic_write_json
+
+MARKER = "cancelled.json"
+
+
+def read_marker(run_dir: Path) -> Optional[dict[str, Any]]:
+    """The cancellation record of a run, or None when it was not cancelled."""
+    try:
+        data = json.loads((Path(run_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def monitor_config(rec: dict[str, Any]) -> MonitorConfig:
+    """The thresholds the sweep's runs use (their resolved `monitor` section; the first run's when they differ)."""
+    for entry in rec.get("runs", {}).values():
+        section = (entry.get("config") or {}).get("monitor")
+        if isinstance(section, dict):
+            return build(MonitorConfig, section, "monitor")
+    return MonitorConfig()
+
+
+def flagged(sweep_dir: Path, rec: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Run id -> {flag: why} for the sweep's runs that are still going and should be cancelled."""
+    from rrtrain.sweep_flags import CANCEL_FLAGS, judge_sweep, to_cancel
+
+    by_dir = {str(Path(e["dir"]).resolve()): rid for rid, e in rec.get("runs", {}).items()}
+    out: dict[str, dict[str, str]] = {}
+    for verdict in to_cancel(judge_sweep(sweep_dir, monitor_config(rec))):
+        rid = by_dir.get(str(verdict.path.resolve()))
+        if rid is not None and read_marker(verdict.path) is None:
+            out[rid] = {k: v for k, v in verdict.flags.items() if k in CANCEL_FLAGS}
+    return out
+
+
+def _stop_job(executor: str, job: Optional[str], run_dir: Path) -> str:
+    """Stop one run's job; returns what was done."""
+    if executor == "slurm" and job:
+        proc = subprocess.run(["scancel", str(job)], capture_output=True, text=True)
+        return f"scancel {job}" + ("" if proc.returncode == 0 else f" failed: {proc.stderr.strip()}")
+    holder = runlock.read(run_dir)
+    if holder and holder.get("host") == socket.gethostname() and runlock.holder_alive(holder):
+        os.kill(int(holder["pid"]), signal.SIGTERM)
+        return f"SIGTERM to pid {holder['pid']}"
+    return "no live job found"
+
+
+def cancel_flagged(sweep_dir: Path) -> dict[str, str]:
+    """Cancel every flagged run of the sweep; returns run id -> reason (empty when none)."""
+    sweep_dir = Path(sweep_dir)
+    rec = record.load(sweep_dir)
+    if rec is None:
+        return {}
+    targets = flagged(sweep_dir, rec)
+    if not targets:
+        return {}
+    last = record.last_jobs(rec)
+    done: dict[str, str] = {}
+    for rid, flags in targets.items():
+        run_dir = Path(rec["runs"][rid]["dir"])
+        reason = "; ".join(f"{name}: {why}" for name, why in sorted(flags.items()))
+        atomic_write_json(run_dir / MARKER, {"reason": reason, "flags": sorted(flags), "time": time.time()})
+        executor, job = last.get(rid, ("", None))
+        action = _stop_job(executor, job, run_dir)
+        done[rid] = reason
+        print(f"cancelled {rid} ({action}): {reason}", flush=True)
+    rec = record.load(sweep_dir) or rec  # re-read: a submission may have been recorded meanwhile
+    rec.setdefault("cancellations", []).append(
+        {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": done})
+    record.save(sweep_dir, rec)
+    return done
+
+
+def cancelled_state(marker: dict[str, Any]) -> str:
+    """The state a cancelled run ends in: diverged when that was a reason, else stalled."""
+    return "diverged" if "diverged" in marker.get("flags", []) else "stalled"
