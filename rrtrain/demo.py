@@ -133,16 +133,9 @@ def report_table(report_md: Path) -> str:
     return "\n".join(([heading] if heading else []) + lines[start:end])
 
 
-def flagged_runs(out: Path) -> list[tuple[str, str, dict[str, str]]]:
-    """(run, status, flag -> reason) for every run with a flag, in-run or sweep-level."""
-    from rrtrain.sweep_flags import judge_sweep
-
-    report = out / "report"
-    return [(v.rel, v.status, v.flags) for v in judge_sweep(out) if v.flags and report not in v.path.parents]
-
-
 def summarize(out: Path, status: dict[str, Any]) -> None:
-    """The report's table, the flagged runs, where the plots and the TensorBoard logdir are."""
+    """The report's table, the flagged runs (`rrtrain status`'s flags: the runs' own and the sweep-level ones)
+    with their reasons, where the plots and the TensorBoard logdir are."""
     from rrtrain.dashboard import build_logdir
     from rrtrain.report import cli as report_cli
 
@@ -150,12 +143,12 @@ def summarize(out: Path, status: dict[str, Any]) -> None:
     report_cli.main([str(out), "--out", str(report)])
     print(f"\n{report_table(report / 'report.md')}")
     print(f"\n(full report: {report / 'report.md'}; per-run rows: {report / 'results.csv'})")
-    flagged = flagged_runs(out)
+    flagged = [r for r in status["runs"] if r["flags"]]
     print("\nflagged runs:" if flagged else "\nflagged runs: none")
-    for rel, state, flags in flagged:
-        print(f"  {rel} [{state}]")
-        for name, why in flags.items():
-            print(f"    {name}: {why}")
+    for r in flagged:
+        print(f"  {r['id']} [{r['state']}]")
+        for name in r["flags"]:
+            print(f"    {name}: {r['flag_details'].get(name, '(no reason recorded)')}")
     plots = sorted(report.glob("*.png"))
     print(f"\nplots ({len(plots)}): {', '.join(str(p) for p in plots)}")
     logdir, names = build_logdir(out)
@@ -190,6 +183,7 @@ def main(argv: list[str]) -> int:
             raise UsageError(f"rrtrain sweep refused: {tail[0] if tail else '(no output)'}")
         print(f"rrtrain demo: rrtrain sweep failed with exit status {proc.returncode}; see {log_path}")
         return 1
+    status = read_status(out) or status  # the runs' final state, with the sweep-level flags
     failed = [r["id"] for r in status["runs"] if r["state"] not in ("completed",) + STOPPED_BY_MONITOR]
     print(f"\nrrtrain demo: sweep done in {time.time() - t0:.0f} s: " +
           ", ".join(f"{n} {s}" for s, n in status["counts"].items()), flush=True)
