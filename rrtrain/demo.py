@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -61,8 +62,9 @@ def sweep_file() -> Path:
 
 def sweep_command(args: argparse.Namespace, out: Path) -> list[str]:
     """The `rrtrain sweep` command line the demo runs."""
+    local = ["--parallel", str(args.parallel)] if args.executor == "local" else []
     return [sys.executable, "-m", "rrtrain", "sweep", str(sweep_file()), "--out", str(out),
-            "--executor", args.executor, "--parallel", str(args.parallel), *args.overrides]
+            "--executor", args.executor, *local, *args.overrides]
 
 
 def read_status(out: Path) -> Optional[dict[str, Any]]:
@@ -117,8 +119,9 @@ def follow(proc: subprocess.Popen, out: Path, interval: float, wait_for_runs: bo
             break
         time.sleep(interval)
     if status is None:
-        raise UsageError(f"rrtrain sweep ended (exit {proc.returncode}) before writing {out / 'sweep.json'}; "
-                         f"see {out / 'sweep.log'}")
+        lines = (out / "sweep.log").read_text().strip().splitlines()
+        raise UsageError(f"rrtrain sweep ended (exit {proc.returncode}) before submitting anything: "
+                         f"{lines[-1] if lines else 'no output'}")
     return status
 
 
@@ -167,7 +170,7 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cmd = sweep_command(args, out)
     log_path = out / "sweep.log"
-    print(f"rrtrain demo: {' '.join(['rrtrain'] + cmd[3:])}\n  (its output: {log_path})", flush=True)
+    print(f"rrtrain demo: {shlex.join(['rrtrain'] + cmd[3:])}\n  (its output: {log_path})", flush=True)
     t0 = time.time()
     with open(log_path, "a") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
