@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -113,6 +112,10 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
     device = info.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    from rrtrain.compile_policy import resolve_compile
+
+    compiled = resolve_compile(t.compile, device, warmup + steps, announce=info.is_main)
+    cfg = replace(cfg, train=replace(t, compile=compiled))
     torch.manual_seed(t.seed)
     engine = build_engine(build_model(cfg.model, shape=shape), cfg, info)
     peak, peak_source = peak_flops(device, cfg.parallel.precision)  # the CPU probe runs here, before timing
@@ -121,31 +124,28 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
     batches = [torch.randint(0, shape.vocab_size, (t.micro_batch, shape.seq_len + 1), generator=gen).to(device)
                for _ in range(accum)]
 
-    def one_step() -> tuple[float, float]:
+    def one_step() -> torch.Tensor:
         loss_sum = torch.zeros((), device=device)
         for i, batch in enumerate(batches):
             loss = engine.forward(batch[:, :-1], batch[:, 1:])
             engine.backward(loss / accum, last_micro=i == accum - 1)
             loss_sum += loss.detach().float()
-        norm = engine.clip_grad_norm(t.grad_clip)
-        loss_v, norm_v = torch.stack([loss_sum / accum, norm.to(device).float()]).tolist()  # syncs, as training does
-        if math.isfinite(loss_v) and math.isfinite(norm_v):
-            engine.step(t.lr)
-        else:
-            engine.skip()
-        return loss_v, norm_v
+        norm = engine.clip_grad_norm(t.grad_clip).to(device)
+        loss_mean = loss_sum / accum
+        engine.step_unless(t.lr, (~(torch.isfinite(loss_mean) & torch.isfinite(norm))).float())  # as training does
+        return loss_mean
 
     losses, times, cpu_times = [], [], []
     for i in range(warmup + steps):
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
-        loss_v, _ = one_step()
+        loss = one_step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
             cpu_times.append(time.process_time() - c0)
-        losses.append(loss_v)
+        losses.append(loss)
     mean = sum(times) / len(times)
     tokens_per_device = t.global_batch * shape.seq_len / info.world_size
     tps = tokens_per_device / mean
@@ -153,7 +153,7 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
         "variant": cfg.model.variant, "size": cfg.model.size, "shape": asdict(shape),
         "params": sizing.count_params(shape, cfg.model.variant, cfg.model.residual),
         "backend": cfg.parallel.backend, "zero_stage": cfg.parallel.zero_stage if cfg.parallel.backend == "deepspeed"
-        else None, "precision": cfg.parallel.precision, "compile": t.compile, "ac": cfg.parallel.ac,
+        else None, "precision": cfg.parallel.precision, "compile": compiled, "ac": cfg.parallel.ac,
         "world_size": info.world_size, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "threads": torch.get_num_threads(), "micro_batch": t.micro_batch, "global_batch": t.global_batch,
         "accum": accum, "warmup": warmup, "steps": steps,
@@ -164,7 +164,7 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
         "peak_flops": peak, "peak_source": peak_source, "mfu": fpt * tps / peak,
         "peak_mem_gb": peak_memory_gb(device),
         "peak_mem_kind": "cuda max allocated" if device.type == "cuda" else "process max RSS",
-        "loss_first": losses[0], "loss_last": losses[-1],
+        "loss_first": float(losses[0]), "loss_last": float(losses[-1]),
     }
     result.update(local_state_bytes(engine))
     return result

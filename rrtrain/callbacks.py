@@ -5,10 +5,11 @@
 - `on_start(trainer)` once, after set-up and resume;
 - `on_step_start(trainer)` before each optimizer step;
 - `on_train_records(trainer, records)` with per-step records (`step`, `loss`, `grad_norm`, `lr`, `tokens`,
-  diagnostics on diagnostic steps) in step order, in batches: whenever they reach the host. Today that is
-  every step; a loop that keeps losses on the device delivers every `train.log_every` steps. Every record
-  up to the current step has been delivered before `on_step_end`, `on_eval`, `on_checkpoint` and `on_end`,
-  so a callback that treats records one at a time gives the same answers for any batching;
+  diagnostics on diagnostic steps) in step order, in batches: whenever they reach the host. The loop keeps
+  losses on the device and delivers them every `train.log_every` steps, at the stop-check cadence and before
+  evaluation, checkpoints and the end; every record up to the current step has been delivered before
+  `on_eval`, `on_checkpoint` and `on_end`, so a callback that treats records one at a time gives the same
+  answers for any batching;
 - `on_step_end(trainer)` after each step (cadences: evaluation, checkpoints, the stop signal);
 - `on_eval(trainer, record)` with `{"step", "val_loss", "tokens"}`;
 - `on_checkpoint(trainer, step)` after a checkpoint is written;
@@ -166,7 +167,9 @@ class Checkpointer(Callback):
 
 
 class StopSignal(Callback):
-    """Agree across ranks on a stop signal (SIGTERM, SIGUSR1/2, SIGINT) and end the run as preempted."""
+    """Agree across ranks on a stop signal (SIGTERM, SIGUSR1/2, SIGINT) and end the run as preempted.
+
+    Checked every `train.stop_check_every` steps: a run stops at most that many steps after the signal."""
 
     name, priority = "signal", 30
 
@@ -174,6 +177,8 @@ class StopSignal(Callback):
         self.flag = flag
 
     def on_step_end(self, trainer: "Trainer") -> None:
+        if trainer.step % trainer.cfg.train.stop_check_every:  # a collective and a host sync: not every step
+            return
         raised = 1.0 if self.flag.signum else 0.0
         if dist.all_reduce(torch.tensor([raised], device=trainer.info.device), "max").item() > 0:
             trainer.signal_name = self.flag.name or "remote"

@@ -7,7 +7,9 @@ last, so a crash at any point leaves the previous checkpoint usable. The last `k
 Integrity: `train_state.json` records the length and xxh64 of every other file of its checkpoint (hashed by
 the ranks in turn before the rename). Resume takes the newest checkpoint whose files all match, and warns,
 naming the file and the fault, for each newer one it passes over; it never starts afresh while checkpoints
-exist. RNG state is stored as tensors and plain numbers and read with `torch.load(weights_only=True)`.
+exist. RNG state is stored as tensors and plain numbers and read with `torch.load(weights_only=True)`; the
+train state is JSON. Two readers below still unpickle, and both run only after the checksums passed: DCP's
+`.metadata` (torch reads it with `pickle.load`) and DeepSpeed's loader (rrtrain/parallel/deepspeed.py).
 A write that fails (a full disk) removes its partial files and ends the run with `RunError`; the
 previous checkpoint stays as it was.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import random
 import shutil
 import sys
@@ -218,7 +221,12 @@ class CheckpointManager:
         engine.load(path / "state")
         rng_file = path / f"rng_rank{self.info.rank}.pt"
         if rng_file.exists():
-            set_rng_state(torch.load(rng_file, weights_only=True))
+            try:
+                state = torch.load(rng_file, weights_only=True)
+            except pickle.UnpicklingError as err:
+                raise UsageError(f"checkpoint {path.name}: {rng_file.name} is not plain tensors and numbers (written by "
+                                 "an older rrtrain, which pickled its RNG state); refusing to unpickle it") from err
+            set_rng_state(state)
 
 
 def _space_failure(action, where: Path) -> Optional[str]:  # noqa: ANN001 - a thunk

@@ -104,8 +104,9 @@ class TrainConfig:
     diag_every: int = 0  # per-block gradient norms and gate statistics; 0: off
     on_nonfinite: Literal["skip", "halt"] = "skip"
     max_nonfinite: int = 5  # consecutive non-finite steps before the run halts as diverged
+    stop_check_every: int = 10  # steps between the all-ranks checks for a stop signal (a host sync each)
     allow_config_change: bool = False  # resume despite changed (safe-to-change) settings
-    compile: bool = False  # torch.compile each block
+    compile: Union[bool, Literal["auto"]] = "auto"  # torch.compile each block; auto: see rrtrain/compile_policy.py
     fail_at_step: Optional[int] = None  # testing: inject a NaN loss at this step ...
     fail_steps: int = 1  # ... and at the steps after it, this many in all
 
@@ -163,7 +164,7 @@ def _type_name(tp: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return " or ".join(_type_name(a) for a in args) + " or null"
+        return " or ".join(_type_name(a) for a in args) + (" or null" if type(None) in typing.get_args(tp) else "")
     return getattr(tp, "__name__", str(tp))
 
 
@@ -344,6 +345,7 @@ def validate(cfg: Config) -> None:
     positive = {
         "train.lr": t.lr, "train.global_batch": t.global_batch, "train.micro_batch": t.micro_batch,
         "train.log_every": t.log_every, "train.keep_ckpts": t.keep_ckpts, "train.max_nonfinite": t.max_nonfinite,
+        "train.stop_check_every": t.stop_check_every,
         "model.init_std": m.init_std, "model.norm_eps": m.norm_eps, "parallel.timeout_s": p.timeout_s,
         "parallel.ac_every": p.ac_every, "model.residual.streams": m.residual.streams,
         "model.residual.sinkhorn_iters": m.residual.sinkhorn_iters, "match.tolerance": cfg.match.tolerance,

@@ -14,7 +14,6 @@ Runs are found by final.json / metrics.jsonl anywhere under the sweep directory,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -25,46 +24,20 @@ from typing import Any, Optional
 
 from rrtrain.errors import UsageError
 from rrtrain.report.collect import run_dirs
+from rrtrain.sweep_flags import read_config, read_final, read_tail
 
+HOST = "127.0.0.1"  # loopback only: on a cluster, reach it through an SSH tunnel
 SERIES = {"train_loss": "loss", "val_loss": "val_loss", "grad_norm": "grad_norm"}  # per-size tag -> metrics key
-
-
-def _read(path: Path) -> Any:
-    try:
-        if path.suffix == ".json":
-            return json.loads(path.read_text())
-        import yaml
-
-        return yaml.safe_load(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def run_identity(run: Path) -> tuple[str, str, str, dict[str, Any]]:
     """(size, variant, seedN, final.json or {}) from final.json, else config.yaml."""
-    final = _read(run / "final.json") or {}
-    config = _read(run / "config.yaml") or {}
+    final, config = read_final(run), read_config(run)
     model, train = config.get("model") or {}, config.get("train") or {}
     size = final.get("size") or model.get("size") or "unknown"
     variant = final.get("variant") or model.get("variant") or run.name
     seed = final.get("seed", train.get("seed"))
     return str(size), str(variant), f"seed{seed if seed is not None else 'x'}", final
-
-
-def _metrics(run: Path) -> list[dict[str, Any]]:
-    out = []
-    try:
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-            out.append(rec)
-    return out
 
 
 def layout(sizes: list[str]) -> dict[str, dict[str, list]]:
@@ -105,7 +78,9 @@ def write_derived(run: Path, out: Path, size: str, variant: str, seed: str, fina
 
     writer = SummaryWriter(str(out), filename_suffix=".rrtrain-dashboard")
     last_step = 0
-    for rec in _metrics(run):
+    for rec in read_tail(run / "metrics.jsonl", None, only=None):
+        if not isinstance(rec.get("step"), int):
+            continue
         step, last_step = rec["step"], max(last_step, rec["step"])
         if rec.get("kind") == "diag":
             for i, g in enumerate(rec.get("gate_mean") or []):
@@ -171,15 +146,14 @@ def build_logdir(sweep_dir: str | os.PathLike[str]) -> tuple[Path, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rrtrain dashboard", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="rrtrain dashboard", description="TensorBoard on loopback over a sweep's runs")
     parser.add_argument("sweep_dir")
     parser.add_argument("--port", type=int, default=6006)
-    parser.add_argument("--host", default="127.0.0.1", help="loopback by default; reach it through an SSH tunnel")
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     logdir, names = build_logdir(args.sweep_dir)
-    print(f"rrtrain dashboard: {len(names)} runs from {args.sweep_dir} at http://{args.host}:{args.port}/", flush=True)
-    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", args.host,
+    print(f"rrtrain dashboard: {len(names)} runs from {args.sweep_dir} at http://{HOST}:{args.port}/", flush=True)
+    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", HOST,
            "--port", str(args.port), "--reload_interval", "15"]
     os.execv(sys.executable, cmd)  # TensorBoard takes over this process: Ctrl-C and signals reach it directly

@@ -22,6 +22,8 @@ position, which makes resume exact at any micro-step and any epoch boundary.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
@@ -101,6 +103,36 @@ def check_vocab(manifest: dict[str, Any], model_vocab: int) -> None:
     """Refuse a dataset whose token ids would index past the model's embedding."""
     if manifest["vocab_size"] > model_vocab:
         raise UsageError(f"dataset vocabulary {manifest['vocab_size']} does not fit the model's vocab_size {model_vocab}")
+
+
+#: one process per machine at a time makes or probes streaming's shared-memory names (see `shm_guard`)
+SHM_LOCK = "/dev/shm/rrtrain-streaming.lock" if os.path.isdir("/dev/shm") else os.path.join(tempfile.gettempdir(),
+                                                                                          "rrtrain-streaming.lock")
+
+
+@contextlib.contextmanager
+def shm_guard(local_rank: int = 0) -> Iterator[None]:
+    """Serialise, per machine, what creates or probes streaming's shared-memory names.
+
+    `clean_stale_shared_memory` probes each name by creating it, and `StreamingDataset` registers the first
+    free prefix: two runs starting together on one machine (a sweep's parallel runs, a job array) collide
+    there with `FileExistsError: '/000064_locals'`. The local leader holds a file lock in /dev/shm; the other
+    local ranks of its run wait at a barrier until it has it, so their look-ups run under it too. Every rank
+    of a run must enter together (as streaming's own barriers require already)."""
+    leader = int(os.environ.get("LOCAL_RANK", local_rank)) == 0
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    handle = open(SHM_LOCK, "a") if leader else None
+    try:
+        if handle is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        if distributed:
+            torch.distributed.barrier()
+        yield
+        if distributed:
+            torch.distributed.barrier()
+    finally:
+        if handle is not None:
+            handle.close()  # releases the lock
 
 
 def clean_stale_shm(local_rank: int = 0) -> None:
@@ -333,9 +365,10 @@ class TrainLoader:
         self.shuffle = shuffle
         self.block_size = default_block_size(num_canonical_nodes)
         self.manifest = read_manifest(path)
-        clean_stale_shm(local_rank)
-        opened = _open_split(path, self.manifest, split, os.path.join(cache_dir, "loader"), batch_size=micro_batch,
-                             num_canonical_nodes=num_canonical_nodes, seed=seed)
+        with shm_guard(local_rank):
+            clean_stale_shm(local_rank)
+            opened = _open_split(path, self.manifest, split, os.path.join(cache_dir, "loader"),
+                                 batch_size=micro_batch, num_canonical_nodes=num_canonical_nodes, seed=seed)
         expected = self.manifest["splits"].get(split, {}).get("samples")
         if expected is not None and expected != opened.num_samples:
             raise UsageError(f"'{path}' split '{split}' holds {opened.num_samples} samples but its manifest says {expected}")
@@ -458,9 +491,10 @@ def eval_batches(path: str, *, micro_batch: int, n_batches: int, rank: int, worl
     if micro_batch < 1 or n_batches < 0 or world_size < 1 or not 0 <= rank < world_size:
         raise UsageError("eval_batches needs micro_batch >= 1, n_batches >= 0 and 0 <= rank < world_size")
     manifest = read_manifest(path)
-    clean_stale_shm()
-    opened = _open_split(path, manifest, "val", os.path.join(cache_dir, "eval"), batch_size=micro_batch,
-                         num_canonical_nodes=1, seed=0)
+    with shm_guard():
+        clean_stale_shm()
+        opened = _open_split(path, manifest, "val", os.path.join(cache_dir, "eval"), batch_size=micro_batch,
+                             num_canonical_nodes=1, seed=0)
     n, e = opened.num_samples, micro_batch * world_size
     return [opened.rows((b * e + rank * micro_batch + np.arange(micro_batch, dtype=np.int64)) % n)
             for b in range(n_batches)]

@@ -60,7 +60,6 @@ def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return t
 
 
-
 def gather_objects(value: object) -> list:
     """Collective: every rank's `value` (small, picklable; sent over the process group), in rank order."""
     if dist.is_initialized() and dist.get_world_size() > 1:

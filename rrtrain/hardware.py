@@ -20,7 +20,7 @@ GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "MI300X": {"bf16": 1307.0, "tf32": 653.7, "fp32": 163.4},
 }
 
-# Device memory per GPU in GiB, as CUDA reports it (total_memory), for `rrtrain plan`.
+# Device memory per GPU in GiB, approximately what CUDA reports as total_memory, for `rrtrain plan`.
 GPU_MEMORY_GIB: dict[str, float] = {
     "H200": 139.8,  # 141 GB HBM3e
     "H100": 79.1,  # 80 GB HBM3 (SXM)

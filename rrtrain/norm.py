@@ -28,14 +28,15 @@ class RMSNorm(nn.Module):
         return 1.0 + self.weight if self.zero_centred else self.weight
 
     def inv_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """1 / sqrt(|x|^2 + d eps) per row, (..., 1), in at least fp32: forward(x) == x * inv_norm(x) * sqrt(d) * gain().
+        """1 / sqrt(|x|^2 + d eps) per row, (..., 1), in at least fp32, so that
+        forward(x) == x * inv_norm(x) * (sqrt(d) * gain()).
 
         For callers that fold the normalisation into a following matmul instead of materialising it
-        (sqrt(d) then goes into the weight too): one pass over x and two ops on one scalar per row.
+        (sqrt(d) then goes into the weight too): one pass over x, then a few ops on one scalar per row.
         """
         acc = torch.promote_types(x.dtype, torch.float32)
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=acc)
-        return torch.rsqrt(torch.addcmul(norm.new_tensor(x.shape[-1] * self.eps), norm, norm))
+        return torch.rsqrt(norm.square() + x.shape[-1] * self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gain = self.gain()

@@ -360,7 +360,10 @@ def _held_single(s: Setup, lay: Layout) -> tuple[list[Item], list[Item]]:
     return state, transient
 
 
-def _held_fsdp(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item], list[str]]:
+UNSHARDED_GRADS = "unsharded gradients kept across micro-batches (no-sync accumulation)"
+
+
+def _held_fsdp(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item]]:
     """FSDP2 as rrtrain/parallel/engine.py applies it: every block a unit, then the root."""
     local = lay.shard_numel(s.shard, rank % s.shard)
     c, cdt = DTYPE_BYTES[s.precision], s.precision
@@ -368,7 +371,6 @@ def _held_fsdp(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item]
     state = [Item("parameters (sharded master)", "fp32", 4 * local), Item("gradients (sharded)", "fp32", 4 * local),
              *_adam(local, len(lay.tensors))]
     transient: list[Item] = []
-    warnings: list[str] = []
     if s.shard > 1 or s.precision == "bf16":
         transient += [Item("gathered root (embeddings; kept through the step)", cdt, c * root),
                       Item("gathered blocks (current + prefetched)", cdt, 2 * c * block)]
@@ -377,11 +379,8 @@ def _held_fsdp(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item]
                       Item("reduce-scatter input (fp32 reduction)", "fp32", 4 * block)]
     if s.accum > 1 and s.shard > 1:
         p = lay.numel
-        transient.append(Item("unsharded gradients kept across micro-batches (no-sync accumulation)", "fp32", 4 * p))
-        warnings.append(f"accumulating {s.accum} micro-batches: the trainer's FSDP path skips the reduce-scatter "
-                        f"until the last one and keeps every unsharded gradient in fp32 ({4 * p / 2**30:.1f} GiB "
-                        f"per rank); raise --micro-batch or --gpus to avoid it")
-    return state, transient, warnings
+        transient.append(Item(UNSHARDED_GRADS, "fp32", 4 * p))
+    return state, transient
 
 
 def _held_deepspeed(s: Setup, lay: Layout) -> tuple[list[Item], list[Item]]:
@@ -392,19 +391,30 @@ def _held_deepspeed(s: Setup, lay: Layout) -> tuple[list[Item], list[Item]]:
                   c * (part if z == 3 else p))]
     if s.precision == "bf16":
         state.append(Item("parameters (fp32 master, sharded)", "fp32", 4 * part))
-    state += [Item("gradients (fp32 accumulation" + (", sharded)" if z >= 2 else ")"), "fp32",
+    # counted as held through forward too: conservative, and not checked against DeepSpeed itself
+    state += [Item("gradient accumulation buffers" + (" (sharded)" if z >= 2 else ""), "fp32",
                    4 * (part if z >= 2 else p)),
               Item("optimizer: AdamW exp_avg + exp_avg_sq (sharded)", "fp32", 8 * part)]
-    transient = [Item("gathered blocks (current + prefetched)", s.precision, 2 * c * lay.block_numel())] if z == 3 else []
+    gathered = Item("gathered blocks (current + prefetched)", s.precision, 2 * c * lay.block_numel())
+    transient = [gathered] if z == 3 else []
     return state, transient
 
 
-def _held(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item], list[str]]:
+def _held(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item]]:
     """Held state and peak transient buffers of one rank (rank 0 holds the largest FSDP shards)."""
     if s.backend == "fsdp":
         return _held_fsdp(s, lay, rank)
-    state, transient = _held_single(s, lay) if s.backend == "none" else _held_deepspeed(s, lay)
-    return state, transient, []
+    return _held_single(s, lay) if s.backend == "none" else _held_deepspeed(s, lay)
+
+
+def _warnings(s: Setup, transient: list[Item], usable: int) -> list[str]:
+    """Say so when no-sync accumulation costs more than 5% of the GPU."""
+    kept = sum(i.bytes for i in transient if i.what == UNSHARDED_GRADS)
+    if kept <= 0.05 * usable:
+        return []
+    return [f"accumulating {s.accum} micro-batches: the trainer's FSDP path skips the reduce-scatter until the "
+            f"last one and keeps every unsharded gradient in fp32 ({kept / 2**30:.1f} GiB per rank); reach the "
+            f"global batch with a larger micro-batch or more GPUs instead"]
 
 
 def comm_bytes_per_step(s: Setup, lay: Layout) -> int:
@@ -430,7 +440,7 @@ def plan(s: Setup, rank: int = 0) -> Plan:
     check(s)
     shape = s.shape or resolve(s.model)
     lay = layout(s.model, shape)
-    state, transient, warnings = _held(s, lay, rank)
+    state, transient = _held(s, lay, rank)
     autocast = s.backend == "none" and s.precision == "bf16"
     prof = activation_profile(s.model, shape, s.precision, autocast)
     acts = {mode: s.micro_batch * (prof.saved(shape.n_layers, mode, s.ac_every)
@@ -448,7 +458,7 @@ def plan(s: Setup, rank: int = 0) -> Plan:
                 state=tuple(state), transient=tuple(transient), activations=acts, capacity=capacity,
                 comm_bytes=comm_bytes_per_step(s, lay), flops_per_token=fpt,
                 tokens_per_step=s.batch * shape.seq_len, time_s=time_s, gpu_hours=gpu_hours,
-                warnings=tuple(warnings))
+                warnings=tuple(_warnings(s, transient, int(capacity * (1.0 - HEADROOM)))))
 
 
 def fitting(s: Setup, micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> list[Plan]:

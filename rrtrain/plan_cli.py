@@ -1,10 +1,15 @@
-"""`rrtrain plan`: memory per GPU, communication and time for a run, and which settings fit, before spending it."""
+"""`rrtrain plan`: memory per GPU, communication and time for a run, and which settings fit, before spending it.
+
+`rrtrain plan --size S --gpus N ...` plans one run; `rrtrain plan SWEEP.yaml` plans every run of a sweep
+(expanded by `launchers.expand`, exactly as `rrtrain sweep` would submit it) and sums the GPU-hours.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 from rrtrain import plan as planner
 from rrtrain import sizing
@@ -41,9 +46,10 @@ def _tokens(text: str) -> float:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = _Parser(prog="rrtrain plan", description=__doc__)
-    p.add_argument("--size", required=True, help="a preset: " + ", ".join(sizing.presets()))
-    p.add_argument("--gpus", type=_positive_int, required=True, help="GPUs in the job")
-    p.add_argument("--gpu", default="h100", help="h100, h200, a100, b200, ... (default h100)")
+    p.add_argument("sweep", nargs="?", default=None, metavar="SWEEP.yaml", help="plan every run of a sweep file")
+    p.add_argument("--size", help="a preset: " + ", ".join(sizing.presets()))
+    p.add_argument("--gpus", type=_positive_int, help="GPUs in the job")
+    p.add_argument("--gpu", default=None, help="h100, h200, a100, b200, ... (default h100, or the sweep's gpu)")
     p.add_argument("--backend", default="fsdp", help="fsdp (default), deepspeed or none (one GPU)")
     p.add_argument("--dp-shard", type=_positive_int, default=None, help="FSDP shard group size (default: all GPUs)")
     p.add_argument("--zero-stage", type=int, default=2, help="DeepSpeed ZeRO stage (default 2)")
@@ -54,7 +60,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="sequences per optimizer step (default: micro-batch x GPUs)")
     p.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (default: the preset's)")
     p.add_argument("--tokens", type=_tokens, default=None, help="token budget, e.g. 2e12 or 140B")
-    p.add_argument("--mfu", type=float, default=0.40, help="model FLOPs utilisation to assume (default 0.40)")
+    p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilisation to assume (default 0.40, "
+                   "or the sweep's mfu)")
     p.add_argument("--variant", default="standard", help="residual rule (default standard)")
     p.add_argument("--precision", default="bf16", help="bf16 (default) or fp32")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -68,9 +75,54 @@ def setup_from(args: argparse.Namespace) -> planner.Setup:
     if args.seq_len is not None:
         overrides.append(f"seq_len={args.seq_len}")
     model: ModelConfig = build(ModelConfig, apply_overrides({}, overrides), prefix="model")
-    return planner.Setup(model=model, gpus=args.gpus, gpu=args.gpu, backend=args.backend, dp_shard=args.dp_shard,
-                         zero_stage=args.zero_stage, ac=args.ac, ac_every=args.ac_every, micro_batch=args.micro_batch,
-                         global_batch=args.global_batch, tokens=args.tokens, mfu=args.mfu, precision=args.precision)
+    return planner.Setup(model=model, gpus=args.gpus, gpu=args.gpu or "h100", backend=args.backend,
+                         dp_shard=args.dp_shard, zero_stage=args.zero_stage, ac=args.ac, ac_every=args.ac_every,
+                         micro_batch=args.micro_batch, global_batch=args.global_batch, tokens=args.tokens,
+                         mfu=args.mfu if args.mfu is not None else 0.40, precision=args.precision)
+
+
+def _dataset_shape(path: Optional[str]) -> tuple[Optional[int], Optional[int]]:
+    """(vocabulary, sequence length) of a prepared dataset, or (None, None) before it is prepared."""
+    manifest = Path(path) / "manifest.json" if path else None
+    if manifest is None or not manifest.is_file():
+        return None, None
+    data = json.loads(manifest.read_text())
+    return data.get("vocab_size"), data.get("seq_len")
+
+
+def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tuple[str, planner.Setup]]:
+    """Every run of a sweep as the trainer will see it: resolved config, matched shape, the run's GPUs.
+
+    The vocabulary and sequence length come from the prepared dataset when it exists, else from the config.
+    """
+    from launchers import spec as sweep_spec
+    from launchers.expand import data_path, expand
+    from rrtrain.config import Config
+    from rrtrain.trainer import resolve_model_shape
+
+    sweep = sweep_spec.load(path)
+    out = Path(sweep.spec.out).expanduser() if sweep.spec.out else Path(path).resolve().parent / sweep.spec.name
+    if not out.is_absolute():
+        out = sweep.path.parent / out
+    gpu = gpu or sweep.spec.gpu
+    mfu = mfu if mfu is not None else sweep.spec.mfu
+    setups = []
+    for run in expand(sweep, out, data_path(sweep, out)):
+        cfg: Config = build(Config, run.config)
+        vocab, seq_len = _dataset_shape(cfg.data.path)
+        if seq_len is None and sweep.spec.prep is not None:
+            seq_len = sweep.spec.prep.seq_len
+        shape = resolve_model_shape(cfg, vocab, seq_len)
+        t, par = cfg.train, cfg.parallel
+        tokens = t.max_steps * t.global_batch * shape.seq_len if t.max_steps is not None else t.tokens
+        gpus = run.resources.world_size
+        setups.append((run.id, planner.Setup(
+            model=cfg.model, shape=shape, gpus=gpus, gpu=gpu, backend=par.backend if gpus > 1 else "none",
+            dp_shard=getattr(par, "dp_shard", None), zero_stage=par.zero_stage, ac=par.ac, ac_every=par.ac_every,
+            micro_batch=t.micro_batch, global_batch=t.global_batch, tokens=tokens, mfu=mfu,
+            precision="bf16" if par.precision == "bf16" else "fp32",
+            reshard_after_forward=par.reshard_after_forward)))
+    return setups
 
 
 def to_json(p: planner.Plan, fits: list[planner.Plan]) -> dict[str, Any]:
@@ -141,8 +193,45 @@ def render(p: planner.Plan, fits: list[planner.Plan]) -> str:
     return "\n".join(lines)
 
 
+def render_sweep(plans: list[tuple[str, planner.Plan]]) -> str:
+    lines = [f"{'run':<32}{'params':>16}{'GPUs':>6}{'GPU':>6}{'peak GiB':>10}{'of GiB':>8}{'fits':>6}"
+             f"{'tokens':>12}{'GPU-hours':>11}"]
+    for rid, p in plans:
+        s = p.setup
+        lines.append(f"{rid:<32}{p.params:>16,}{s.gpus:>6}{s.gpu.upper():>6}{p.total() / GIB:>10.2f}"
+                     f"{p.usable / GIB:>8.1f}{'yes' if p.fits else 'NO':>6}{(s.tokens or 0):>12.3g}"
+                     f"{(p.gpu_hours or 0):>11,.1f}")
+    total = sum(p.gpu_hours or 0 for _, p in plans)
+    worst = max(plans, key=lambda rp: rp[1].total() / rp[1].usable)
+    lines += ["", f"{len(plans)} runs: {total:,.1f} GPU-hours in all; largest peak {worst[1].total() / GIB:.2f} GiB "
+                  f"per GPU ({worst[0]}); " + ("every run fits" if all(p.fits for _, p in plans)
+                                              else f"{sum(not p.fits for _, p in plans)} do NOT fit")]
+    for rid, p in plans:
+        lines += [f"warning: {rid}: {w}" for w in p.warnings]
+    return "\n".join(lines)
+
+
+def main_sweep(args: argparse.Namespace) -> int:
+    single = [flag for flag, value in (("--size", args.size), ("--gpus", args.gpus)) if value is not None]
+    if single:
+        raise UsageError(f"{single[0]} plans one run; a sweep file sets every run's size and GPUs")
+    plans = [(rid, planner.plan(s)) for rid, s in sweep_setups(args.sweep, args.gpu, args.mfu)]
+    if args.json:
+        runs = {rid: to_json(p, []) for rid, p in plans}
+        print(json.dumps({"runs": runs, "gpu_hours": sum(p.gpu_hours or 0 for _, p in plans),
+                          "all_fit": all(p.fits for _, p in plans)}, indent=2))
+    else:
+        print(render_sweep(plans))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    if args.sweep is not None:
+        return main_sweep(args)
+    for flag, value in (("--size", args.size), ("--gpus", args.gpus)):
+        if value is None:
+            raise UsageError(f"the following arguments are required: {flag} (or give a sweep file)")
     setup = setup_from(args)
     result = planner.plan(setup)
     fits = planner.fitting(setup)

@@ -5,7 +5,7 @@ writing the same files) are judged alike.
   (the caller keeps this for runs whose job the scheduler says is running);
 - `lagging`: the run's recent loss is above the median of its peers (same size, other variants and seeds, at
   the same tokens seen) by `monitor.peer_mad` median absolute deviations;
-- `early_stall`: the in-run plateau test (`rrtrain.monitor.LossMonitor`) run on the file's training losses.
+- `early_stall`: the in-run plateau test (`rrtrain.convergence.LossMonitor`) run on the file's training losses.
 
 The in-run flags a run recorded (`final.json` `flags`, flag lines in `metrics.jsonl`) are carried along.
 Only the tail of a big `metrics.jsonl` is read (`tail_bytes`). `to_cancel` says which runs' jobs to cancel.
@@ -27,7 +27,7 @@ from typing import Any, Optional
 import yaml
 
 from rrtrain.config import MonitorConfig
-from rrtrain.monitor import DIVERGED, STALLED, LossMonitor, smoothing_span
+from rrtrain.convergence import DIVERGED, STALLED, LossMonitor, smoothing_span
 from rrtrain.report.collect import run_dirs
 
 NO_HEARTBEAT, LAGGING, EARLY_STALL = "no_heartbeat", "lagging", "early_stall"
@@ -54,20 +54,23 @@ class RunVerdict:
     _index: Optional[tuple[list[int], list[float]]] = field(default=None, repr=False)  # loss_at's lookup
 
 
-def read_tail(path: Path, tail_bytes: int = TAIL_BYTES) -> list[dict[str, Any]]:
-    """The training and flag lines (those that name "loss" or "flag"; the long diagnostic lines are not parsed) on
-    the last `tail_bytes` of a JSONL file, as objects (a cut first line and torn lines skipped)."""
+def read_tail(path: Path, tail_bytes: Optional[int] = TAIL_BYTES,
+              only: Optional[tuple[bytes, ...]] = (b'"loss"', b'"flag"')) -> list[dict[str, Any]]:
+    """The JSON objects on the last `tail_bytes` (None: all) of a JSONL file whose line holds one of `only`
+    (None: every line; by default training, evaluation and flag lines: the long diagnostic lines are not parsed).
+    A cut first line and torn lines are skipped, a missing file has none."""
     try:
         with open(path, "rb") as fh:
             size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, size - tail_bytes))
+            cut = tail_bytes is not None and size > tail_bytes
+            fh.seek(size - tail_bytes if cut else 0)
             data = fh.read()
     except OSError:
         return []
     lines = data.split(b"\n")
-    if size > tail_bytes:
+    if cut:
         lines = lines[1:]
-    lines = [raw for raw in lines if b'"loss"' in raw or b'"flag"' in raw]
+    lines = [raw for raw in lines if raw.strip() and (only is None or any(key in raw for key in only))]
     try:  # one parse for the whole tail (several times faster than one per line) ...
         parsed = json.loads(b"[" + b",".join(lines) + b"]")
     except (ValueError, UnicodeDecodeError):  # ... unless a line is torn: then line by line, skipping it
@@ -78,6 +81,16 @@ def read_tail(path: Path, tail_bytes: int = TAIL_BYTES) -> list[dict[str, Any]]:
             except (ValueError, UnicodeDecodeError):
                 continue
     return [rec for rec in parsed if isinstance(rec, dict)]
+
+
+def read_final(run: Path) -> dict[str, Any]:
+    """The run's final.json, or {} when it has none (still running) or it cannot be read."""
+    return _read_json(run / "final.json")
+
+
+def read_config(run: Path) -> dict[str, Any]:
+    """The run's resolved config.yaml as plain data, or {}."""
+    return _read_yaml(run / "config.yaml")
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -97,7 +110,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 def read_run(path: Path, root: Path, tail_bytes: int = TAIL_BYTES) -> RunVerdict:
-    final, config = _read_json(path / "final.json"), _read_yaml(path / "config.yaml")
+    final, config = read_final(path), read_config(path)
     model, train = config.get("model") or {}, config.get("train") or {}
     verdict = RunVerdict(path=path, rel=path.relative_to(root).as_posix() if path != root else ".",
                          size=final.get("size") or model.get("size"), variant=final.get("variant") or model.get("variant"),
@@ -129,7 +142,7 @@ def _recent_loss(records: list[dict[str, Any]], n: int = 10) -> float:
 
 def _entropy_and_warmup(path: Path) -> tuple[Optional[float], int]:
     """The run's training data's unigram entropy (from its manifest) and its warmup steps, where findable."""
-    config = _read_yaml(path / "config.yaml")
+    config = read_config(path)
     data_path = (config.get("data") or {}).get("path")
     manifest = _read_json(Path(data_path) / "manifest.json") if data_path else {}
     entropy = manifest.get("unigram_entropy")

@@ -34,7 +34,12 @@ if __name__ == "__main__":
         fail("rrtrain train", str(err))
         code = RUN_ERROR_EXIT
     if code:
+        import gc
+
         from rrtrain import dist
 
+        # The failed run's objects sit in reference cycles with the traceback; freeing them now (as a normal
+        # return does) lets streaming release its shared memory before exit instead of warning about it.
+        gc.collect()
         dist.teardown()  # every rank raised the same error; leaving the group up aborts at exit
     sys.exit(code)  # outside the handlers: the run's objects are freed before exit (streaming cleans up)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,6 +21,7 @@ import yaml
 from rrtrain import dist, runlock, sizing
 from rrtrain.callbacks import Callback, due
 from rrtrain.checkpoint import CheckpointManager, check_resume, is_disk_full
+from rrtrain.compile_policy import resolve_compile
 from rrtrain.config import Config
 from rrtrain.errors import RunError, UsageError
 from rrtrain.hardware import peak_flops
@@ -64,7 +65,9 @@ class Trainer:
         self.shape: Optional[sizing.ModelShape] = None
         self.params = 0
         self.callbacks: list[Callback] = []
-        self.stopping, self.checkpoint_at_end = False, True
+        self.pending: list[tuple[dict[str, Any], torch.Tensor]] = []  # steps whose values are still on the device
+        self.stopping, self.checkpoint_at_end = False, True  # set by request_stop
+        self.resumed_at: Optional[int] = None  # the checkpoint step this process started from
         problem = unwritable_reason(self.run_dir) if self.info.is_main else None
         dist.raise_together(f"run.dir '{self.run_dir}' cannot be written: {problem}" if problem else None)
         self.lock = runlock.hold(self.run_dir, cfg.run.lock_wait_s, self.info.is_main, self.info.device)
@@ -101,6 +104,8 @@ class Trainer:
         if cfg.parallel.precision == "fp32_tf32":
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        compiled = resolve_compile(t.compile, info.device, self.total_steps, announce=info.is_main)
+        cfg = self.cfg = replace(cfg, train=replace(t, compile=compiled))  # resolved, as config.yaml records it
         torch.manual_seed(t.seed)  # identical initial weights on every rank and every world size
         model = build_model(cfg.model, shape=self.shape)
         self.params = sizing.count_params(self.shape, cfg.model.variant, cfg.model.residual)
@@ -151,7 +156,9 @@ class Trainer:
 
     # -- one optimizer step -------------------------------------------------------------------
 
-    def train_step(self, batches, diag: bool) -> dict[str, Any]:
+    def train_step(self, batches, diag: bool) -> None:
+        """One optimizer step, without a host sync: its loss, gradient norm and skip flag stay on the device in
+        `self.pending` until `flush_records` (diagnostic steps read their statistics on the host)."""
         engine, device = self.engine, self.info.device
         sites = engine.inner.sites()
         for s in sites:
@@ -167,26 +174,44 @@ class Trainer:
             for s in sites:
                 s.record = False
         loss_mean = dist.all_reduce(loss_sum / self.accum) / self.info.world_size
-        record: dict[str, Any] = {}
-        if diag:
-            record.update(self.diagnostics(sites))
-        grad_norm = engine.clip_grad_norm(self.cfg.train.grad_clip)
-        loss_v, norm_v = torch.stack([loss_mean, grad_norm.to(device)]).tolist()
+        host: dict[str, Any] = self.diagnostics(sites) if diag else {}
+        grad_norm = engine.clip_grad_norm(self.cfg.train.grad_clip).to(device)
+        nonfinite = (~(torch.isfinite(loss_mean) & torch.isfinite(grad_norm))).float()  # same on every rank
         lr = lr_at(self.step, self.total_steps, self.cfg.train.lr, self.warmup, self.cfg.train.min_lr_ratio)
-        finite = math.isfinite(loss_v) and math.isfinite(norm_v)
-        if finite:
-            engine.step(lr)
-            self.streak = 0
-        else:
-            engine.skip()
-            self.skipped += 1
-            self.streak += 1
+        engine.step_unless(lr, nonfinite)  # a non-finite step changes no weights and no optimizer state
         self.step += 1
         self.tokens += self.tokens_per_step
-        record.update({"step": self.step, "loss": loss_v, "grad_norm": norm_v, "lr": lr, "tokens": self.tokens})
-        if not finite:
-            record["skipped"] = True
-        return record
+        host.update({"step": self.step, "lr": lr, "tokens": self.tokens})
+        self.pending.append((host, torch.stack([loss_mean.float(), grad_norm.float(), nonfinite])))
+
+    def records_due(self) -> bool:
+        """Steps after which the pending records reach the host: the log cadence, the steps where evaluation,
+        a checkpoint or the stop check follow (they see every record up to their step), and the last step.
+        Every step when a record can end the run at its own step (`train.on_nonfinite=halt`, `monitor.on_stall`
+        or `monitor.on_diverge` = stop): such a stop is exact, at the price of one host sync per step."""
+        t, m, step = self.cfg.train, self.cfg.monitor, self.step
+        exact_stops = t.on_nonfinite == "halt" or m.on_stall == "stop" or m.on_diverge == "stop"
+        return (exact_stops or step % t.log_every == 0 or step >= self.total_steps or step % t.stop_check_every == 0
+                or due(step, t.eval_every, self.total_steps) or due(step, t.ckpt_every, self.total_steps))
+
+    def flush_records(self) -> None:
+        """One device-to-host transfer for all pending steps, then `on_train_records` with one record per step."""
+        if not self.pending:
+            return
+        values = torch.stack([v for _, v in self.pending]).tolist()
+        records = []
+        for (host, _), (loss_v, norm_v, skipped) in zip(self.pending, values):
+            diag = {k: v for k, v in host.items() if k not in ("step", "lr", "tokens")}
+            rec = {**diag, "step": host["step"], "loss": loss_v, "grad_norm": norm_v, "lr": host["lr"],
+                   "tokens": host["tokens"]}
+            if skipped:
+                rec["skipped"] = True
+                self.skipped, self.streak = self.skipped + 1, self.streak + 1
+            else:
+                self.streak = 0
+            records.append(rec)
+        self.pending = []
+        self.emit("on_train_records", records)
 
     def injects_fault(self, step: int) -> bool:
         first = self.cfg.train.fail_at_step
@@ -238,9 +263,12 @@ class Trainer:
             while self.step < self.total_steps and not self.stopping:
                 self.emit("on_step_start")
                 diag = due(self.step + 1, self.cfg.train.diag_every, self.total_steps + 1)
-                self.emit("on_train_records", [self.train_step(batches, diag)])
+                self.train_step(batches, diag)
+                if self.records_due():
+                    self.flush_records()
                 if not self.stopping:
                     self.emit("on_step_end")
+            self.flush_records()
             if self.status != "preempted" and self.checkpoint_at_end:
                 self.run_eval()
             if self.checkpoint_at_end:

@@ -50,8 +50,13 @@ class PeerWatch:
         """A running watch when this process is one rank of several (None otherwise)."""
         if info.world_size < 2 or not dist.is_initialized() or "MASTER_ADDR" not in os.environ:
             return None
-        watch = cls(info, timeout_s, on_lost)
-        watch.beat()
+        try:
+            watch = cls(info, timeout_s, on_lost)
+            watch.beat()
+        except Exception as err:  # no store to reach: train on, only without naming lost ranks
+            print(f"rrtrain: warning: no heartbeat through the rendezvous store ({str(err).splitlines()[0]}); "
+                  "a lost rank will not be named", file=sys.stderr, flush=True)
+            return None
         watch.thread.start()
         return watch
 

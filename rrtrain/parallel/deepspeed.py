@@ -17,7 +17,13 @@ DeepSpeed owns the optimizer step, so this engine maps the loop's calls onto it:
   trainer's step and `skipped_steps` counts the skip (DeepSpeed takes its own overflow path, which does the
   same, when the gradients themselves are non-finite).
 - `save(path)` / `load(path)`: DeepSpeed's `save_checkpoint` / `load_checkpoint` under `path` with a fixed
-  tag and no `latest` file (rrtrain's own `latest` marker lives one level up).
+  tag and no `latest` file (rrtrain's own `latest` marker lives one level up). DeepSpeed's loader still
+  unpickles: its checkpoint engine reads `mp_rank_*_model_states.pt` and `zero_pp_rank_*_optim_states.pt` with
+  `torch.load(weights_only=False)` (they hold DeepSpeed's own Python objects, e.g. the ZeRO optimizer's loss
+  scaler, which the weights-only unpickler refuses), and offers no switch. What stands between a run directory and that
+  unpickler is rrtrain's checkpoint manifest: every file's length and xxh64 are checked before `load` is
+  called, so a file changed after it was written (damage, or a careless hand) is refused; a writer who also
+  rewrites `train_state.json` is not stopped (docs/reliability.md).
 
 On a machine without CUDA, `DS_ACCELERATOR=cpu` is set before DeepSpeed is imported; torch.distributed is
 already up (gloo on CPU, NCCL on CUDA; `rrtrain.dist.setup`) and DeepSpeed reuses that process group.

@@ -53,6 +53,15 @@ class Engine:
         """Discard this step's gradients without updating (non-finite loss or gradients)."""
         raise NotImplementedError
 
+    def step_unless(self, lr: float, nonfinite: torch.Tensor) -> None:
+        """`step(lr)` where the 0-dim float `nonfinite` is 0, `skip()` where it is 1: no weight, moment or step
+        count changes on a skipped step. This default reads the flag on the host (a sync); engines that can
+        decide on the device override it."""
+        if bool(nonfinite.item()):
+            self.skip()
+        else:
+            self.step(lr)
+
     def save(self, path: Path) -> None:
         """Collective: every rank writes its part of model + optimizer state under `path`."""
         raise NotImplementedError
@@ -102,7 +111,7 @@ class TorchEngine(Engine):
             fully_shard(model, mp_policy=mp, reshard_after_forward=p.reshard_after_forward)
         model.to(info.device)
         self.model = model
-        self.optimizer = build_optimizer(model, cfg.train, fused=info.device.type == "cuda")
+        self.optimizer = build_optimizer(model, cfg.train, fused=True)  # fused on CPU too: see step_unless
         self.fsdp = fsdp
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -128,6 +137,17 @@ class TorchEngine(Engine):
         self.optimizer.zero_grad(set_to_none=True)
 
     def skip(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step_unless(self, lr: float, nonfinite: torch.Tensor) -> None:
+        """Decided on the device: the fused AdamW kernel returns without touching parameters or moments where
+        `found_inf` is 1, and torch takes its step count back (the mechanism GradScaler uses)."""
+        set_lr(self.optimizer, lr)
+        self.optimizer.found_inf = nonfinite
+        try:
+            self.optimizer.step()
+        finally:
+            self.optimizer.found_inf = None
         self.optimizer.zero_grad(set_to_none=True)
 
     def _state(self) -> dict:

@@ -1,21 +1,25 @@
 """Fixup and T-Fixup: no normalisation inside the residual branches; the initialisation alone keeps a deep
 stack trainable. docs/residuals.md says how each paper was mapped onto this block and what they leave open.
 
-Legend:  b batch · t tokens · d width · N blocks · L = 2N sublayers · h the state (b, t, d)
+Legend:  b batch · t tokens · d width · N blocks · L = 2N sublayers · h the state (b, t, d) · k summed
+embedding tables (tokens, and learned positions)
 
 fixup (Zhang, Dauphin & Ma, ICLR 2019), m = 2 weight layers per branch, `model.residual.fixup_variant=fixup`:
     attention   y = s · W_o(attn(W_qkv(h + b_in)) + b_proj)
     MLP         y = s · W_2(gelu(W_1(h + b_in) + b_act) + b_proj)
     h ← h + y
-    init: W_o = W_2 = 0;  W_qkv, W_1 = the model's draw × L^(−1/(2m−2)) = L^(−1/2);  every b = 0, s = 1
+    init: W_o = W_2 = 0;  W_qkv (q, k, v as d×d each), W_1 Xavier-uniform × L^(−1/(2m−2)) = L^(−1/2);
+          every b = 0, s = 1;  embedding tables N(0, 1/(k·d))
 tfixup (Huang, Perez, Ba & Volkovs, ICML 2020), restated for a decoder-only stack, `fixup_variant=tfixup`:
-    h ← h + F(h), no norm and no scalars;  x = √d · (token + position embedding)
-    init: q, k, v (each d×d), W_o, W_1, W_2 Xavier-uniform; v, W_o, W_1, W_2 × a;
-          each of the k summed embedding tables N(0, a² / (k·d));  a = (6N)^(−1/4)
-readout (both): RMSN_f(h), then the tied LM head.
+    h ← h + F(h), no norm and no scalars
+    init: q, k, v, W_o, W_1, W_2 Xavier-uniform; v, W_o, W_1, W_2 × a;  embedding tables N(0, a²/(k·d));
+          a = (6N)^(−1/4)
+both: h_0 = √d · (token + position embedding) (unit scale for fixup, a for tfixup); readout RMSN_f(h_L),
+then the tied LM head.
 
 The block does not know any of this: b_proj and b_act sit between the branch's own layers, so the site
-adds them with hooks on the branch's Linear layers, and re-initialises those layers, through `attach`.
+adds them with hooks on the branch's Linear layers, and re-initialises those layers, through `attach`;
+the stream re-draws the embedding tables it is attached to.
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ class FixupSite(_BranchSite):
         return state + self.scale.to(y.dtype) * y
 
     def reset_parameters(self) -> None:
-        """Scalars to 0 / 1; the branch (just drawn by the model's init_weights) to Fixup's start."""
+        """Scalars to 0 / 1; the attached branch re-drawn to Fixup's start (after the model's own draw)."""
         with torch.no_grad():
             for p in (self.bias_in, self.bias_proj, getattr(self, "bias_act", None)):
                 if p is not None:
@@ -130,6 +134,7 @@ class TFixupSite(_BranchSite):
         return 0
 
     def reset_parameters(self) -> None:
+        """The attached branch re-drawn to T-Fixup's start (after the model's own draw)."""
         if not self._branch:
             return
         a, d = tfixup_scale(self.info.n_blocks), self.info.d_model

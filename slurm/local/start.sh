@@ -107,8 +107,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 ReturnToService=2
 JobRequeue=1
-# Short timeouts for tests: a job past its limit gets SIGTERM, then SIGKILL KillWait s later (time enough for a checkpoint); finished
-# jobs stay visible in squeue for MinJobAge s (there is no sacct here, squeue is all a test can ask).
+# Short timeouts for tests: a job past its limit gets SIGTERM, then SIGKILL KillWait s later (time enough for a
+# small checkpoint); finished jobs stay visible in squeue for MinJobAge s (no sacct here: squeue is all there is).
 KillWait=15
 MinJobAge=300
 OverTimeLimit=0
@@ -126,6 +126,8 @@ SlurmctldLogFile=$STATE/log/slurmctld.log
 SlurmdLogFile=$STATE/log/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
+# Without a default, a job that asks for no memory is given the whole node and runs alone.
+DefMemPerCPU=$((mem_mb / cpus))
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
 PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF

@@ -16,7 +16,7 @@ PARITY = ["train.max_steps=20", "train.log_every=1", "train.eval_every=0", "trai
           "train.warmup_steps=4"]
 
 
-@pytest.mark.parametrize("variant", ["review", "gr", "mhc"])
+@pytest.mark.parametrize("variant", ["review", "gr", "mhc", "fixup"])
 def test_fsdp_two_ranks_matches_one_process(tmp_path, stories_data, variant):
     args = [*PARITY, f"model.variant={variant}"]
     train(tmp_path / "one", stories_data, *args, "train.micro_batch=8")

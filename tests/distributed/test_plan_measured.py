@@ -1,6 +1,8 @@
 """The plan's predicted peak against the measured peak on CPU (fp32): tiny and a ~20M model, one process and
-FSDP2 on 2 ranks (torchrun, gloo). The worker runs two real steps of the model and engine under torch's
-MemTracker (tests/distributed/plan_peak_worker.py). Runtime: about 1 min in all on one loaded core.
+FSDP2 on 2 ranks (torchrun, gloo); in one process also activation checkpointing (full) and a multi-stream
+rule (mHC, 4 streams) with selective checkpointing. The worker runs two real steps of the model and engine
+under torch's MemTracker (tests/distributed/plan_peak_worker.py), every case of a test in one process.
+Runtime: about 2.5 min on the loaded 2-core machine (under 1 min of CPU).
 """
 
 from __future__ import annotations
@@ -15,17 +17,30 @@ from rrtrain.config import ModelConfig
 from rrtrain.plan import Setup, plan
 from tests.trainutil import PY, REPO, env, free_port
 
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 WORKER = str(Path(__file__).with_name("plan_peak_worker.py"))
-SIZES = {"tiny": {}, "20m": {"d_model": 256, "n_layers": 8, "n_heads": 4}}
+M20 = {"d_model": 256, "n_layers": 8, "n_heads": 4}
+CASES = {  # name: (model keys over the tiny preset, parallel.ac)
+    "tiny": ({}, "none"),
+    "20m": (M20, "none"),
+}
+ONE_PROCESS = {  # the rule's n-fold state and checkpointing; mHC's many small ops are slow under MemTracker
+    "20m-ac-full": (M20, "full"),
+    "tiny-mhc-ac-selective": ({"variant": "mhc"}, "selective"),
+}
 MICRO = 4
+
+
+def cases_for(nproc: int) -> dict[str, tuple[dict, str]]:
+    return {**CASES, **ONE_PROCESS} if nproc == 1 else CASES
 
 
 def measure(tmp: Path, nproc: int) -> dict[str, int]:
     """Peak bytes per case, all cases in one process (or one torchrun job): process start-up dominates."""
     cases = {}
-    for name, model in SIZES.items():
+    for name, (model, ac) in cases_for(nproc).items():
         over = ["model.size=tiny"] + [f"model.{k}={v}" for k, v in model.items()]
-        over += [f"train.micro_batch={MICRO}", "parallel.precision=fp32"]
+        over += [f"train.micro_batch={MICRO}", "parallel.precision=fp32", f"parallel.ac={ac}"]
         cases[name] = over + (["parallel.backend=fsdp"] if nproc > 1 else [])
     (tmp / "cases.json").write_text(json.dumps(cases))
     out = tmp / "peaks.json"
@@ -40,8 +55,8 @@ def measure(tmp: Path, nproc: int) -> dict[str, int]:
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_predicted_peak_within_20_percent(tmp_path, nproc):
     measured = measure(tmp_path, nproc)
-    for name, model in SIZES.items():
+    for name, (model, ac) in cases_for(nproc).items():
         setup = Setup(ModelConfig(size="tiny", **model), gpus=nproc, backend="fsdp" if nproc > 1 else "none",
-                      precision="fp32", micro_batch=MICRO)
+                      precision="fp32", micro_batch=MICRO, ac=ac)
         predicted = plan(setup).total()
         assert abs(predicted - measured[name]) <= 0.20 * measured[name], (name, predicted, measured[name])

@@ -7,7 +7,6 @@ A run directory that cannot be written stops the run before training: one line, 
 from __future__ import annotations
 
 import errno
-from pathlib import Path
 
 import pytest
 

@@ -63,10 +63,11 @@ def cancel(*jobs: str) -> None:
         subprocess.run(["scancel", *map(str, jobs)], capture_output=True, timeout=30)
 
 
-def sbatch(script: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    """Submit a batch script; returns the job id."""
-    out = subprocess.run(["sbatch", "--parsable", *args, str(script)], capture_output=True, text=True,
-                         timeout=60, env=env, check=True)
+def sbatch(script: Path, *options: str, args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> str:
+    """Submit a batch script with sbatch `options` and the script's own `args`; returns the job id."""
+    out = subprocess.run(["sbatch", "--parsable", *options, str(script), *args], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 0, f"sbatch failed: {out.stderr}"
     return out.stdout.strip().split(";")[0]
 
 

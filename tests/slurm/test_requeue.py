@@ -1,65 +1,51 @@
-"""A training job on the local Slurm cluster, requeued while it runs (`scontrol requeue`): Slurm's SIGTERM
-makes the trainer checkpoint at a step boundary and exit 75, the job starts again and resumes, and the run
-ends with exactly its step count, every step logged once, and the losses of an uninterrupted run."""
+"""A sweep's run on the local Slurm cluster, requeued while it trains (`scontrol requeue`, what an admin or
+a preemption does): Slurm's SIGTERM makes the trainer checkpoint at a step boundary and exit 75, the entry
+point hands the run back to submitit, the job starts again and resumes, and the run ends with exactly its
+step count, every step logged once, and the losses of an uninterrupted run of the same config."""
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 import time
-from pathlib import Path
 
-from slurmutil import cancel, restarts, sbatch, squeue, wait_done
-from trainutil import final, losses, records, train_cmd, env
+from slurmutil import ACTIVE, cancel, restarts, rrtrain, squeue, status, submitted_jobs, sweep_file, wait_done
+from trainutil import PY, REPO, env, final, losses, records
 
 STEPS = 120
-ARGS = [f"train.max_steps={STEPS}", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0",
-        "train.global_batch=8", "train.micro_batch=8", "train.warmup_steps=2"]
-
-
-def batch_script(path: Path, run_dir: Path, data: Path, log: Path) -> Path:
-    """A plain batch script: one run, requeueable, its log appended across restarts."""
-    cmd = " ".join(shlex.quote(a) for a in train_cmd(run_dir, data, ARGS))
-    path.write_text("#!/bin/bash\n"
-                    "#SBATCH --job-name=rr-requeue --requeue --cpus-per-task=1 --time=5\n"
-                    f"#SBATCH --output={log} --open-mode=append\n"
-                    'echo "start restart=${SLURM_RESTART_COUNT:-0}"\n'
-                    f"exec {cmd}\n")
-    return path
-
-
-def wait_for_training(run_dir: Path, job: str, step: int, timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if max(losses(run_dir), default=0) >= step:
-            return
-        states = set(squeue(job).values())
-        assert states <= {"PENDING", "CONFIGURING", "RUNNING"}, f"job {job} left before step {step}: {states}"
-        time.sleep(0.1)
-    raise AssertionError(f"job {job} did not reach step {step} in {timeout} s")
 
 
 def test_scontrol_requeue_resumes_exactly(slurm_cluster, tmp_path, stories_data):
-    ref_dir, run_dir, log = tmp_path / "uninterrupted", tmp_path / "requeued", tmp_path / "job.log"
-    reference = subprocess.Popen(train_cmd(ref_dir, stories_data, ARGS), env=env(), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True)  # runs beside the job: two cores
-    job = sbatch(batch_script(tmp_path / "run.sbatch", run_dir, stories_data, log), env=env())
+    out = tmp_path / "sweep"
+    spec = sweep_file(tmp_path / "sweep.yaml", stories_data, variants=["review"], steps=STEPS,
+                      resources={"time_min": 10})
+    e = env()
+    proc = rrtrain("sweep", str(spec), "--out", str(out), "--executor", "slurm", env=e)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job = submitted_jobs(out)[0]["tiny-review-s0"]
+    run, ref = out / "tiny-review-s0", tmp_path / "uninterrupted"
+    # the same resolved config, uninterrupted, beside the job (two cores)
+    reference = subprocess.Popen([PY, "-m", "rrtrain.train", str(out / "configs" / "tiny-review-s0.yaml"),
+                                  f"run.dir={ref}"], cwd=REPO, env=e, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
     try:
-        wait_for_training(run_dir, job, 10)
+        deadline = time.time() + 240
+        while max(losses(run), default=0) < 10:
+            assert time.time() < deadline and squeue(job).get(job) in ACTIVE | {"PENDING"}, squeue(job)
+            time.sleep(0.1)
         subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, timeout=30)
         states = wait_done(job, timeout=300)
-        assert states == {job: "COMPLETED"}, (states, log.read_text()[-3000:])
-        assert restarts(job) == 1
         assert reference.wait(timeout=300) == 0, reference.stderr.read()[-3000:]
     finally:
         cancel(job)
         reference.kill()
-    text = log.read_text()
-    assert "start restart=0" in text and "start restart=1" in text, text[-3000:]
-    resumed = int(text.split("resumed at step ")[1].split()[0])  # the checkpoint written on Slurm's SIGTERM
-    assert 10 <= resumed < STEPS, text[-3000:]
-    fin = final(run_dir)
+    logs = "\n".join(p.read_text() for p in sorted((out / "slurm").rglob("*_log.*")))
+    assert states == {job: "COMPLETED"}, logs[-4000:]
+    assert restarts(job) >= 1
+    resumed = int(logs.split("resumed at step ")[1].split()[0])  # the checkpoint written on Slurm's SIGTERM
+    assert 10 <= resumed < STEPS, logs[-4000:]
+    fin = final(run)
     assert fin["status"] == "completed" and fin["step"] == STEPS
-    steps = [r["step"] for r in records(run_dir) if "loss" in r]
-    assert steps == list(range(1, STEPS + 1)), "every step logged exactly once, in order"
-    assert losses(run_dir) == losses(ref_dir)
+    assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, STEPS + 1)), "each step once"
+    assert losses(run) == losses(ref)
+    [row] = status(out, e)["runs"]
+    assert row["state"] == "completed" and row["step"] == row["total_steps"] == STEPS

@@ -4,8 +4,6 @@ sweep again leaves the completed runs alone and resubmits only the failed one.""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from slurmutil import cancel, restarts, rrtrain, status, submitted_jobs, sweep_file, wait_done
 from trainutil import env, final, records
 

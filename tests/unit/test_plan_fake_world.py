@@ -2,8 +2,8 @@
 process group (no communication), materialised as fake tensors, one forward/backward and one AdamW step.
 
 The per-rank parameter, gradient and optimizer bytes the plan predicts must equal the sharded tensors' local
-sizes exactly, for the first rank (the largest shards) and the last (the vocabulary's ragged end).
-Runtime: about 30 s per rank on one loaded CPU core.
+sizes exactly on the first rank (the largest shards); the last rank (the vocabulary's ragged end) is checked
+for its parameter bytes, which needs no step. Runtime: about 45 s on one loaded CPU core.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ def local_bytes(tensors) -> int:
                else t.numel() * t.element_size() for t in tensors)
 
 
-def simulate(m: ModelConfig, rank: int) -> dict[str, int]:
-    """Shard as rrtrain/parallel/engine.py does (bf16 compute, fp32 reduction), run one step on fake tensors."""
+def simulate(m: ModelConfig, rank: int, step: bool) -> dict[str, int]:
+    """Shard as rrtrain/parallel/engine.py does (bf16 compute, fp32 reduction); with `step`, run one
+    forward/backward and one AdamW step on fake tensors."""
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=WORLD)
     try:
         model = build_model(m, device="meta")
@@ -38,6 +39,8 @@ def simulate(m: ModelConfig, rank: int) -> dict[str, int]:
             fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
         params = local_bytes(model.parameters())
+        if not step:
+            return {"params": params}
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
             model.init_weights()
@@ -52,13 +55,20 @@ def simulate(m: ModelConfig, rank: int) -> dict[str, int]:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("rank", [0, WORLD - 1])
-def test_frontier_70b_sharded_state_matches_plan_exactly(rank):
+@pytest.mark.slow
+def test_frontier_70b_sharded_state_matches_plan_exactly():
     m = ModelConfig(size="frontier-70b")
-    measured = simulate(m, rank)
-    predicted = plan(Setup(m, gpus=WORLD, backend="fsdp"), rank=rank)
+    measured = simulate(m, rank=0, step=True)
+    predicted = plan(Setup(m, gpus=WORLD, backend="fsdp"))
     assert predicted.category("parameters") == measured["params"]
     assert predicted.category("gradients") == measured["grads"]
     assert predicted.category("optimizer") == measured["optim"]
-    if rank == 0:  # the first rank holds the largest shard of every tensor: at least an even share
-        assert measured["params"] * WORLD >= 4 * predicted.params
+    assert measured["params"] * WORLD >= 4 * predicted.params  # the first rank holds at least an even share
+
+
+def test_frontier_70b_last_rank_ragged_shard_matches_plan():
+    m = ModelConfig(size="frontier-70b")
+    measured = simulate(m, rank=WORLD - 1, step=False)
+    predicted = plan(Setup(m, gpus=WORLD, backend="fsdp"), rank=WORLD - 1)
+    assert predicted.category("parameters") == measured["params"]
+    assert measured["params"] < plan(Setup(m, gpus=WORLD, backend="fsdp")).category("parameters")

@@ -1,0 +1,52 @@
+"""Whether a run compiles its blocks: `train.compile` is true, false or "auto" (the default).
+
+"auto" compiles where it pays for itself: on a CUDA device, for runs of at least `AUTO_MIN_STEPS` optimizer
+steps. Compiling costs a fixed time up front (inductor, once per block shape) and saves a share of every
+step after it; on CPU it never paid in our measurements (compiled steps were no faster, and compiling took
+minutes; docs/performance.md, "Compile"), so "auto" stays eager there, as tests and the tiny demo want.
+`true` asks for compilation wherever possible. Where compilation is unavailable (Python version, no Triton
+for CUDA, no C++ compiler for CPU) the run continues eagerly and says so in one line.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from typing import Optional, Union
+
+import torch
+
+#: shortest run (optimizer steps) that "auto" compiles on a GPU: see docs/performance.md, "Compile"
+AUTO_MIN_STEPS = 1000
+
+
+def unavailable_reason(device: torch.device) -> Optional[str]:
+    """Why torch.compile cannot run here, or None when it can."""
+    import torch._dynamo  # already imported by torch.optim, so free here
+
+    if not torch._dynamo.is_dynamo_supported():
+        return f"torch.compile does not support Python {sys.version_info.major}.{sys.version_info.minor}"
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else "Triton is not installed"
+    if not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+        return "no C++ compiler on PATH"
+    return None
+
+
+def resolve_compile(setting: Union[bool, str], device: torch.device, total_steps: int,
+                    announce: bool = True) -> bool:
+    """The `train.compile` setting made definite for this run; prints one line when a request cannot be met."""
+    if setting == "auto":
+        wanted = device.type == "cuda" and total_steps >= AUTO_MIN_STEPS
+    else:
+        wanted = bool(setting)
+    if not wanted:
+        return False
+    reason = unavailable_reason(device)
+    if reason is None:
+        return True
+    if announce:
+        print(f"rrtrain: train.compile: {reason}; running eagerly", flush=True)
+    return False

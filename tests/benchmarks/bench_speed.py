@@ -1,0 +1,87 @@
+"""Step time by the trainer's own logged tokens/s, default settings: every rule against `standard` and its FLOPs,
+and `standard`'s model FLOP/s against the CPU matmul peak measured in the same process.
+
+Run:  .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/benchmarks/bench_speed.py   (or `make bench`)
+      RRTRAIN_BENCH_STEPS=2000 ... for the issue's 2,000-step runs (the defaults are shorter; see below)
+
+Each run is `rrtrain train` on the synthetic stories (byte vocabulary) with the defaults (train.compile=auto:
+eager on CPU), one thread; tokens/s is the median of its logged `tokens_per_s` windows after the first
+(`train.log_every` steps each, evaluation and checkpoints off). Step-time ratio of a rule = standard's tokens/s
+/ the rule's; FLOP ratio = `sizing.flops_per_token` of the rule / standard's (6 x matmul weights + attention),
+at the same shape (no parameter matching). `standard` runs first and last and its mean is used, so a drift
+of the machine's speed during the sitting shows up as the difference between those two.
+
+1. tiny (d_model 64, 4 blocks, seq 64, batch 16): the table for every rule.
+2. ~20M (d_model 384, 8 blocks, 6 heads, d_ff 1536, seq 256, batch 4, vocab 8192): standard and review.
+3. standard at d_model 128, 4 blocks, 4 heads, seq 64, batch 12, fp32: logged MFU = tokens/s x FLOPs per token
+   / the peak the trainer probes in the same process (`rrtrain.hardware.cpu_peak_flops`); target >= 65%.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+
+import pytest
+
+from rrtrain import residuals, sizing
+from rrtrain.config import ResidualConfig
+from trainutil import prep_stories, records, train
+
+STEPS = int(os.environ.get("RRTRAIN_BENCH_STEPS", "0"))
+BASE = ["train.eval_every=0", "train.ckpt_every=0", "data.eval_batches=1", "train.warmup_steps=5"]
+M20 = ["model.d_model=384", "model.n_layers=8", "model.n_heads=6", "model.d_ff=1536", "model.vocab_size=8192",
+       "train.global_batch=4", "train.micro_batch=4"]
+D128 = ["model.variant=standard", "model.d_model=128", "model.n_layers=4", "model.n_heads=4", "model.d_ff=512",
+        "train.global_batch=12", "train.micro_batch=12", "parallel.precision=fp32"]
+
+
+def run(tmp: Path, data: Path, name: str, steps: int, log_every: int, *overrides: str) -> dict:
+    run_dir = tmp / name
+    train(run_dir, data, *BASE, f"train.max_steps={steps}", f"train.log_every={log_every}", *overrides,
+          timeout=7200)
+    logged = [r for r in records(run_dir) if "tokens_per_s" in r][1:]  # the first window holds the warm-up
+    fin = json.loads((run_dir / "final.json").read_text())
+    shape = sizing.ModelShape(**fin["shape"])
+    variant = next(o.split("=", 1)[1] for o in overrides if o.startswith("model.variant="))
+    return {"tps": statistics.median(r["tokens_per_s"] for r in logged),
+            "mfu": statistics.median(r["mfu"] for r in logged),
+            "flops": sizing.flops_per_token(shape, variant, ResidualConfig()), "params": fin["params"]}
+
+
+def ratio_table(tmp: Path, data: Path, label: str, variants: list[str], steps: int, log_every: int,
+                *overrides: str) -> None:
+    first = run(tmp, data, f"{label}-standard-a", steps, log_every, "model.variant=standard", *overrides)
+    rows = {v: run(tmp, data, f"{label}-{v}", steps, log_every, f"model.variant={v}", *overrides) for v in variants}
+    last = run(tmp, data, f"{label}-standard-b", steps, log_every, "model.variant=standard", *overrides)
+    std_tps = (first["tps"] + last["tps"]) / 2
+    print(f"\n{label}: {steps} steps, standard {first['tps']:,.0f} then {last['tps']:,.0f} tokens/s")
+    print("| rule | params | tokens/s | step-time ratio vs standard | FLOP ratio | excess over FLOPs |")
+    print("|---|---|---|---|---|---|")
+    for v, r in rows.items():
+        time_ratio, flop_ratio = std_tps / r["tps"], r["flops"] / first["flops"]
+        print(f"| {v} | {r['params'] / 1e6:.2f}M | {r['tps']:,.0f} | {time_ratio:.2f} | {flop_ratio:.2f} | "
+              f"{time_ratio - flop_ratio:+.2f} |", flush=True)
+
+
+@pytest.fixture(scope="module")
+def data_256(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return prep_stories(tmp_path_factory.mktemp("data256") / "stories", num_docs=800, seq_len=256)
+
+
+def test_every_rule_against_standard_tiny(tmp_path, stories_data):
+    rules = [n for n in residuals.names() if n != "standard"]
+    ratio_table(tmp_path, stories_data, "tiny", rules, STEPS or 60, 10, "train.global_batch=16",
+                "train.micro_batch=16")
+
+
+def test_review_against_standard_20m(tmp_path, data_256):
+    ratio_table(tmp_path, data_256, "20M", ["review"], STEPS or 12, 3, *M20)
+
+
+def test_standard_d128_against_the_matmul_peak(tmp_path, stories_data):
+    r = run(tmp_path, stories_data, "d128", STEPS or 60, 10, *D128)
+    print(f"\nstandard d128: {r['tps']:,.0f} tokens/s x {r['flops'] / 1e6:.2f} MFLOP/token = "
+          f"{r['tps'] * r['flops'] / 1e9:.1f} GFLOP/s; logged MFU (vs the in-process matmul probe) {100 * r['mfu']:.1f}%")

@@ -1,0 +1,97 @@
+"""The chaos run: one run SIGKILLed (the whole process tree) at 10 moments, some inside checkpoint writes,
+some inside evaluation, some at random, and restarted each time, ends with every step in metrics.jsonl
+exactly once and losses bitwise identical to the uninterrupted run; on one process and on two FSDP ranks.
+Budget: about 90 s (1 process) + 120 s (FSDP) on a quiet machine."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from trainutil import final, kill_group, losses, records, start, train
+
+STEPS, EVERY_CKPT, EVERY_EVAL, KILLS = 32, 2, 3, 10
+ARGS = (f"train.max_steps={STEPS}", f"train.ckpt_every={EVERY_CKPT}", f"train.eval_every={EVERY_EVAL}",
+        "train.log_every=1", "train.keep_ckpts=2", "data.eval_batches=6")
+BACKENDS = {"single": ((), 1), "fsdp2": (("train.micro_batch=8", "parallel.backend=fsdp"), 2)}
+
+
+def last_record(run: Path) -> dict:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return {}
+    lines = path.read_text().splitlines()
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            continue
+    return {}
+
+
+def tmp_dirs(run: Path) -> set[str]:
+    root = run / "checkpoints"
+    return {p.name for p in root.glob(".tmp_*")} if root.exists() else set()
+
+
+def in_eval(run: Path) -> bool:
+    rec = last_record(run)
+    return "loss" in rec and rec["step"] % EVERY_EVAL == 0 and rec["step"] < STEPS
+
+
+def kill_at(run: Path, proc, mode: str, rng: random.Random, stale: set[str], timeout: float = 240) -> str:
+    """Wait for the moment `mode` names, kill the process tree, and say where the kill landed."""
+    start_step = max(losses(run), default=0)
+    deadline = time.time() + timeout
+    delay = rng.uniform(0.0, 1.5)
+    progressed_at = None
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended by itself (exit {proc.returncode}):\n{proc.stdout.read()[-3000:]}")
+        progressed = max(losses(run), default=0) > start_step
+        if progressed and progressed_at is None:
+            progressed_at = time.time()
+        if progressed and (
+            (mode == "ckpt" and tmp_dirs(run) - stale)
+            or (mode == "eval" and in_eval(run))
+            or (mode == "random" and time.time() - progressed_at >= delay)
+        ):
+            break
+        time.sleep(0.002)
+    else:
+        raise AssertionError(f"no moment for a {mode} kill within {timeout} s")
+    kill_group(proc)
+    if tmp_dirs(run) - stale:
+        return "ckpt"
+    return "eval" if in_eval(run) else "step"
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_chaos_run_matches_the_uninterrupted_run(tmp_path, stories_data, backend):
+    extra, nproc = BACKENDS[backend]
+    ref = tmp_path / "ref"
+    train(ref, stories_data, *ARGS, *extra, nproc=nproc)
+    run = tmp_path / "run"
+    rng = random.Random(13)
+    modes = ["ckpt"] * 4 + ["eval"] * 3 + ["random"] * 3
+    rng.shuffle(modes)
+    landed = {"ckpt": 0, "eval": 0, "step": 0}
+    for mode in modes:
+        stale = tmp_dirs(run)
+        proc = start(run, stories_data, *ARGS, *extra, nproc=nproc)
+        landed[kill_at(run, proc, mode, rng, stale)] += 1
+        proc.stdout.close()
+    train(run, stories_data, *ARGS, *extra, nproc=nproc)
+    print(f"\nchaos {backend}: {KILLS} SIGKILLs, {landed['ckpt']} inside a checkpoint write, {landed['eval']} inside "
+          f"evaluation, {landed['step']} elsewhere; {KILLS} restarts recovered; steps lost: 0")
+    steps = [r["step"] for r in records(run) if "loss" in r]
+    assert steps == list(range(1, STEPS + 1))  # every step exactly once
+    evals = [r["step"] for r in records(run) if "val_loss" in r]
+    assert evals == sorted(set(evals)) == [r["step"] for r in records(ref) if "val_loss" in r]
+    assert losses(run) == losses(ref)  # bitwise
+    assert final(run)["status"] == "completed" and final(run)["final_val_loss"] == final(ref)["final_val_loss"]
+    assert landed["ckpt"] >= 1
