@@ -23,6 +23,7 @@ Exit status: 0 when every run completed or was stopped by the monitor, 1 when a 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -76,24 +77,45 @@ def read_status(out: Path) -> Optional[dict[str, Any]]:
     return status_cli.collect(out)
 
 
-def fraction_done(rows: list[dict[str, Any]]) -> Optional[float]:
-    """The share of the sweep's steps that is behind it: an ended run counts whole (a stopped run's
-    remaining steps will never be spent)."""
-    total = done = 0
+def step_costs(out: Path) -> dict[str, float]:
+    """Training FLOPs per step of every run (from its resolved config), so that the time left weighs a
+    40-sublayer run's step above a 2-block one's; empty when a config cannot be read."""
+    from launchers import record
+    from rrtrain.config import Config, build
+    from rrtrain.sizing import flops_per_token, resolve_shape
+
+    rec = record.load(out) or {}
+    costs: dict[str, float] = {}
+    try:
+        for rid, entry in rec.get("runs", {}).items():
+            cfg = build(Config, entry["config"])
+            manifest = json.loads((Path(cfg.data.path) / "manifest.json").read_text()) if cfg.data.path else {}
+            shape = resolve_shape(cfg.model, manifest.get("vocab_size"))
+            costs[rid] = flops_per_token(shape, cfg.model.variant, cfg.model.residual) * cfg.train.global_batch
+    except (UsageError, KeyError, TypeError, OSError, ValueError):
+        return {}
+    return costs
+
+
+def fraction_done(rows: list[dict[str, Any]], costs: dict[str, float]) -> Optional[float]:
+    """The share of the sweep's work that is behind it, in training FLOPs (steps when they are unknown): an
+    ended run counts whole (a stopped run's remaining steps will never be spent)."""
+    total = done = 0.0
     for r in rows:
         steps = r["total_steps"]
         if not steps:
             return None
-        total += steps
-        done += steps if r["state"] in ENDED else min(r["step"] or 0, steps)
+        weight = costs.get(r["id"], 1.0)
+        total += weight * steps
+        done += weight * (steps if r["state"] in ENDED else min(r["step"] or 0, steps))
     return done / total if total else None
 
 
-def progress_line(status: dict[str, Any], elapsed: float) -> str:
+def progress_line(status: dict[str, Any], elapsed: float, costs: dict[str, float]) -> str:
     rows = status["runs"]
     ended = sum(r["state"] in ENDED for r in rows)
     running = [r for r in rows if r["state"] == "running"]
-    frac = fraction_done(rows)
+    frac = fraction_done(rows, costs)
     eta = f"{elapsed * (1 - frac) / frac:.0f} s" if frac and frac < 1 else "-"
     parts = [f"{r['id']} {r['step'] or 0}/{r['total_steps']}" +
              (f" loss {r['loss']:.3f}" if isinstance(r["loss"], (int, float)) else "") for r in running]
@@ -106,11 +128,15 @@ def follow(proc: subprocess.Popen, out: Path, interval: float, wait_for_runs: bo
     queued), until every run has ended; returns the last status."""
     start, last = time.time(), ""
     status: Optional[dict[str, Any]] = None
+    costs: dict[str, float] = {}
     while True:
         ended = proc.poll() is not None
         status = read_status(out)
         if status is not None:
-            line = progress_line(status, time.time() - start)
+            if not costs:
+                costs = step_costs(out)
+                start = time.time()  # the time left is measured from here, after the data prep
+            line = progress_line(status, time.time() - start, costs)
             if line.split("] ", 1)[1] != last:
                 print(line, flush=True)
                 last = line.split("] ", 1)[1]
