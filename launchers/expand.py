@@ -72,7 +72,7 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
     check_safe(str(out), "sweep directory")
     check_safe(spec.name, "sweep name")
     base = read_yaml(sweep.base_config)
-    ids = {run_id(size, v, seed) for size, s in sweep.size_specs.items() for v in spec.variants
+    ids = {run_id(size, v, seed) for size, s in sweep.size_specs.items() for v in size_variants(sweep, size)
            for seed in range(s.seeds)}
     for rid, over in spec.runs.items():
         if rid not in ids:
@@ -84,7 +84,7 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
             raise UsageError(f"runs.{rid}: {moved[0]} is an axis of the sweep and cannot be overridden per run")
     runs: list[Run] = []
     for size, s in sweep.size_specs.items():
-        for variant in spec.variants:
+        for variant in size_variants(sweep, size):
             for seed in range(s.seeds):
                 rid = check_safe(run_id(size, variant, seed), "run name")
                 data = copy.deepcopy(base)
@@ -114,6 +114,12 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
                     raise UsageError(f"run {rid}: no budget: set sizes.{size}.tokens or train.max_steps")
                 runs.append(Run(rid, size, variant, seed, cfg.to_dict(), sweep.size_resources[size]))
     return runs
+
+
+def size_variants(sweep: Sweep, size: str) -> list[str]:
+    """The residual rules run at one size: the size's own `variants`, else the sweep's."""
+    own = sweep.size_specs[size].variants
+    return list(own) if own is not None else list(sweep.spec.variants)
 
 
 def data_path(sweep: Sweep, out: Path) -> Optional[Path]:

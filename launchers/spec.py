@@ -65,6 +65,7 @@ class SizeSpec:
     tokens: Optional[int] = None  # the token budget of every variant at this size (train.tokens)
     overrides: dict = field(default_factory=dict)  # training keys for this size, e.g. {train.max_steps: 40}
     resources: dict = field(default_factory=dict)  # over the sweep's `resources`
+    variants: Optional[list] = None  # the residual rules run at this size (default: the sweep's `variants`)
 
 
 @dataclass
@@ -123,7 +124,7 @@ def flat_overrides(data: Any, where: str) -> dict[str, Any]:
 def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
     """Read and validate a sweep file, with `key.sub=value` overrides of its own keys (e.g.
     `resources.partition=debug`); raises UsageError with a one-line reason."""
-    from rrtrain import residuals, sizing
+    from rrtrain import sizing
 
     path = Path(path).resolve()
     raw = apply_overrides(read_yaml(path), overrides or [])
@@ -137,12 +138,7 @@ def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
         raise UsageError("set either 'data' (a prepared directory) or 'prep' (the sweep prepares it), not both")
     if not spec.variants:
         raise UsageError("'variants' is empty: list the residual rules to compare, e.g. [review, highway, standard]")
-    known = residuals.names()
-    for v in list(spec.variants) + ([spec.match] if spec.match else []):
-        if v not in known:
-            close = difflib.get_close_matches(str(v), known, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise UsageError(f"variants: unknown residual rule '{v}'{hint}; known: {', '.join(known)}")
+    check_variants(list(spec.variants) + ([spec.match] if spec.match else []), "variants")
     if len(set(spec.variants)) != len(spec.variants):
         raise UsageError(f"variants: listed twice: {spec.variants}")
     if not spec.sizes:
@@ -161,6 +157,10 @@ def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
             raise UsageError(f"sizes.{size}.seeds must be at least 1, got {s.seeds}")
         if s.tokens is not None and s.tokens < 1:
             raise UsageError(f"sizes.{size}.tokens must be at least 1, got {s.tokens}")
+        if s.variants is not None:
+            if not s.variants or len(set(s.variants)) != len(s.variants):
+                raise UsageError(f"sizes.{size}.variants must list each residual rule once, got {s.variants}")
+            check_variants(s.variants, f"sizes.{size}.variants")
         s.overrides = flat_overrides(s.overrides, f"sizes.{size}.overrides")
         merged = _merge(dataclasses.asdict(spec.resources), s.resources or {})
         res: Resources = build(Resources, merged, f"sizes.{size}.resources")
@@ -172,6 +172,18 @@ def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
     if not 0 < spec.mfu <= 1:
         raise UsageError(f"mfu must be in (0, 1], got {spec.mfu}")
     return Sweep(spec, path, sha, base, size_specs, size_resources)
+
+
+def check_variants(names: list, where: str) -> None:
+    """Refuse a residual rule that does not exist, naming the closest one."""
+    from rrtrain import residuals
+
+    known = residuals.names()
+    for v in names:
+        if v not in known:
+            close = difflib.get_close_matches(str(v), known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UsageError(f"{where}: unknown residual rule '{v}'{hint}; known: {', '.join(known)}")
 
 
 def _find_config(sweep_path: Path, name: str) -> Path:

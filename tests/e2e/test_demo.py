@@ -1,0 +1,51 @@
+"""`rrtrain demo` end to end through `rrtrain sweep` (the local executor), on the real demo sweep file made
+smaller with the sweep's own overrides: 10 steps at the two small sizes, 40 for `review` at 40 sublayers, and
+the monitor's plateau test from step 40 over 30 steps. `review_convex` keeps the demo's data and 120-step
+schedule (its trajectory is the demo's), so the monitor stops it on the same unigram plateau, only sooner.
+Budget: about 1.5 minutes on 2 quiet cores (14 short runs, two at a time, most of it process start-up)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from trainutil import PY, REPO, env
+
+pytestmark = pytest.mark.slow
+
+CONVEX_STEPS = 120  # configs/sweeps/demo.yaml's budget at tiny-deep
+SMALL = ["sizes.micro.overrides.train.max_steps=10", "sizes.tiny.overrides.train.max_steps=10",
+         "runs.tiny-deep-review-s0.train.max_steps=40",
+         "overrides.monitor.min_steps=40", "overrides.monitor.window=30"]
+
+
+def test_demo_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.run([PY, "-m", "rrtrain", "demo", "--out", str(out), "--parallel", "2", "--interval", "1",
+                           *SMALL], capture_output=True, text=True, env=env(), cwd=REPO, timeout=900)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-6000:]
+
+    finals = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/final.json")}
+    assert len(finals) == 14, sorted(finals)  # 3 variants x 2 sizes x 2 seeds, and review / review_convex deep
+    convex = finals.pop("tiny-deep-review_convex-s0")
+    assert convex["status"] == "stalled" and convex["step"] < CONVEX_STEPS, convex
+    assert {f["status"] for f in finals.values()} == {"completed"}, {k: f["status"] for k, f in finals.items()}
+
+    assert "runs done" in text and "time left" in text  # progress while it ran
+    assert "\n| " in proc.stdout and "review" in proc.stdout  # the report's table
+    flagged = proc.stdout.split("flagged runs:", 1)[1]
+    assert "tiny-deep-review_convex-s0 [stalled]" in flagged and "stalled: smoothed loss" in flagged
+    assert f"rrtrain dashboard {out}" in proc.stdout
+
+    report = out / "report"
+    for name in ("report.md", "results.csv", "summary.json"):
+        assert (report / name).stat().st_size > 0, name
+    plots = list(report.glob("*.png"))
+    assert plots and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
+    logdir = out / ".dashboard" / "logdir"
+    assert logdir.is_dir() and str(logdir) in proc.stdout
+    assert (logdir / "tiny-deep" / "review_convex").is_dir()
