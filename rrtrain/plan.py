@@ -37,13 +37,14 @@ import torch
 from rrtrain import sizing
 from rrtrain.config import ModelConfig
 from rrtrain.errors import UsageError
-from rrtrain.hardware import GPU_MEMORY_GIB, GPU_PEAK_TFLOPS
+from rrtrain.hardware import GPU_MEMORY_GIB, GPU_PEAK_TFLOPS, precision_key
 
 #: the share of a GPU's memory the plan leaves free for the CUDA context, NCCL buffers and fragmentation
 HEADROOM = 0.10
 BACKENDS = ("none", "fsdp", "deepspeed")
 AC_MODES = ("none", "selective", "full")
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+PRECISIONS = ("bf16", "fp32_tf32", "fp32")  # as parallel.precision
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Setup:
     global_batch: Optional[int] = None  # None: micro_batch x GPUs (no accumulation)
     tokens: Optional[float] = None
     mfu: float = 0.40
-    precision: str = "bf16"  # "bf16" (mixed, as on GPUs) or "fp32" (CPU tests)
+    precision: str = "bf16"  # "bf16" (mixed, as on GPUs), "fp32_tf32" (fp32, TF32 matmuls) or "fp32" (CPU tests)
     reshard_after_forward: bool = True
     shape: Optional[sizing.ModelShape] = None  # the resolved shape when known (a matched sweep run); else the preset's
 
@@ -93,8 +94,8 @@ def check(s: Setup) -> None:
         raise UsageError(f"--ac-every must be at least 1, got {s.ac_every}")
     if s.zero_stage not in (1, 2, 3):
         raise UsageError(f"--zero-stage must be 1, 2 or 3, got {s.zero_stage}")
-    if s.precision not in DTYPE_BYTES:
-        raise UsageError(f"--precision must be bf16 or fp32, got '{s.precision}'")
+    if s.precision not in PRECISIONS:
+        raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{s.precision}'")
     if s.micro_batch < 1:
         raise UsageError(f"--micro-batch must be at least 1, got {s.micro_batch}")
     if not 0.0 < s.mfu <= 1.0:
@@ -111,13 +112,18 @@ def check(s: Setup) -> None:
     gpu_spec(s.gpu)
 
 
-def gpu_spec(name: str) -> tuple[float, int]:
-    """(bf16 dense peak FLOP/s, memory bytes) of a GPU named case-insensitively, e.g. h100."""
+def gpu_spec(name: str, precision: str = "bf16") -> tuple[float, int]:
+    """(dense peak FLOP/s of the run's matmul precision, memory bytes) of a GPU named case-insensitively, e.g. h100."""
     key = name.upper()
     if key not in GPU_MEMORY_GIB:
         known = ", ".join(k.lower() for k in GPU_MEMORY_GIB)
         raise UsageError(f"--gpu: unknown GPU '{name}'; known: {known}")
-    return GPU_PEAK_TFLOPS[key]["bf16"] * 1e12, int(GPU_MEMORY_GIB[key] * 2**30)
+    return GPU_PEAK_TFLOPS[key][precision_key(precision)] * 1e12, int(GPU_MEMORY_GIB[key] * 2**30)
+
+
+def storage(precision: str) -> str:
+    """The dtype of a precision's parameters and activations: fp32_tf32 stores fp32 (only its matmuls differ)."""
+    return "bf16" if precision == "bf16" else "fp32"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,7 +372,7 @@ UNSHARDED_GRADS = "unsharded gradients kept across micro-batches (no-sync accumu
 def _held_fsdp(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item]]:
     """FSDP2 as rrtrain/parallel/engine.py applies it: every block a unit, then the root."""
     local = lay.shard_numel(s.shard, rank % s.shard)
-    c, cdt = DTYPE_BYTES[s.precision], s.precision
+    c, cdt = DTYPE_BYTES[storage(s.precision)], storage(s.precision)
     block, root = lay.block_numel(), lay.unit_numel(-1)
     state = [Item("parameters (sharded master)", "fp32", 4 * local), Item("gradients (sharded)", "fp32", 4 * local),
              *_adam(local, len(lay.tensors))]
@@ -385,9 +391,9 @@ def _held_fsdp(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item]
 
 def _held_deepspeed(s: Setup, lay: Layout) -> tuple[list[Item], list[Item]]:
     """ZeRO's documented layout: stage 1 shards the moments and master weights, 2 also gradients, 3 also weights."""
-    p, z, c = lay.numel, s.zero_stage, DTYPE_BYTES[s.precision]
+    p, z, c = lay.numel, s.zero_stage, DTYPE_BYTES[storage(s.precision)]
     part = -(-p // s.gpus)
-    state = [Item("parameters" + (" (bf16 working copy)" if s.precision == "bf16" else ""), s.precision,
+    state = [Item("parameters" + (" (bf16 working copy)" if s.precision == "bf16" else ""), storage(s.precision),
                   c * (part if z == 3 else p))]
     if s.precision == "bf16":
         state.append(Item("parameters (fp32 master, sharded)", "fp32", 4 * part))
@@ -395,7 +401,7 @@ def _held_deepspeed(s: Setup, lay: Layout) -> tuple[list[Item], list[Item]]:
     state += [Item("gradient accumulation buffers" + (" (sharded)" if z >= 2 else ""), "fp32",
                    4 * (part if z >= 2 else p)),
               Item("optimizer: AdamW exp_avg + exp_avg_sq (sharded)", "fp32", 8 * part)]
-    gathered = Item("gathered blocks (current + prefetched)", s.precision, 2 * c * lay.block_numel())
+    gathered = Item("gathered blocks (current + prefetched)", storage(s.precision), 2 * c * lay.block_numel())
     transient = [gathered] if z == 3 else []
     return state, transient
 
@@ -419,7 +425,7 @@ def _warnings(s: Setup, transient: list[Item], usable: int) -> list[str]:
 
 def comm_bytes_per_step(s: Setup, lay: Layout) -> int:
     """Bytes each rank sends per optimizer step with ring collectives ((n-1)/n of the buffer each)."""
-    p, c = lay.numel, DTYPE_BYTES[s.precision]
+    p, c = lay.numel, DTYPE_BYTES[storage(s.precision)]
     if s.backend == "none" or s.gpus == 1:
         return 0
     w, r = s.shard, s.gpus // s.shard
@@ -442,12 +448,12 @@ def plan(s: Setup, rank: int = 0) -> Plan:
     lay = layout(s.model, shape)
     state, transient = _held(s, lay, rank)
     autocast = s.backend == "none" and s.precision == "bf16"
-    prof = activation_profile(s.model, shape, s.precision, autocast)
+    prof = activation_profile(s.model, shape, storage(s.precision), autocast)
     acts = {mode: s.micro_batch * (prof.saved(shape.n_layers, mode, s.ac_every)
                                    + (prof.per_block if mode != "none" else 0)  # one block recomputed
                                    + prof.loss_grad)
             for mode in AC_MODES}
-    peak, capacity = gpu_spec(s.gpu)
+    peak, capacity = gpu_spec(s.gpu, s.precision)
     fpt = sizing.flops_per_token(shape, s.model.variant, s.model.residual)
     recompute = checkpointed_blocks(shape.n_layers, s.ac, s.ac_every) / shape.n_layers
     time_s = gpu_hours = None

@@ -63,7 +63,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilisation to assume (default 0.40, "
                    "or the sweep's mfu)")
     p.add_argument("--variant", default="standard", help="residual rule (default standard)")
-    p.add_argument("--precision", default="bf16", help="bf16 (default) or fp32")
+    p.add_argument("--precision", default="bf16", help="bf16 (default), fp32_tf32 or fp32 (as parallel.precision)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="model overrides, e.g. --set residual.streams=4 --set vocab_size=32000")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -120,7 +120,7 @@ def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tu
             model=cfg.model, shape=shape, gpus=gpus, gpu=gpu, backend=par.backend if gpus > 1 else "none",
             dp_shard=getattr(par, "dp_shard", None), zero_stage=par.zero_stage, ac=par.ac, ac_every=par.ac_every,
             micro_batch=t.micro_batch, global_batch=t.global_batch, tokens=tokens, mfu=mfu,
-            precision="bf16" if par.precision == "bf16" else "fp32",
+            precision=par.precision,
             reshard_after_forward=par.reshard_after_forward)))
     return setups
 

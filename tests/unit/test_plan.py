@@ -123,3 +123,11 @@ def test_cli_bad_input_is_one_line_exit_2(capsys, argv, needle):
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1 and "Traceback" not in err
     assert needle in err, err
+
+
+def test_fp32_tf32_stores_fp32_and_runs_at_the_tf32_peak():
+    m = ModelConfig(size="rr-60m", variant="review")
+    tf32, fp32, bf16 = (plan(Setup(m, gpus=8, tokens=10**9, precision=p)) for p in ("fp32_tf32", "fp32", "bf16"))
+    assert tf32.total() == fp32.total()  # only the matmuls differ
+    assert tf32.time_s == pytest.approx(bf16.time_s * gpu_spec("h100")[0] / gpu_spec("h100", "fp32_tf32")[0])
+    assert tf32.time_s > bf16.time_s
