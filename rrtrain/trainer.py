@@ -68,6 +68,7 @@ class Trainer:
         self.pending: list[tuple[dict[str, Any], torch.Tensor]] = []  # steps whose values are still on the device
         self.stopping, self.checkpoint_at_end = False, True  # set by request_stop
         self.resumed_at: Optional[int] = None  # the checkpoint step this process started from
+        self.resumed_callbacks: dict[str, Any] = {}  # the callbacks' states in that checkpoint
         problem = unwritable_reason(self.run_dir) if self.info.is_main else None
         dist.raise_together(f"run.dir '{self.run_dir}' cannot be written: {problem}" if problem else None)
         self.lock = runlock.hold(self.run_dir, cfg.run.lock_wait_s, self.info.is_main, self.info.device)
@@ -125,11 +126,13 @@ class Trainer:
         self.ckpt = CheckpointManager(self.run_dir, t.keep_ckpts, info)
 
     def resume(self) -> Optional[int]:
-        """Load the latest checkpoint if there is one; returns its step."""
-        latest = self.ckpt.latest()
+        """Load the latest checkpoint if there is one; returns its step. The callbacks' states wait in
+        `resumed_callbacks` until the callbacks exist."""
+        latest = self.ckpt.latest()  # verifies every file's checksum: once per resume
         if latest is None:
             return None
         state = self.ckpt.read_train_state(latest)
+        self.resumed_callbacks = state.get("callbacks", {})
         accepted = check_resume(state["config"], self.cfg.to_dict(), state["world_size"], self.info.world_size,
                                 self.cfg.train.allow_config_change)
         self.ckpt.load(self.engine, latest)
@@ -252,8 +255,7 @@ class Trainer:
         self.log = MetricsLogger(self.run_dir, self.info.is_main, resume_step=resumed)
         stop = StopFlag().install()
         self.callbacks = default_callbacks(self.cfg, stop)
-        if resumed is not None:
-            self.load_callback_states(self.ckpt.read_train_state(self.ckpt.latest()).get("callbacks", {}))
+        self.load_callback_states(self.resumed_callbacks)
         if self.info.is_main:
             atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
         batches = iter(self.loader)
