@@ -99,8 +99,9 @@ def test_unknown_variant_suggests_closest():
 
 
 def test_unknown_size_suggests_closest():
-    assert error(None, ["model.size=rr-1bn"]).startswith(
-        "model.size: unknown preset 'rr-1bn' (did you mean 'rr-1b'?); known: tiny, rr-60m,")
+    message = error(None, ["model.size=rr-1bn"])
+    assert message.startswith("model.size: unknown preset 'rr-1bn' (did you mean 'rr-1b'?); known: ")
+    assert "tiny, tiny-deep, rr-60m, rr-150m" in message  # every preset, in size order
 
 
 def test_malformed_yaml_gives_the_line(tmp_path):
