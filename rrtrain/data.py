@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import tempfile
 import threading
 import weakref
@@ -135,6 +136,30 @@ def shm_guard(local_rank: int = 0) -> Iterator[None]:
             handle.close()  # releases the lock
 
 
+def unlink_stale_beyond_gaps(shm_dir: str = "/dev/shm") -> int:
+    """Unlink every streaming shared-memory name in `shm_dir`; returns how many.
+
+    Streaming's `clean_stale_shared_memory` walks prefixes 0, 1, 2, ... and stops at the first free one, so
+    the names of runs killed while a lower prefix was free stay for good; every later `StreamingDataset` opens
+    all of them and keeps them open (hundreds of leaked runs exhaust a process's file descriptors). This removes
+    what streaming's cleaner would, beyond its first gap too. Call it where streaming's cleaner runs: on the
+    local leader, under `shm_guard`."""
+    constant = streaming_module("streaming.base.constant")
+    pattern = re.compile(r"^\d{6}_(" + "|".join(map(re.escape, constant.SHM_TO_CLEAN)) + ")$")
+    try:
+        names = [n for n in os.listdir(shm_dir) if pattern.match(n)]
+    except OSError:
+        return 0  # no /dev/shm (not Linux): streaming's own cleaner is all there is
+    removed = 0
+    for name in names:
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+            removed += 1
+        except OSError:
+            pass  # gone meanwhile, or not ours to remove
+    return removed
+
+
 def clean_stale_shm(local_rank: int = 0) -> None:
     """Remove shared memory leaked by crashed streaming runs, once per process, before any dataset.
 
@@ -153,6 +178,8 @@ def clean_stale_shm(local_rank: int = 0) -> None:
         if not had_env:
             os.environ["LOCAL_RANK"] = str(local_rank)
         try:
+            if int(os.environ["LOCAL_RANK"]) == 0:
+                unlink_stale_beyond_gaps()
             clean_stale_shared_memory()
         finally:
             if not had_env:

@@ -26,3 +26,17 @@ def test_loaders_started_together_do_not_collide(stories_data, tmp_path):
         if proc.returncode != 0:
             failures.append(err.strip().splitlines()[-1])
     assert not failures, failures
+
+
+def test_stale_names_beyond_a_gap_are_unlinked(tmp_path):
+    """Streaming's cleaner stops at the first free prefix; ours removes leaked names above gaps too, and only
+    streaming's names."""
+    from rrtrain.data import unlink_stale_beyond_gaps
+
+    for name in ("000007_locals", "000007_barrier", "000012_shard_states", "000012_cache_usage"):
+        (tmp_path / name).write_bytes(b"x")
+    for keep in ("rrtrain-streaming.lock", "000003_not_streaming", "psm_1234"):
+        (tmp_path / keep).write_bytes(b"x")
+    assert unlink_stale_beyond_gaps(str(tmp_path)) == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["000003_not_streaming", "psm_1234",
+                                                          "rrtrain-streaming.lock"]
