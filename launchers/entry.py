@@ -44,7 +44,7 @@ class RunJob:
             # the torch.distributed env from the scheduler's tasks; devices stay as Slurm gave them (cuda:LOCAL_RANK)
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         code = train(Path(self.sweep_dir), run_id)
-        if code == PREEMPTED_EXIT and not cancelled(Path(self.sweep_dir), run_id):
+        if code == PREEMPTED_EXIT and wants_requeue(Path(self.sweep_dir), run_id):
             requeue(env, run_id)
         return outcome(Path(self.sweep_dir), run_id, code)
 
@@ -67,11 +67,20 @@ def run_dir_of(sweep_dir: Path, run_id: str) -> Path:
     return Path(rec["runs"].get(run_id, {}).get("dir", Path(sweep_dir) / run_id))
 
 
-def cancelled(sweep_dir: Path, run_id: str) -> bool:
-    """Whether `rrtrain sweep --cancel-flagged` stopped this run (then it is not requeued)."""
+def wants_requeue(sweep_dir: Path, run_id: str) -> bool:
+    """Whether a run that stopped at a step boundary asks to be requeued: only when the time-limit warning
+    (submitit's USR2) stopped it. A TERM is `scancel` — the user's stop, also `--cancel-flagged`'s — or a
+    preemption, which Slurm requeues by itself: requeueing after it would undo a cancel."""
+    import json
+
     from launchers.cancel import read_marker
 
-    return read_marker(run_dir_of(sweep_dir, run_id)) is not None
+    run_dir = run_dir_of(sweep_dir, run_id)
+    try:
+        signal_name = json.loads((run_dir / "final.json").read_text()).get("signal")
+    except (OSError, ValueError):
+        signal_name = None
+    return signal_name != "SIGTERM" and read_marker(run_dir) is None
 
 
 def outcome(sweep_dir: Path, run_id: str, code: int) -> dict[str, Any]:
