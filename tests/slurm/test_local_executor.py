@@ -18,7 +18,7 @@ from launchers.entry import RunJob
 from slurmutil import rrtrain, sweep_file
 from trainutil import env, final, records
 
-STEPS = 400
+STEPS = 1200  # longer than one attempt (SIGNAL_AFTER_S) even on a quiet machine (400 steps took 13 s)
 SIGNAL_AFTER_S = 25  # USR2 this long after each attempt starts (start-up takes 5-20 s of it)
 SUBMISSIONS = 3
 

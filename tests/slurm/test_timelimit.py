@@ -17,7 +17,7 @@ from slurmutil import (ACTIVE, cancel, elapsed_s, restarts, rrtrain, set_time_li
                        submitted_jobs, sweep_file)
 from trainutil import env, final, losses, records
 
-STEPS = 300
+STEPS = 2000  # a quiet machine trains 300 steps of two ranks before Slurm's next time-limit check
 DELAY_S = 120  # the warning comes when less than this is left: at the first check after the limit is cut
 
 
