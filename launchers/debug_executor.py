@@ -11,7 +11,7 @@ from launchers.expand import Run
 
 
 def submit(runs: list[Run], configs: dict[str, Path]) -> tuple[dict[str, Optional[str]], dict[str, int]]:
-    from rrtrain.config import load_config
+    from rrtrain.resolve import load
     from rrtrain.trainer import run as train
 
     jobs: dict[str, Optional[str]] = {}
@@ -20,7 +20,7 @@ def submit(runs: list[Run], configs: dict[str, Path]) -> tuple[dict[str, Optiona
         jobs[run.id] = "debug"
         print(f"[debug] {run.id}", flush=True)
         try:
-            codes[run.id] = train(load_config(configs[run.id]))
+            codes[run.id] = train(load(configs[run.id]))
         except Exception:  # a failed run is reported, the sweep goes on
             traceback.print_exc()
             codes[run.id] = 1

@@ -56,10 +56,10 @@ class RunJob:
 
 
 def train(sweep_dir: Path, run_id: str) -> int:
-    from rrtrain.config import load_config
+    from rrtrain.resolve import load
     from rrtrain.trainer import run
 
-    return run(load_config(config_path(sweep_dir, run_id)))
+    return run(load(config_path(sweep_dir, run_id)))
 
 
 def run_dir_of(sweep_dir: Path, run_id: str) -> Path:

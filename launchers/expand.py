@@ -17,6 +17,7 @@ from typing import Any, Optional
 from launchers.spec import Resources, Sweep
 from rrtrain.config import Config, build, read_yaml, validate
 from rrtrain.errors import UsageError
+from rrtrain.resolve import check_model
 
 #: characters allowed in names and paths that end up in shell scripts (they are quoted as well)
 SAFE = re.compile(r"^[A-Za-z0-9._+/@:=,-]+$")
@@ -106,6 +107,7 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
                 try:
                     cfg = build(Config, data)
                     validate(cfg)
+                    check_model(cfg)
                 except UsageError as err:
                     raise UsageError(f"run {rid}: {err}") from None
                 if cfg.data.path is None:

@@ -320,7 +320,8 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    """Read YAML (if any), apply overrides, build and validate a `Config`."""
+    """Read YAML (if any), apply overrides, build and validate a `Config` (`rrtrain.resolve.load` also checks
+    it against the residual rules and size presets)."""
     data = read_yaml(path) if path is not None else {}
     data = apply_overrides(data, overrides or [])
     cfg = build(Config, data)
@@ -329,19 +330,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 
 def validate(cfg: Config) -> None:
-    """Reject impossible settings with a one-line reason naming the key."""
-    from rrtrain import residuals, sizing
-
+    """Reject impossible settings with a one-line reason naming the key. The checks against the residual-rule
+    registry and the size presets are `rrtrain.resolve.check_model`'s (this module imports neither)."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
-    if m.variant not in residuals.names():
-        close = difflib.get_close_matches(m.variant, residuals.names(), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise UsageError(f"model.variant: unknown residual rule '{m.variant}'{hint}; known: {', '.join(residuals.names())}")
-    if cfg.match.reference is not None and cfg.match.reference not in residuals.names():
-        close = difflib.get_close_matches(cfg.match.reference, residuals.names(), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise UsageError(f"match.reference: unknown residual rule '{cfg.match.reference}'{hint}")
-    sizing.resolve_shape(m)  # checks the preset name and the shape
     positive = {
         "train.lr": t.lr, "train.global_batch": t.global_batch, "train.micro_batch": t.micro_batch,
         "train.log_every": t.log_every, "train.keep_ckpts": t.keep_ckpts, "train.max_nonfinite": t.max_nonfinite,

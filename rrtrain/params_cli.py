@@ -9,6 +9,7 @@ import json
 from rrtrain import residuals, sizing
 from rrtrain.config import Config, apply_overrides, build, validate
 from rrtrain.errors import UsageError
+from rrtrain.resolve import check_model
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,6 +44,7 @@ def main(argv: list[str]) -> int:
             raise UsageError(f"unknown variant '{name}'{hint}; known: {', '.join(residuals.names())}")
     cfg.model.variant = variants[0]
     validate(cfg)
+    check_model(cfg)
     sized = sizing.size_variants(cfg.model, variants, args.match, args.widen, args.tolerance)
     if args.json:
         out = {"reference": args.match, "variants": {

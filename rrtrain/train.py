@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from rrtrain.config import load_config
 from rrtrain.errors import RUN_ERROR_EXIT, RunError, UsageError, fail
+from rrtrain.resolve import load
 
 
 def main(argv: list[str]) -> int:
@@ -19,7 +19,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0 if argv else 2
     path, overrides = argv[0], argv[1:]
-    cfg = load_config(path, overrides)
+    cfg = load(path, overrides)
     from rrtrain.trainer import run
 
     return run(cfg)

@@ -1,7 +1,8 @@
 """Configuration: YAML files, `base:` inheritance, `a.b=c` overrides, typed validation, one-line errors.
 
-File-level errors are checked here through `load_config` (the message); `test_cli.py` checks that the
-same kind of error reaches the user as one line on stderr with exit status 2.
+File-level errors are checked here through `rrtrain.resolve.load` (the message): `load_config` and then the
+checks against the residual rules and size presets; `test_cli.py` checks that the same kind of error reaches
+the user as one line on stderr with exit status 2.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import yaml
 
 from rrtrain.config import Config, ModelConfig, apply_overrides, build, load_config, parse_override
 from rrtrain.errors import UsageError
+from rrtrain.resolve import load
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +30,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 def error(path, overrides=()) -> str:
     with pytest.raises(UsageError) as err:
-        load_config(path, list(overrides))
+        load(path, list(overrides))
     message = str(err.value)
     assert "\n" not in message and "Traceback" not in message
     return message
@@ -150,7 +152,7 @@ def test_bad_literal_suggests_closest():
 ])
 def test_range_checks(override, message):
     if message is None:
-        load_config(None, [override])
+        load(None, [override])
     else:
         assert error(None, [override]) == message
 
@@ -222,7 +224,7 @@ def test_build_and_overrides_helpers():
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs" / "train").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_training_configs_load(path):
-    cfg = load_config(path)
+    cfg = load(path)
     assert cfg.model.size
 
 
