@@ -33,8 +33,10 @@ from typing import Any, Optional
 import torch
 
 from rrtrain import dist, sizing
-from rrtrain.config import Config, load_config
+from rrtrain.config import Config
 from rrtrain.errors import UsageError
+from rrtrain.resolve import load
+from rrtrain.step import grad_accumulation, optimizer_step, set_matmul_precision
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "train" / "tiny.yaml"
 
@@ -90,6 +92,15 @@ def local_state_bytes(engine) -> dict[str, int]:
     return {"param_bytes": int(params), "optim_bytes": int(optim)}
 
 
+def random_batches(shape: sizing.ModelShape, micro_batch: int, accum: int, seed: int,
+                   device: torch.device) -> list[torch.Tensor]:
+    """One step's micro-batches of uniform random tokens (rows of seq_len + 1), on the device: the same batch
+    every step, so no data loading is timed."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, shape.vocab_size, (micro_batch, shape.seq_len + 1), generator=gen).to(device)
+            for _ in range(accum)]
+
+
 def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo] = None) -> dict[str, Any]:
     """Build the configured model + engine, run warmup + timed optimizer steps on random tokens, measure."""
     from rrtrain.hardware import peak_flops, peak_memory_gb
@@ -101,14 +112,8 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
     t = cfg.train
     vocab, seq_len = _data_shape(cfg)
     shape = resolve_model_shape(cfg, vocab, seq_len)
-    per_step = t.micro_batch * info.world_size
-    if t.global_batch % per_step:
-        raise UsageError(f"train.global_batch={t.global_batch} is not a multiple of train.micro_batch "
-                         f"({t.micro_batch}) x world size ({info.world_size})")
-    accum = t.global_batch // per_step
-    if cfg.parallel.precision == "fp32_tf32":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    accum = grad_accumulation(t, info.world_size)
+    set_matmul_precision(cfg.parallel.precision)
     device = info.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -120,26 +125,13 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
     engine = build_engine(build_model(cfg.model, shape=shape), cfg, info)
     peak, peak_source = peak_flops(device, cfg.parallel.precision)  # the CPU probe runs here, before timing
     fpt = sizing.flops_per_token(shape, cfg.model.variant, cfg.model.residual)
-    gen = torch.Generator().manual_seed(t.seed + info.rank)
-    batches = [torch.randint(0, shape.vocab_size, (t.micro_batch, shape.seq_len + 1), generator=gen).to(device)
-               for _ in range(accum)]
-
-    def one_step() -> torch.Tensor:
-        loss_sum = torch.zeros((), device=device)
-        for i, batch in enumerate(batches):
-            loss = engine.forward(batch[:, :-1], batch[:, 1:])
-            engine.backward(loss / accum, last_micro=i == accum - 1)
-            loss_sum += loss.detach().float()
-        norm = engine.clip_grad_norm(t.grad_clip).to(device)
-        loss_mean = loss_sum / accum
-        engine.step_unless(t.lr, (~(torch.isfinite(loss_mean) & torch.isfinite(norm))).float())  # as training does
-        return loss_mean
+    batches = random_batches(shape, t.micro_batch, accum, t.seed + info.rank, device)
 
     losses, times, cpu_times = [], [], []
     for i in range(warmup + steps):
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
-        loss = one_step()
+        loss = optimizer_step(engine, iter(batches), accum, t.lr, t.grad_clip, info).loss  # training's own step
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i >= warmup:
@@ -193,7 +185,7 @@ def render(r: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     config, overrides, args = parse_args(argv)
-    cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    cfg = load(config or DEFAULT_CONFIG, overrides)
     info = dist.setup(cfg.parallel.timeout_s)
     try:
         result = run_bench(cfg, args.steps, args.warmup, info)

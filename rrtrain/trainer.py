@@ -31,6 +31,7 @@ from rrtrain.model import build_model
 from rrtrain.optim import lr_at
 from rrtrain.parallel import build_engine
 from rrtrain.signals import StopFlag
+from rrtrain.step import grad_accumulation, optimizer_step, set_matmul_precision
 from rrtrain.watchdog import PeerWatch, is_comm_error
 
 EXIT_CODES = {"completed": 0, "failed": 1, "diverged": 3, "stalled": 4, "preempted": 75}
@@ -88,11 +89,7 @@ class Trainer:
         verify_run_data(cfg.data.path, manifest, info.local_rank)
         self.shape = resolve_model_shape(cfg, manifest["vocab_size"], manifest["seq_len"])
         check_vocab(manifest, self.shape.vocab_size)
-        per_step = t.micro_batch * info.world_size
-        if t.global_batch % per_step:
-            raise UsageError(f"train.global_batch={t.global_batch} is not a multiple of train.micro_batch "
-                             f"({t.micro_batch}) x world size ({info.world_size})")
-        self.accum = t.global_batch // per_step
+        self.accum = grad_accumulation(t, info.world_size)
         self.tokens_per_step = t.global_batch * self.shape.seq_len
         if t.max_steps is not None:
             self.total_steps = t.max_steps
@@ -102,9 +99,7 @@ class Trainer:
             raise UsageError("set train.max_steps or train.tokens (the run's budget)")
         self.warmup = t.warmup_steps if t.warmup_steps is not None else max(1, self.total_steps // 20)
 
-        if cfg.parallel.precision == "fp32_tf32":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        set_matmul_precision(cfg.parallel.precision)
         compiled = resolve_compile(t.compile, info.device, self.total_steps, announce=info.is_main)
         cfg = self.cfg = replace(cfg, train=replace(t, compile=compiled))  # resolved, as config.yaml records it
         torch.manual_seed(t.seed)  # identical initial weights on every rank and every world size
@@ -160,32 +155,19 @@ class Trainer:
     # -- one optimizer step -------------------------------------------------------------------
 
     def train_step(self, batches, diag: bool) -> None:
-        """One optimizer step, without a host sync: its loss, gradient norm and skip flag stay on the device in
-        `self.pending` until `flush_records` (diagnostic steps read their statistics on the host)."""
-        engine, device = self.engine, self.info.device
-        sites = engine.inner.sites()
-        for s in sites:
-            s.record = diag
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(self.accum):
-            batch = next(batches).to(device, non_blocking=True)
-            loss = engine.forward(batch[:, :-1], batch[:, 1:])
-            if self.injects_fault(self.step + 1):
-                loss = loss * float("nan")  # injected fault, for testing the non-finite paths
-            engine.backward(loss / self.accum, last_micro=micro == self.accum - 1)
-            loss_sum += loss.detach().float()
-            for s in sites:
-                s.record = False
-        loss_mean = dist.all_reduce(loss_sum / self.accum) / self.info.world_size
-        host: dict[str, Any] = self.diagnostics(sites) if diag else {}
-        grad_norm = engine.clip_grad_norm(self.cfg.train.grad_clip).to(device)
-        nonfinite = (~(torch.isfinite(loss_mean) & torch.isfinite(grad_norm))).float()  # same on every rank
+        """One optimizer step (`rrtrain.step.optimizer_step`, the one `rrtrain bench` times), without a host sync:
+        its loss, gradient norm and skip flag stay on the device in `self.pending` until `flush_records`
+        (diagnostic steps read their statistics on the host)."""
+        sites = self.engine.inner.sites() if diag else []
+        host: dict[str, Any] = {}
         lr = lr_at(self.step, self.total_steps, self.cfg.train.lr, self.warmup, self.cfg.train.min_lr_ratio)
-        engine.step_unless(lr, nonfinite)  # a non-finite step changes no weights and no optimizer state
+        out = optimizer_step(self.engine, batches, self.accum, lr, self.cfg.train.grad_clip, self.info,
+                             record=sites, poison=self.injects_fault(self.step + 1),
+                             before_clip=(lambda: host.update(self.diagnostics(sites))) if diag else None)
         self.step += 1
         self.tokens += self.tokens_per_step
         host.update({"step": self.step, "lr": lr, "tokens": self.tokens})
-        self.pending.append((host, torch.stack([loss_mean.float(), grad_norm.float(), nonfinite])))
+        self.pending.append((host, torch.stack([out.loss.float(), out.grad_norm.float(), out.nonfinite])))
 
     def records_due(self) -> bool:
         """Steps after which the pending records reach the host: the log cadence, the steps where evaluation,

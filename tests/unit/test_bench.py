@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from rrtrain import cli
 
@@ -66,3 +67,46 @@ def test_bench_bad_input_exits_2(capsys, args, message):
     assert cli.main(["bench", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_bench_times_the_training_step(capsys, monkeypatch, tmp_path, stories_data):
+    """Bench and a one-step training run call the one `rrtrain.step.optimizer_step`; from the same weights
+    and the same micro-batches they leave bitwise-equal parameters (so bench cannot drift from training)."""
+    from rrtrain import bench, step, trainer
+    from rrtrain.resolve import load
+
+    assert bench.optimizer_step is step.optimizer_step and trainer.optimizer_step is step.optimizer_step
+    after: dict[str, dict] = {}
+    consumed: list[torch.Tensor] = []
+
+    def spy(who: str):
+        def wrapped(engine, batches, accum, *args, **kwargs):
+            if who == "train":  # keep the training step's micro-batches for bench
+                consumed.extend(next(batches) for _ in range(accum))
+                batches = iter(consumed)
+            out = step.optimizer_step(engine, batches, accum, *args, **kwargs)
+            after[who] = {k: v.detach().clone() for k, v in engine.inner.state_dict().items()}
+            return out
+        return wrapped
+
+    monkeypatch.setattr(trainer, "optimizer_step", spy("train"))
+    monkeypatch.setattr(bench, "optimizer_step", spy("bench"))
+    same = [f"data.path={stories_data}", "train.global_batch=4", "train.micro_batch=2", "train.compile=false"]
+    cfg = load(TINY, [*same, f"run.dir={tmp_path / 'run'}", "train.max_steps=1", "train.warmup_steps=1",
+                      "data.eval_batches=1"])
+    assert trainer.run(cfg) == 0  # one warm-up step: step 1 runs at train.lr, as bench steps
+    assert len(consumed) == 2  # accumulation 2
+    monkeypatch.setattr(bench, "random_batches", lambda *a: consumed)
+    r = bench_json(capsys, TINY, *same, "--steps", "1", "--warmup", "0")
+    assert r["accum"] == 2 and set(after) == {"train", "bench"}
+    assert after["train"].keys() == after["bench"].keys()
+    for key, value in after["train"].items():
+        assert torch.equal(value, after["bench"][key]), key
+
+
+def test_only_the_step_module_runs_backward_and_the_optimizer():
+    """No second copy of the step: outside the engines, only rrtrain/step.py calls backward, clip or step."""
+    package = Path(__file__).resolve().parents[2] / "rrtrain"
+    callers = {str(p.relative_to(package)) for p in package.rglob("*.py") if "parallel" not in p.parts
+               and any(f".{name}(" in p.read_text() for name in ("backward", "clip_grad_norm", "step_unless"))}
+    assert callers == {"step.py"}
