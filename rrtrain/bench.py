@@ -2,7 +2,8 @@
 
 A short training run of the configured model and backend on one fixed batch of random tokens (no dataset,
 no run directory, no checkpoints): `--warmup` optimizer steps (compilation, allocator warm-up), then
-`--steps` timed ones, each exactly as in training (accumulation x forward/backward, clipping, AdamW).
+`--steps` timed ones, each the trainer's own step (`rrtrain.step.optimizer_step`: accumulation x
+forward/backward, the loss averaged over ranks, clipping, AdamW skipped on a non-finite step) at `train.lr`.
 Distributed: `torchrun --nproc_per_node=N -m rrtrain bench CONFIG ...`; rank 0 reports per-device figures.
 
 Reported (per device unless named otherwise):
