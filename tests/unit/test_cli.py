@@ -162,3 +162,14 @@ def test_params_widen_model(capsys):
     assert out["standard"]["d_model"] > out["review"]["d_model"]
     assert out["standard"]["d_model"] // out["standard"]["n_heads"] == 64
     assert abs(out["standard"]["params"] - out["review"]["params"]) <= 0.005 * out["review"]["params"]
+
+
+@pytest.mark.parametrize("command", ["train", "bench"])
+def test_unknown_variant_stops_train_and_bench_before_any_work(capsys, tmp_path, command):
+    """The registry's checks run where the config is loaded (rrtrain.resolve), before a run directory or a model."""
+    run = tmp_path / "run"
+    line = usage_error(capsys, [command, str(REPO / "configs" / "train" / "tiny.yaml"), "model.variant=reviw",
+                                f"run.dir={run}"])
+    assert line == (f"rrtrain {command}: error: model.variant: unknown residual rule 'reviw' (did you mean 'review'?); "
+                    f"known: {', '.join(residuals.names())}")
+    assert not run.exists()
