@@ -52,6 +52,7 @@ STEPS=${STEPS:-8}
 WARMUP=${WARMUP:-2}
 TIME_LIMIT=${TIME_LIMIT:-480}
 NGPU=${NGPU:-1}
+[ "$TIME_LIMIT" -ge 90 ] 2>/dev/null || die "TIME_LIMIT must be at least 90 (seconds), got '$TIME_LIMIT'"
 RESULTS=${RESULTS:-$(mktemp -t gpu-bench.XXXXXX.jsonl)}
 : >"$RESULTS"
 
