@@ -98,6 +98,7 @@ def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tu
     from launchers import spec as sweep_spec
     from launchers.expand import data_path, expand
     from rrtrain.config import Config
+    from rrtrain.parallel.mesh import mesh_shape
     from rrtrain.trainer import resolve_model_shape
 
     sweep = sweep_spec.load(path)
@@ -116,9 +117,11 @@ def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tu
         t, par = cfg.train, cfg.parallel
         tokens = t.max_steps * t.global_batch * shape.seq_len if t.max_steps is not None else t.tokens
         gpus = run.resources.world_size
+        backend = par.backend if gpus > 1 else "none"
+        dp_shard = mesh_shape(par, gpus)[1] if backend == "fsdp" else None  # as the trainer will build its mesh
         setups.append((run.id, planner.Setup(
-            model=cfg.model, shape=shape, gpus=gpus, gpu=gpu, backend=par.backend if gpus > 1 else "none",
-            dp_shard=getattr(par, "dp_shard", None), zero_stage=par.zero_stage, ac=par.ac, ac_every=par.ac_every,
+            model=cfg.model, shape=shape, gpus=gpus, gpu=gpu, backend=backend,
+            dp_shard=dp_shard, zero_stage=par.zero_stage, ac=par.ac, ac_every=par.ac_every,
             micro_batch=t.micro_batch, global_batch=t.global_batch, tokens=tokens, mfu=mfu,
             precision=par.precision,
             reshard_after_forward=par.reshard_after_forward)))
