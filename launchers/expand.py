@@ -17,6 +17,7 @@ from typing import Any, Optional
 from launchers.spec import Resources, Sweep
 from rrtrain.config import Config, build, read_yaml, validate
 from rrtrain.errors import UsageError
+from rrtrain.parallel.mesh import mesh_shape
 
 #: characters allowed in names and paths that end up in shell scripts (they are quoted as well)
 SAFE = re.compile(r"^[A-Za-z0-9._+/@:=,-]+$")
@@ -106,6 +107,8 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
                 try:
                     cfg = build(Config, data)
                     validate(cfg)
+                    if cfg.parallel.backend == "fsdp":  # the mesh must cover the run's ranks, as the trainer checks
+                        mesh_shape(cfg.parallel, sweep.size_resources[size].world_size)
                 except UsageError as err:
                     raise UsageError(f"run {rid}: {err}") from None
                 if cfg.data.path is None:
