@@ -12,7 +12,7 @@ parity bound, not bitwise. Checked per layout:
     one process);
 (d) under HSDP, a run killed after the resume and restarted continues bit for bit (exact resume at the new
     layout).
-Runtime: 8 launches (six of 4 ranks), 3.3-3.8 minutes on 2 shared cores.
+Runtime: 8 launches (five of 4 ranks), 3.3-3.8 minutes on 2 shared cores.
 """
 
 from __future__ import annotations
