@@ -8,8 +8,6 @@ which only the launcher knows, so it is checked here rather than in rrtrain/conf
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -21,14 +19,12 @@ REPLICATE, SHARD = "dp_replicate", "dp_shard"
 
 def mesh_shape(p: ParallelConfig, world: int) -> tuple[int, int]:
     """(replicate, shard) for `world` ranks. Unset keys default to sharding over every rank; one key set alone
-    takes the other as world / it."""
-    shard, replicate = p.dp_shard, p.dp_replicate
-    if shard is None and replicate is None:
-        return 1, world
-    if shard is None:
-        shard = world // replicate if world % replicate == 0 else 0
-    elif replicate is None:
-        replicate = world // shard if world % shard == 0 else 0
+    takes the other as world / it (rounded down: the product check names the bad key)."""
+    if p.dp_replicate is not None:
+        replicate = p.dp_replicate
+    else:
+        replicate = world // p.dp_shard if p.dp_shard is not None else 1
+    shard = p.dp_shard if p.dp_shard is not None else world // replicate
     if shard * replicate != world:
         raise UsageError(f"parallel.dp_shard ({p.dp_shard}) x parallel.dp_replicate ({p.dp_replicate}) must equal "
                          f"the world size ({world})")
@@ -44,7 +40,7 @@ def build_mesh(p: ParallelConfig, world: int, device: torch.device) -> DeviceMes
     return init_device_mesh(device.type, (replicate, shard), mesh_dim_names=(REPLICATE, SHARD))
 
 
-def shard_group(mesh: Optional[DeviceMesh]) -> Optional[torch.distributed.ProcessGroup]:
-    """The process group of this rank's shard group: summing a per-rank partial over it counts every element of a
-    sharded tensor once (over all ranks, HSDP would count it dp_replicate times). None without a mesh."""
-    return None if mesh is None else mesh[SHARD].get_group()
+def shard_group(mesh: DeviceMesh) -> torch.distributed.ProcessGroup:
+    """This rank's shard group: summing a per-rank partial over it counts every element of a sharded tensor once
+    (summed over all ranks, HSDP would count it dp_replicate times)."""
+    return mesh[SHARD].get_group()
