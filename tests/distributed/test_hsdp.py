@@ -10,8 +10,8 @@ parity bound, not bitwise. Checked per layout:
     ranks read the same micro-batches; only the gradient reduction differs, and it comes after the loss);
 (c) every later loss is within the parity bound of an uninterrupted run (HSDP 2 x 2 from step 0; for 2 ranks,
     one process);
-(d) under HSDP, a run killed after the resume and restarted continues bit for bit (exact resume at the new
-    layout).
+(d) under HSDP, the resumed run restarted from its own later checkpoint continues bit for bit (exact resume at
+    the new layout).
 Runtime: 8 launches (five of 4 ranks), 3.3-3.8 minutes on 2 shared cores.
 """
 
@@ -118,7 +118,7 @@ def test_fsdp4_checkpoint_resumes_under_hsdp_and_two_ranks(tmp_path, stories_dat
         again = from_checkpoint(fsdp4, 10, tmp_path / f"{name}_resaved")
         train(again, stories_data, *COMMON, *layout, "train.max_steps=10", "train.allow_config_change=true",
               nproc=nproc)
-        resaved = state_tensors(again / "checkpoints" / "step_00000010", tmp_path / f"{name}.pt")
+        resaved = state_tensors(again / "checkpoints" / "step_00000010", tmp_path / f"{again.name}.pt")
         assert sorted(resaved) == sorted(saved) and any("exp_avg_sq" in key for key in saved)
         for key in saved:
             assert torch.equal(saved[key], resaved[key]), (name, key)
@@ -140,5 +140,6 @@ def test_fsdp4_checkpoint_resumes_under_hsdp_and_two_ranks(tmp_path, stories_dat
             assert losses(restarted) == {k: v for k, v in resumed.items() if k > 15}
             end, end_again = (state_tensors(r / "checkpoints" / "step_00000020", tmp_path / f"{r.name}.pt")
                               for r in (run, restarted))
+            assert sorted(end) == sorted(end_again)
             for key in end:
                 assert torch.equal(end[key], end_again[key]), key
