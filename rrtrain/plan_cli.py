@@ -52,7 +52,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gpu", default=None, help="h100, h200, a100, b200, ... (default h100, or the sweep's gpu)")
     p.add_argument("--backend", default="fsdp", help="fsdp (default), deepspeed or none (one GPU)")
     p.add_argument("--dp-shard", type=_positive_int, default=None,
-                   help="FSDP shard group size, as parallel.dp_shard (default: all GPUs; fewer: HSDP, groups replicate)")
+                   help="FSDP shard group size, as parallel.dp_shard (default: all GPUs; fewer: HSDP)")
     p.add_argument("--zero-stage", type=int, default=2, help="DeepSpeed ZeRO stage (default 2)")
     p.add_argument("--ac", default="none", help="activation checkpointing: none (default), selective, full")
     p.add_argument("--ac-every", type=_positive_int, default=2, help="selective AC: every k-th block (default 2)")
