@@ -17,6 +17,7 @@ from typing import Any, Optional
 from launchers.spec import Resources, Sweep
 from rrtrain.config import Config, build, read_yaml, validate
 from rrtrain.errors import UsageError
+from rrtrain.parallel.mesh import mesh_shape
 from rrtrain.resolve import check_model
 
 #: characters allowed in names and paths that end up in shell scripts (they are quoted as well)
@@ -108,6 +109,8 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
                     cfg = build(Config, data)
                     validate(cfg)
                     check_model(cfg)
+                    if cfg.parallel.backend == "fsdp":  # the mesh must cover the run's ranks, as the trainer checks
+                        mesh_shape(cfg.parallel, sweep.size_resources[size].world_size)
                 except UsageError as err:
                     raise UsageError(f"run {rid}: {err}") from None
                 if cfg.data.path is None:

@@ -261,6 +261,10 @@ FREE = {
 FREE |= {f"monitor.{key}" for key in ("min_steps", "window", "min_improvement", "entropy_margin", "grad_ratio",
                                        "spike_sigma", "spike_patience", "on_stall", "on_diverge", "heartbeat_s",
                                        "peer_mad")}
+#: the parallel layout: accepted without consent and listed. Step s takes the same samples at any layout (the
+#: loader's order depends on the global batch only) and DCP reshards the saved state exactly, so only the
+#: reductions' rounding differs. (DeepSpeed refuses a changed world size when it loads its own checkpoint.)
+LAYOUT = {"world_size", "parallel.dp_shard", "parallel.dp_replicate"}
 #: changes that make resuming impossible whatever the user says (the saved state cannot be loaded)
 NEVER_PREFIXES = ("model.", "match.")
 NEVER = {"data.path", "train.seed", "parallel.backend"}
@@ -280,18 +284,19 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 def check_resume(saved: dict, current: dict, saved_world: int, world: int, allow: bool) -> list[str]:
     """Compare the checkpoint's config with the current one; raise UsageError listing refused differences.
 
-    Returns the differences that were accepted (to be logged)."""
+    Returns the differences that were accepted (to be logged), layout changes included."""
     old, new = flatten(saved), flatten(current)
     diffs = [(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     if saved_world != world:
         diffs.append(("world_size", saved_world, world))
     relevant = [d for d in diffs if d[0] not in FREE]
     fatal = [d for d in relevant if d[0] in NEVER or d[0].startswith(NEVER_PREFIXES)]
-    text = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in (fatal or relevant))
+    consent = [d for d in relevant if d[0] not in LAYOUT]
+    text = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in (fatal or consent))
     if fatal:
         raise UsageError(f"cannot resume: the checkpoint was written with a different configuration ({text}); "
                          "use a new run.dir")
-    if relevant and not allow:
+    if consent and not allow:
         raise UsageError(f"refusing to resume with a changed configuration ({text}); "
                          "set train.allow_config_change=true to resume anyway")
     return [f"{k}: {a!r} -> {b!r}" for k, a, b in relevant]

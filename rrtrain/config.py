@@ -120,6 +120,10 @@ class ParallelConfig:
     precision: Literal["fp32", "fp32_tf32", "bf16"] = "fp32"
     reshard_after_forward: bool = True
     timeout_s: int = 600  # collective timeout
+    # FSDP's 2-D mesh (HSDP): shard over dp_shard ranks, replicate over dp_replicate groups; product = world size
+    # (rrtrain/parallel/mesh.py). Unset: shard over every rank; one set alone: the other is world / it.
+    dp_shard: Optional[int] = None
+    dp_replicate: Optional[int] = None
 
 
 @dataclass
@@ -366,6 +370,11 @@ def validate(cfg: Config) -> None:
             raise UsageError(f"{key} must be in [0, 1), got {beta}")
     if p.zero_stage not in (1, 2, 3):
         raise UsageError(f"parallel.zero_stage must be 1, 2 or 3, got {p.zero_stage}")
+    for key, value in (("parallel.dp_shard", p.dp_shard), ("parallel.dp_replicate", p.dp_replicate)):
+        if value is not None and value < 1:
+            raise UsageError(f"{key} must be positive, got {value}")
+        if value is not None and p.backend != "fsdp":
+            raise UsageError(f"{key} applies to parallel.backend=fsdp only (got backend '{p.backend}')")
     validate_monitor(cfg.monitor)
 
 

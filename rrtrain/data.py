@@ -47,8 +47,9 @@ SHUFFLE_ALGO = "py1e"
 _REQUIRED = ("format_version", "vocab_size", "eos_id", "seq_len", "dtype", "splits", "fingerprint", "unigram_entropy")
 # Compared on resume: a mismatch is always refused (the data or the randomness differ) ...
 _NEVER_CHANGE = ("fingerprint", "seed", "shuffle", "split")
-# ... or refused unless the caller allows it (the run continues on a different schedule).
-_CHANGE_IF_ALLOWED = ("world_size", "global_batch", "num_canonical_nodes", "shuffle_block_size")
+# ... or refused unless the caller allows it (the run continues on a different schedule). The world size and
+# micro-batch may change freely: a step's samples depend on neither.
+_CHANGE_IF_ALLOWED = ("global_batch", "num_canonical_nodes", "shuffle_block_size")
 
 _shm_lock = threading.Lock()
 _shm_cleaned = False

@@ -51,7 +51,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gpus", type=_positive_int, help="GPUs in the job")
     p.add_argument("--gpu", default=None, help="h100, h200, a100, b200, ... (default h100, or the sweep's gpu)")
     p.add_argument("--backend", default="fsdp", help="fsdp (default), deepspeed or none (one GPU)")
-    p.add_argument("--dp-shard", type=_positive_int, default=None, help="FSDP shard group size (default: all GPUs)")
+    p.add_argument("--dp-shard", type=_positive_int, default=None,
+                   help="FSDP shard group size, as parallel.dp_shard (default: all GPUs; fewer: HSDP)")
     p.add_argument("--zero-stage", type=int, default=2, help="DeepSpeed ZeRO stage (default 2)")
     p.add_argument("--ac", default="none", help="activation checkpointing: none (default), selective, full")
     p.add_argument("--ac-every", type=_positive_int, default=2, help="selective AC: every k-th block (default 2)")
@@ -98,6 +99,7 @@ def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tu
     from launchers import spec as sweep_spec
     from launchers.expand import data_path, expand
     from rrtrain.config import Config
+    from rrtrain.parallel.mesh import mesh_shape
     from rrtrain.trainer import resolve_model_shape
 
     sweep = sweep_spec.load(path)
@@ -116,9 +118,11 @@ def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tu
         t, par = cfg.train, cfg.parallel
         tokens = t.max_steps * t.global_batch * shape.seq_len if t.max_steps is not None else t.tokens
         gpus = run.resources.world_size
+        backend = par.backend if gpus > 1 else "none"
+        dp_shard = mesh_shape(par, gpus)[1] if backend == "fsdp" else None  # as the trainer will build its mesh
         setups.append((run.id, planner.Setup(
-            model=cfg.model, shape=shape, gpus=gpus, gpu=gpu, backend=par.backend if gpus > 1 else "none",
-            dp_shard=getattr(par, "dp_shard", None), zero_stage=par.zero_stage, ac=par.ac, ac_every=par.ac_every,
+            model=cfg.model, shape=shape, gpus=gpus, gpu=gpu, backend=backend,
+            dp_shard=dp_shard, zero_stage=par.zero_stage, ac=par.ac, ac_every=par.ac_every,
             micro_batch=t.micro_batch, global_batch=t.global_batch, tokens=tokens, mfu=mfu,
             precision=par.precision,
             reshard_after_forward=par.reshard_after_forward)))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import warnings
 from pathlib import Path
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -19,6 +21,7 @@ from rrtrain.dist import DistInfo
 from rrtrain.model import Transformer
 from rrtrain.optim import build_optimizer, set_lr
 from rrtrain.parallel.ac import apply_ac
+from rrtrain.parallel.mesh import build_mesh, shard_group
 
 
 # DCP warns on every save/load in a single process that it "assumes the intent is to save in a single process":
@@ -70,7 +73,8 @@ class Engine:
         raise NotImplementedError
 
     def grad_sq_norms(self, groups: list[list[nn.Parameter]]) -> torch.Tensor:
-        """Squared gradient norm of each parameter group, summed over ranks: (len(groups),) fp32."""
+        """Squared gradient norm of each parameter group: (len(groups),) fp32, the same on every rank. Each rank's
+        local shards are summed over `grad_group` (all ranks unless set), which must hold every shard once."""
         out = []
         for params in groups:
             total = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -83,11 +87,12 @@ class Engine:
             out.append(total)
         stacked = torch.stack(out) if out else torch.zeros(0, device=self.device)
         if torch.distributed.is_initialized() and self.sharded:
-            torch.distributed.all_reduce(stacked)
+            torch.distributed.all_reduce(stacked, group=self.grad_group)
         return stacked
 
     device: torch.device
     sharded: bool = False
+    grad_group: Optional[torch.distributed.ProcessGroup] = None  # HSDP: the shard group (replicas hold copies)
 
 
 class TorchEngine(Engine):
@@ -106,9 +111,11 @@ class TorchEngine(Engine):
 
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
                 if p.precision == "bf16" else MixedPrecisionPolicy()
+            mesh = build_mesh(p, info.world_size, info.device)
+            self.grad_group = shard_group(mesh)
             for block in model.blocks:
-                fully_shard(block, mp_policy=mp, reshard_after_forward=p.reshard_after_forward)
-            fully_shard(model, mp_policy=mp, reshard_after_forward=p.reshard_after_forward)
+                fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=p.reshard_after_forward)
+            fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=p.reshard_after_forward)
         model.to(info.device)
         self.model = model
         self.optimizer = build_optimizer(model, cfg.train, fused=True)  # fused on CPU too: see step_unless

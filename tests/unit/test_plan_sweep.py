@@ -83,3 +83,21 @@ def test_missing_sweep_file_is_one_line(capsys, tmp_path):
     assert main(["plan", str(tmp_path / "nope.yaml")]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_sweep_plans_the_hsdp_mesh_the_trainer_builds(capsys, tmp_path):
+    (tmp_path / "data").mkdir()
+    path = tmp_path / "plan-test.yaml"
+    path.write_text(SWEEP.replace("  train.micro_batch: 4\n", "  train.micro_batch: 4\n  parallel.dp_shard: 8\n"))
+    assert main(["plan", str(path), "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    big = runs["rr-150m-review-s0"]  # 16 GPUs: shard over 8, replicate over the 2 nodes
+    assert big["gpus"] == 16 and big["dp_shard"] == 8 and runs["rr-60m-review-s0"]["dp_shard"] == 8
+    single = plan(Setup(ModelConfig(size="rr-150m", variant="review"), gpus=16, gpu="h200", ac="selective",
+                        micro_batch=4, global_batch=64, tokens=3e9, mfu=0.35, dp_shard=8))
+    assert big["memory_bytes"]["peak"] == single.total()
+    path.write_text(SWEEP.replace("  train.micro_batch: 4\n", "  train.micro_batch: 4\n  parallel.dp_shard: 3\n"))
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "parallel.dp_shard (3) x parallel.dp_replicate (None) must equal the world size (8)" in err
+    assert len(err.splitlines()) == 1

@@ -33,10 +33,19 @@ def test_trajectory_changes_need_consent(change):
     assert len(accepted) == 1
 
 
-def test_world_size_change_needs_consent_and_is_listed():
-    with pytest.raises(UsageError, match=r"world_size: 2 -> 4"):
-        check_resume(cfg(), cfg(), 2, 4, allow=False)
-    assert check_resume(cfg(), cfg(), 2, 4, allow=True) == ["world_size: 2 -> 4"]
+def test_layout_change_is_accepted_without_consent_and_listed():
+    fsdp = cfg(parallel__backend="fsdp")
+    hsdp = cfg(parallel__backend="fsdp", parallel__dp_shard=2, parallel__dp_replicate=2)
+    assert check_resume(fsdp, fsdp, 2, 4, allow=False) == ["world_size: 2 -> 4"]
+    assert check_resume(fsdp, hsdp, 4, 4, allow=False) == ["parallel.dp_replicate: None -> 2",
+                                                           "parallel.dp_shard: None -> 2"]
+
+
+def test_layout_change_does_not_hide_a_change_that_needs_consent():
+    with pytest.raises(UsageError, match=r"\(train.global_batch: 8 -> 16\);"):
+        check_resume(cfg(), cfg(train__global_batch=16), 2, 4, allow=False)
+    assert check_resume(cfg(), cfg(train__global_batch=16), 2, 4, allow=True) == ["train.global_batch: 8 -> 16",
+                                                                                 "world_size: 2 -> 4"]
 
 
 @pytest.mark.parametrize("change", [{"model__d_model": 96}, {"model__variant": "review"}, {"data__path": "/other"},

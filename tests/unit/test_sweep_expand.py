@@ -73,6 +73,17 @@ def test_per_run_override_errors(tmp_path):
         runs_of(tmp_path, {**BASE, "runs": {"tiny-review-s0": {"train.seed": 5}}})
 
 
+def test_hsdp_mesh_must_cover_each_runs_ranks(tmp_path):
+    hsdp = {**BASE, "overrides": {"parallel.backend": "fsdp", "parallel.dp_replicate": 2}, "runs": {},
+            "sizes": {"rr-60m": {"seeds": 1, "tokens": 10 ** 9, "resources": {"nodes": 2, "gpus_per_node": 8}}}}
+    _, _, runs = runs_of(tmp_path, hsdp)
+    assert runs[0].resources.world_size == 16 and runs[0].config["parallel"]["dp_replicate"] == 2
+    hsdp["sizes"]["tiny"] = {"seeds": 1, "tokens": 40960}  # one GPU cannot hold two replicas
+    with pytest.raises(UsageError, match=r"run tiny-review-s0: parallel.dp_shard \(None\) x parallel.dp_replicate "
+                                         r"\(2\) must equal the world size \(1\)"):
+        runs_of(tmp_path, hsdp)
+
+
 def test_record_merge_adds_runs_and_refuses_changes(tmp_path):
     sweep, out, runs = runs_of(tmp_path)
     rec = record.merge(None, sweep, runs)
