@@ -373,10 +373,10 @@ def _first(failure: Optional[str]) -> Optional[str]:
 
 #: changes that never matter for the run's trajectory
 FREE = {
-    "run.name", "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.ckpt_async", "train.diag_every",
+    "run.name", "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.diag_every",
     "train.allow_config_change", "train.fail_at_step", "train.fail_steps", "parallel.ac", "parallel.ac_every", "parallel.timeout_s",
     "parallel.reshard_after_forward", "train.compile", "data.num_workers", "data.cache_dir", "run.dir",
-    "run.lock_wait_s",
+    "run.lock_wait_s", "train.ckpt_async",
 }
 #: monitor thresholds and actions judge the trajectory without changing it (a checkpoint from before the
 #: monitor existed has none)
