@@ -156,7 +156,7 @@ def test_sigterm_checkpoints_preempts_and_resumes_once(tmp_path, stories_data, r
 ASYNC = [*RESUME, "train.ckpt_async=true", "train.stop_check_every=2"]
 
 
-def latest_name(run: Path) -> "str | None":
+def latest_name(run: Path) -> str | None:
     path = run / "checkpoints" / "latest"
     return path.read_text().strip() if path.exists() else None
 
