@@ -12,7 +12,10 @@
   answers for any batching;
 - `on_step_end(trainer)` after each step (cadences: evaluation, checkpoints, the stop signal);
 - `on_eval(trainer, record)` with `{"step", "val_loss", "tokens"}`;
-- `on_checkpoint(trainer, step)` after a checkpoint is written;
+- `on_checkpoint(trainer, record)` after a checkpoint is published (`latest` names it), with `{"kind":
+  "checkpoint", "step", "published_at", "blocking_s", "write_s"}`: the step saved, the step at which it was
+  published (later than `step` when written in the background, `train.ckpt_async`), the seconds the loop
+  spent in it and the seconds from its start until its files were written;
 - `on_flag(trainer, flag)` when a callback raises a flag (`trainer.raise_flag`): `{"kind": "flag", "step", "flag",
   "detail"}`;
 - `on_end(trainer)` once, with `trainer.status` final, also when the run failed.
@@ -56,7 +59,7 @@ class Callback:
 
     def on_eval(self, trainer: "Trainer", record: dict[str, Any]) -> None: ...
 
-    def on_checkpoint(self, trainer: "Trainer", step: int) -> None: ...
+    def on_checkpoint(self, trainer: "Trainer", record: dict[str, Any]) -> None: ...
 
     def on_flag(self, trainer: "Trainer", flag: dict[str, Any]) -> None: ...
 
@@ -118,6 +121,9 @@ class MetricsWriter(Callback):
     def on_eval(self, trainer: "Trainer", record: dict[str, Any]) -> None:
         trainer.log.log(record, tb_prefix="eval")
 
+    def on_checkpoint(self, trainer: "Trainer", record: dict[str, Any]) -> None:
+        trainer.log.log(record, tb_prefix="ckpt")
+
     def on_flag(self, trainer: "Trainer", flag: dict[str, Any]) -> None:
         trainer.log.log_flag(flag)
 
@@ -157,17 +163,18 @@ class Evaluator(Callback):
 
 
 class Checkpointer(Callback):
-    """A checkpoint every `train.ckpt_every` steps."""
+    """A checkpoint every `train.ckpt_every` steps (written in the background with `train.ckpt_async`)."""
 
     name, priority = "checkpoint", 40
 
     def on_step_end(self, trainer: "Trainer") -> None:
         if due(trainer.step, trainer.cfg.train.ckpt_every, trainer.total_steps):
-            trainer.save_checkpoint()
+            trainer.save_checkpoint(background=True)
 
 
 class StopSignal(Callback):
-    """Agree across ranks on a stop signal (SIGTERM, SIGUSR1/2, SIGINT) and end the run as preempted.
+    """Agree across ranks on a stop signal (SIGTERM, SIGUSR1/2, SIGINT) and end the run as preempted; in the
+    same all-reduce, on whether every rank has written the checkpoint in flight, which is then published.
 
     Checked every `train.stop_check_every` steps: a run stops at most that many steps after the signal."""
 
@@ -179,7 +186,10 @@ class StopSignal(Callback):
     def on_step_end(self, trainer: "Trainer") -> None:
         if trainer.step % trainer.cfg.train.stop_check_every:  # a collective and a host sync: not every step
             return
-        raised = 1.0 if self.flag.signum else 0.0
-        if dist.all_reduce(torch.tensor([raised], device=trainer.info.device), "max").item() > 0:
+        mine = [1.0 if self.flag.signum else 0.0, 1.0 if trainer.ckpt.writing() else 0.0]
+        raised, writing = dist.all_reduce(torch.tensor(mine, device=trainer.info.device), "max").tolist()
+        if trainer.ckpt.in_flight is not None and not writing:
+            trainer.finish_checkpoint()  # written everywhere: publishing it waits for nothing
+        if raised > 0:
             trainer.signal_name = self.flag.name or "remote"
             trainer.request_stop("preempted", f"stopped by {trainer.signal_name} at step {trainer.step}")

@@ -12,10 +12,19 @@ train state is JSON. Two readers below still unpickle, and both run only after t
 `.metadata` (torch reads it with `pickle.load`) and DeepSpeed's loader (rrtrain/parallel/deepspeed.py).
 A write that fails (a full disk) removes its partial files and ends the run with `RunError`; the
 previous checkpoint stays as it was.
+
+Asynchronous saves (`train.ckpt_async`, DCP's `async_save`): `start` writes the RNG files, copies the model and
+optimizer state into CPU memory (so later steps cannot change what is written) and hands the write to a
+background thread, which then hashes this rank's share of the files. `finish` publishes (train_state.json with
+the checksums, the rename, `latest`) only once the write has completed on every rank; the caller decides when
+(`writing()` all-reduced at a step boundary, or before the next save, the end of the run or a signal). At
+most one save is in flight; until it is published it is a hidden `.tmp_*` directory that no resume reads.
 """
 
 from __future__ import annotations
 
+import copy
+import datetime
 import errno
 import json
 import os
@@ -23,8 +32,11 @@ import pickle
 import random
 import shutil
 import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import numpy as np
 import torch
@@ -119,11 +131,46 @@ def is_disk_full(err: BaseException, where: Optional[Path] = None) -> bool:
     return st.f_bavail * st.f_frsize < NEARLY_FULL_BYTES
 
 
+@dataclass
+class Published:
+    """A checkpoint that `latest` now names, and what it cost the training loop."""
+
+    step: int
+    path: Path
+    blocking_s: float  # time the loop spent in this save: all of it (sync), or starting + publishing (async)
+    write_s: float  # from the start of the save until its files were written and hashed (on this rank)
+
+
+@dataclass
+class InFlight:
+    """An asynchronous save started and not yet published."""
+
+    step: int
+    tmp: Path
+    final: Path
+    train_state: dict  # as it was when the save started
+    job: Future  # this rank: DCP's write, then the checksums of this rank's share -> (files, finished_at)
+    started: float  # time.perf_counter() at the start
+    blocking_s: float  # what starting it cost the loop
+
+
 class CheckpointManager:
-    def __init__(self, run_dir: Path, keep: int, info: DistInfo) -> None:
+    def __init__(self, run_dir: Path, keep: int, info: DistInfo, asynchronous: bool = False,
+                 timeout_s: int = 600) -> None:
         self.root = Path(run_dir) / "checkpoints"
         self.keep, self.info = keep, info
         self.passed_over: list[str] = []  # warnings of the last latest(): newer checkpoints not usable
+        self.in_flight: Optional[InFlight] = None
+        self._pg = None  # the background write's process group (a collective to create: every rank, once)
+        self._hasher: Optional[ThreadPoolExecutor] = None
+        if asynchronous:
+            # DCP's background thread runs its own collectives (plans, metadata). On the training group they
+            # would interleave with the loop's; a separate gloo group keeps them apart, and gloo is what DCP's
+            # async save needs beside NCCL too (it refuses a group without a CPU backend).
+            if torch.distributed.is_initialized():
+                self._pg = torch.distributed.new_group(backend="gloo",
+                                                       timeout=datetime.timedelta(seconds=timeout_s))
+            self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rrtrain-ckpt")
 
     def complete(self) -> list[Path]:
         """Renamed (hence complete when written) checkpoint directories, newest first."""
@@ -160,36 +207,106 @@ class CheckpointManager:
                              "move the checkpoints away to start the run afresh")
         return None
 
-    def save(self, engine, step: int, train_state: dict) -> Path:
-        """Collective. Returns the final checkpoint directory. When any rank's write fails for lack of
-        space, the partial checkpoint is removed and every rank raises RunError."""
-        name = f"step_{step:08d}"
-        tmp, final = self.root / f".tmp_{name}", self.root / name
-        main = self.info.is_main
-        failure = _first(_space_failure(lambda: self._prepare(tmp), tmp) if main else None)
+    def save(self, engine, step: int, train_state: dict) -> Published:
+        """Collective. A checkpoint of this step, written and published before it returns.
+        When any rank's write fails for lack of space, the partial checkpoint is removed and every rank raises
+        RunError. Call `finish` first when a save is in flight."""
+        self._idle()
+        started = time.perf_counter()
+        tmp, final = self._paths(step)
+        failure = self._prepare(tmp)
         if failure is None:
-            failure = _first(_space_failure(lambda: self._write_shards(engine, tmp), tmp))
-        if failure is None:
-            files: dict[str, Any] = {}
-            for part in dist.gather_objects(checksum_files(tmp, self.info.rank, self.info.world_size)):
-                files.update(part)
-            state = {**train_state, "files": files}
-            failure = _first(_space_failure(lambda: self._publish(tmp, final, state), tmp) if main else None)
-        if failure:
-            if self.info.is_main:
-                shutil.rmtree(tmp, ignore_errors=True)
-            previous = next((p.name for p in self.complete() if p != final), None)
-            raise RunError(f"no space left on the device while writing checkpoint {name} under {self.root} "
-                           f"({failure}); its partial files were removed"
-                           + (f" and {previous} is intact" if previous else "")
-                           + ": free space and start the run again to resume")
-        dist.barrier()
-        return final
+            failure = _first(_space_failure(lambda: engine.save(tmp / "state"), tmp))
+        files = checksum_files(tmp, self.info.rank, self.info.world_size) if failure is None else {}
+        self._conclude(tmp, final, train_state, files, failure)
+        spent = time.perf_counter() - started
+        return Published(step, final, blocking_s=spent, write_s=spent)
 
-    @staticmethod
-    def _prepare(tmp: Path) -> None:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+    def start(self, engine, step: int, train_state: dict) -> None:
+        """Collective. Starts an asynchronous save of this step: RNG files now, the model and optimizer state
+        copied to CPU memory now and written in the background; `finish` publishes it. Call `finish` first
+        when one is in flight (at most one is)."""
+        self._idle()
+        if self._hasher is None:
+            raise RuntimeError("this CheckpointManager was made for synchronous saves only")
+        started = time.perf_counter()
+        tmp, final = self._paths(step)
+        failure = self._prepare(tmp)
+        if failure is not None:
+            self._give_up(tmp, final, failure)
+        write = engine.save_async(tmp / "state", self._pg)  # returns once the state is copied
+        job = self._hasher.submit(self._hash_when_written, write, tmp)
+        self.in_flight = InFlight(step, tmp, final, copy.deepcopy(train_state), job, started,
+                                  blocking_s=time.perf_counter() - started)
+
+    def writing(self) -> bool:
+        """Whether this rank is still writing (or hashing) the save in flight. Local: all-reduce it to learn
+        whether every rank has finished."""
+        return self.in_flight is not None and not self.in_flight.job.done()
+
+    def finish(self) -> Optional[Published]:
+        """Collective. Waits for the save in flight (if any) to be written on every rank, then publishes it.
+        A background write that failed for lack of space ends like a synchronous one: RunError, its partial
+        files removed, the previous checkpoint intact."""
+        pending, self.in_flight = self.in_flight, None
+        if pending is None:
+            return None
+        waited = time.perf_counter()
+        files, written, failure = {}, waited, None
+        try:
+            files, written = pending.job.result()
+        except (Exception, CheckpointException) as err:
+            failure = _space_message(err, pending.tmp)
+        failure = _first(failure)
+        self._conclude(pending.tmp, pending.final, pending.train_state, files, failure)
+        return Published(pending.step, pending.final, blocking_s=pending.blocking_s + time.perf_counter() - waited,
+                         write_s=written - pending.started)
+
+    def _hash_when_written(self, write: Future, tmp: Path) -> tuple[dict[str, dict[str, Any]], float]:
+        """Background: wait for DCP's write (it ends with a collective, so every rank's files are complete when
+        it returns), then hash this rank's share of the checkpoint's files."""
+        write.result()
+        return checksum_files(tmp, self.info.rank, self.info.world_size), time.perf_counter()
+
+    def _idle(self) -> None:
+        if self.in_flight is not None:  # at most one save in flight: a new one first publishes the last
+            raise RuntimeError(f"the save of step {self.in_flight.step} is still in flight: finish it first")
+
+    def _paths(self, step: int) -> tuple[Path, Path]:
+        name = f"step_{step:08d}"
+        return self.root / f".tmp_{name}", self.root / name
+
+    def _prepare(self, tmp: Path) -> Optional[str]:
+        """Collective: rank 0 makes the hidden directory, then every rank writes its RNG state into it; the
+        failure (lack of space) of the lowest rank that had one, on every rank."""
+        failure = _first(_space_failure(lambda: _fresh_dir(tmp), tmp) if self.info.is_main else None)
+        if failure is None:
+            rng_file = tmp / f"rng_rank{self.info.rank}.pt"
+            failure = _first(_space_failure(lambda: torch.save(rng_state(), rng_file), tmp))
+        return failure
+
+    def _conclude(self, tmp: Path, final: Path, train_state: dict, files: dict[str, Any],
+                  failure: Optional[str]) -> None:
+        """Collective: publish a written checkpoint given every rank's share of its checksums, or give up on it."""
+        if failure is None:
+            every: dict[str, Any] = {}
+            for part in dist.gather_objects(files):
+                every.update(part)
+            state = {**train_state, "files": every}
+            failure = _first(_space_failure(lambda: self._publish(tmp, final, state), tmp)
+                             if self.info.is_main else None)
+        if failure:
+            self._give_up(tmp, final, failure)
+        dist.barrier()
+
+    def _give_up(self, tmp: Path, final: Path, failure: str) -> NoReturn:
+        if self.info.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        previous = next((p.name for p in self.complete() if p != final), None)
+        raise RunError(f"no space left on the device while writing checkpoint {final.name} under {self.root} "
+                       f"({failure}); its partial files were removed"
+                       + (f" and {previous} is intact" if previous else "")
+                       + ": free space and start the run again to resume")
 
     def _publish(self, tmp: Path, final: Path, train_state: dict) -> None:
         """Rank 0: the train state (with the checksums) into the hidden directory, then the rename, then `latest`."""
@@ -199,11 +316,6 @@ class CheckpointManager:
         tmp.rename(final)
         atomic_write_text(self.root / "latest", final.name + "\n")
         self._prune()
-
-    def _write_shards(self, engine, tmp: Path) -> None:
-        """This rank's part of a checkpoint: model/optimizer shards and its RNG state."""
-        engine.save(tmp / "state")
-        torch.save(rng_state(), tmp / f"rng_rank{self.info.rank}.pt")
 
     def _prune(self) -> None:
         done = sorted(p for p in self.root.glob("step_*") if p.is_dir())
@@ -229,16 +341,26 @@ class CheckpointManager:
             set_rng_state(state)
 
 
+def _fresh_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+
+
 def _space_failure(action, where: Path) -> Optional[str]:  # noqa: ANN001 - a thunk
     """Run `action`; the first line of its error when it fails for lack of space (other errors propagate)."""
     try:
         action()
     except (Exception, CheckpointException) as err:
-        if not is_disk_full(err, where):
-            raise
-        inner = [f[0] if isinstance(f, tuple) else f for f in (getattr(err, "failures", None) or {}).values()]
-        return next((str(e).splitlines()[0] for e in [*inner, err] if str(e).strip()), type(err).__name__)
+        return _space_message(err, where)
     return None
+
+
+def _space_message(err: BaseException, where: Path) -> str:
+    """The first line of a write's error when it failed for lack of space; re-raises any other error."""
+    if not is_disk_full(err, where):
+        raise err
+    inner = [f[0] if isinstance(f, tuple) else f for f in (getattr(err, "failures", None) or {}).values()]
+    return next((str(e).splitlines()[0] for e in [*inner, err] if str(e).strip()), type(err).__name__)
 
 
 def _first(failure: Optional[str]) -> Optional[str]:
@@ -254,7 +376,7 @@ FREE = {
     "run.name", "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.diag_every",
     "train.allow_config_change", "train.fail_at_step", "train.fail_steps", "parallel.ac", "parallel.ac_every", "parallel.timeout_s",
     "parallel.reshard_after_forward", "train.compile", "data.num_workers", "data.cache_dir", "run.dir",
-    "run.lock_wait_s",
+    "run.lock_wait_s", "train.ckpt_async",
 }
 #: monitor thresholds and actions judge the trajectory without changing it (a checkpoint from before the
 #: monitor existed has none)

@@ -101,6 +101,7 @@ class TrainConfig:
     eval_every: int = 100  # 0: only at the end
     ckpt_every: int = 0  # 0: only at the end and on a signal
     keep_ckpts: int = 2
+    ckpt_async: bool = False  # write checkpoints in the background (DCP async save); fsdp / none backends only
     diag_every: int = 0  # per-block gradient norms and gate statistics; 0: off
     on_nonfinite: Literal["skip", "halt"] = "skip"
     max_nonfinite: int = 5  # consecutive non-finite steps before the run halts as diverged
@@ -375,6 +376,9 @@ def validate(cfg: Config) -> None:
             raise UsageError(f"{key} must be positive, got {value}")
         if value is not None and p.backend != "fsdp":
             raise UsageError(f"{key} applies to parallel.backend=fsdp only (got backend '{p.backend}')")
+    if t.ckpt_async and p.backend == "deepspeed":
+        raise UsageError("train.ckpt_async=true needs parallel.backend=fsdp or none (DeepSpeed writes its own "
+                         "checkpoints synchronously)")
     validate_monitor(cfg.monitor)
 
 

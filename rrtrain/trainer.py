@@ -20,7 +20,7 @@ import yaml
 
 from rrtrain import dist, runlock, sizing
 from rrtrain.callbacks import Callback, due
-from rrtrain.checkpoint import CheckpointManager, check_resume, is_disk_full
+from rrtrain.checkpoint import CheckpointManager, Published, check_resume, is_disk_full
 from rrtrain.compile_policy import resolve_compile
 from rrtrain.config import Config
 from rrtrain.errors import RunError, UsageError
@@ -70,6 +70,7 @@ class Trainer:
         self.stopping, self.checkpoint_at_end = False, True  # set by request_stop
         self.resumed_at: Optional[int] = None  # the checkpoint step this process started from
         self.resumed_callbacks: dict[str, Any] = {}  # the callbacks' states in that checkpoint
+        self.saved_step: Optional[int] = None  # the step of the last checkpoint this process published
         problem = unwritable_reason(self.run_dir) if self.info.is_main else None
         dist.raise_together(f"run.dir '{self.run_dir}' cannot be written: {problem}" if problem else None)
         self.lock = runlock.hold(self.run_dir, cfg.run.lock_wait_s, self.info.is_main, self.info.device)
@@ -118,7 +119,8 @@ class Trainer:
         self.val_batches = eval_batches(cfg.data.path, micro_batch=t.micro_batch, n_batches=cfg.data.eval_batches,
                                         rank=info.rank, world_size=info.world_size, cache_dir=str(cache / "val"))
         self.fingerprint = manifest.get("fingerprint")
-        self.ckpt = CheckpointManager(self.run_dir, t.keep_ckpts, info)
+        self.ckpt = CheckpointManager(self.run_dir, t.keep_ckpts, info, asynchronous=t.ckpt_async,
+                                      timeout_s=cfg.parallel.timeout_s)
 
     def resume(self) -> Optional[int]:
         """Load the latest checkpoint if there is one; returns its step. The callbacks' states wait in
@@ -255,6 +257,7 @@ class Trainer:
             self.flush_records()
             if self.status != "preempted" and self.checkpoint_at_end:
                 self.run_eval()
+            self.finish_checkpoint()  # whatever the ending, a save in flight is published before the run ends
             if self.checkpoint_at_end:
                 self.save_checkpoint()
         finally:
@@ -281,9 +284,28 @@ class Trainer:
         self.emit("on_eval", record)
         return record["val_loss"]
 
-    def save_checkpoint(self) -> None:
-        self.ckpt.save(self.engine, self.step, self.train_state())
-        self.emit("on_checkpoint", self.step)
+    def save_checkpoint(self, background: bool = False) -> None:
+        """Collective. A checkpoint of this step; a save still in flight is published first (at most one is in
+        flight) and a step already saved is not saved again. With `background` and `train.ckpt_async` the
+        write goes on while the loop trains; `finish_checkpoint` publishes it."""
+        self.finish_checkpoint()
+        if self.saved_step == self.step:
+            return
+        if background and self.cfg.train.ckpt_async:
+            self.ckpt.start(self.engine, self.step, self.train_state())
+        else:
+            self.published(self.ckpt.save(self.engine, self.step, self.train_state()))
+
+    def finish_checkpoint(self) -> None:
+        """Collective. Waits for the save in flight, if any, to be written on every rank and publishes it."""
+        done = self.ckpt.finish()
+        if done is not None:
+            self.published(done)
+
+    def published(self, done: Published) -> None:
+        self.saved_step = done.step
+        self.emit("on_checkpoint", {"kind": "checkpoint", "step": done.step, "published_at": self.step,
+                                    "blocking_s": round(done.blocking_s, 6), "write_s": round(done.write_s, 6)})
 
     def load_callback_states(self, states: dict[str, Any]) -> None:
         for callback in self.callbacks:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Optional
 
@@ -67,6 +68,12 @@ class Engine:
 
     def save(self, path: Path) -> None:
         """Collective: every rank writes its part of model + optimizer state under `path`."""
+        raise NotImplementedError
+
+    def save_async(self, path: Path, process_group) -> Future:  # noqa: ANN001 - a ProcessGroup or None
+        """Collective: copy this rank's model + optimizer state into CPU memory now, write it under `path` in a
+        background thread (its collectives on `process_group`); the future completes when every rank's files
+        are written."""
         raise NotImplementedError
 
     def load(self, path: Path) -> None:
@@ -167,6 +174,13 @@ class TorchEngine(Engine):
         import torch.distributed.checkpoint as dcp
 
         dcp.save(self._state(), checkpoint_id=str(path))
+
+    def save_async(self, path: Path, process_group) -> Future:  # noqa: ANN001 - a ProcessGroup or None
+        import torch.distributed.checkpoint as dcp
+
+        # The default stager deep-copies every tensor into fresh CPU storage, CPU tensors too: the optimizer
+        # steps that follow cannot change what is being written.
+        return dcp.async_save(self._state(), checkpoint_id=str(path), process_group=process_group)
 
     def load(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp

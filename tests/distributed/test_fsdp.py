@@ -1,9 +1,11 @@
-"""FSDP2 on 2 CPU ranks (torchrun, gloo) against one process, and exact resume under FSDP."""
+"""FSDP2 on 2 CPU ranks (torchrun, gloo) against one process, and exact resume under FSDP with checkpoints
+written in the foreground and in the background (`train.ckpt_async`)."""
 
 from __future__ import annotations
 
 import random
 import signal
+import time
 
 import pytest
 import torch
@@ -27,19 +29,51 @@ def test_fsdp_two_ranks_matches_one_process(tmp_path, stories_data, variant):
     assert final(tmp_path / "fsdp")["world_size"] == 2
 
 
-def test_fsdp_exact_resume_after_sigkill(tmp_path, stories_data):
-    args = ["train.max_steps=24", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=8",
-            "train.global_batch=8", "train.micro_batch=4", "parallel.backend=fsdp"]
-    ref = tmp_path / "ref"
-    train(ref, stories_data, *args, nproc=2)
-    run = tmp_path / "killed"
-    proc = start(run, stories_data, *args, nproc=2)
-    wait_for_step(run, random.Random(99).randint(9, 13), proc)
-    kill_group(proc, signal.SIGKILL)
-    proc.wait()
-    assert 8 < max(losses(run)) < 16
-    train(run, stories_data, *args, nproc=2)
+RESUME = ["train.max_steps=24", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=8",
+          "train.global_batch=8", "train.micro_batch=4", "parallel.backend=fsdp"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, stories_data):
+    """The uninterrupted RESUME run on 2 ranks (checkpoints written in the foreground)."""
+    ref = tmp_path_factory.mktemp("reference") / "ref"
+    train(ref, stories_data, *RESUME, nproc=2)
+    return ref
+
+
+def assert_same_run(ref, run) -> None:
     assert max_rel_diff(losses(ref), losses(run)) == 0.0
     pa, pb = checkpoint_tensors(ref), checkpoint_tensors(run)
     for key in pa:
         assert torch.equal(pa[key], pb[key]), key
+
+
+def test_fsdp_exact_resume_after_sigkill(tmp_path, stories_data, reference):
+    run = tmp_path / "killed"
+    proc = start(run, stories_data, *RESUME, nproc=2)
+    wait_for_step(run, random.Random(99).randint(9, 13), proc)
+    kill_group(proc, signal.SIGKILL)
+    proc.wait()
+    assert 8 < max(losses(run)) < 16
+    train(run, stories_data, *RESUME, nproc=2)
+    assert_same_run(reference, run)
+
+
+def test_fsdp_exact_resume_after_sigkill_with_async_checkpoints(tmp_path, stories_data, reference):
+    """Each rank writes its shards in the background over a gloo group of its own; step 8 is published at a
+    stop check (every 2 steps) once both ranks have written it."""
+    args = [*RESUME, "train.ckpt_async=true", "train.stop_check_every=2"]
+    run = tmp_path / "killed"
+    proc = start(run, stories_data, *args, nproc=2)
+    wait_for_step(run, random.Random(99).randint(9, 13), proc)
+    latest = run / "checkpoints" / "latest"
+    deadline = time.time() + 120
+    while not (latest.exists() and latest.read_text().strip() == "step_00000008") and time.time() < deadline:
+        time.sleep(0.02)
+    kill_group(proc, signal.SIGKILL)
+    proc.wait()
+    assert 8 < max(losses(run)) < 16
+    assert latest.read_text().strip() == "step_00000008"
+    proc = train(run, stories_data, *args, nproc=2)
+    assert "resumed at step 8" in proc.stdout, proc.stdout
+    assert_same_run(reference, run)

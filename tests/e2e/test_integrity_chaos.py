@@ -1,6 +1,8 @@
 """The chaos run: one run SIGKILLed (the whole process tree) at 10 moments, some inside checkpoint writes,
 some inside evaluation, some at random, and restarted each time, ends with every step in metrics.jsonl
 exactly once and losses bitwise identical to the uninterrupted run; on one process and on two FSDP ranks.
+Every other restart writes its checkpoints in the background (`train.ckpt_async`): kills land inside those
+writes too, and a run resumes across the change of mode.
 Budget: about 90 s (1 process) + 120 s (FSDP) on a quiet machine."""
 
 from __future__ import annotations
@@ -80,9 +82,10 @@ def test_chaos_run_matches_the_uninterrupted_run(tmp_path, stories_data, backend
     modes = ["ckpt"] * 4 + ["eval"] * 3 + ["random"] * 3
     rng.shuffle(modes)
     landed = {"ckpt": 0, "eval": 0, "step": 0}
-    for mode in modes:
+    for i, mode in enumerate(modes):
         stale = tmp_dirs(run)
-        proc = start(run, stories_data, *ARGS, *extra, nproc=nproc)
+        writer = ("train.ckpt_async=true",) if i % 2 else ()
+        proc = start(run, stories_data, *ARGS, *extra, *writer, nproc=nproc)
         landed[kill_at(run, proc, mode, rng, stale)] += 1
         proc.stdout.close()
     train(run, stories_data, *ARGS, *extra, nproc=nproc)

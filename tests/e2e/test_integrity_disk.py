@@ -1,8 +1,9 @@
 """A full disk and a run directory that cannot be written, on real filesystems (tmpfs mounts).
 
 A checkpoint write that runs out of space removes its partial files, ends the run with one line (exit 1)
-and final.json, leaves the previous checkpoint intact, and the run resumes exactly once space is freed.
-A run directory that cannot be written stops the run before training: one line, exit 2. Budget: about 60 s."""
+and final.json, leaves the previous checkpoint intact, and the run resumes exactly once space is freed; a
+write in the background (`train.ckpt_async`) ends the same way. A run directory that cannot be written
+stops the run before training: one line, exit 2. Budget: about 80 s."""
 
 from __future__ import annotations
 
@@ -40,6 +41,30 @@ def test_full_disk_during_a_checkpoint_then_exact_resume(tmp_path, stories_data)
     assert steps == list(range(1, 9))
     assert losses(run) == losses(ref)  # bitwise
     assert final(run)["status"] == "completed" and final(run)["final_val_loss"] == final(ref)["final_val_loss"]
+
+
+def test_full_disk_during_an_async_checkpoint(tmp_path, stories_data):
+    """The background write of step 6 runs out of space; the run learns it when it next waits for the write (at
+    its end: the stop check comes every 10 steps) and ends exactly as a synchronous save would have."""
+    args = (*ARGS, "train.ckpt_async=true")
+    probe = tmp_path / "probe"  # one step: a checkpoint as large as every other of this run
+    train(probe, stories_data, "train.max_steps=1")
+    size = sum(f.stat().st_size for f in (probe / "checkpoints" / "step_00000001").rglob("*") if f.is_file())
+    run = tmp_path / "run"
+    with tmpfs(run / "checkpoints", str(int(size * 2.5))) as ckpts:
+        proc = train(run, stories_data, *args, expect=1)
+        assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert "no space left" in proc.stderr and "step_00000006" in proc.stderr, proc.stderr
+        assert "step_00000004 is intact" in proc.stderr, proc.stderr
+        fin = final(run)
+        assert fin["status"] == "failed" and fin["step"] == 8 and "no space left" in fin["reason"]
+        assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000002", "step_00000004"]
+        assert (ckpts / "latest").read_text().strip() == "step_00000004"
+        resize(ckpts, str(size * 4))
+        proc = train(run, stories_data, *args)
+        assert "resumed at step 4" in proc.stdout, proc.stdout
+    assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, 9))
+    assert final(run)["status"] == "completed"
 
 
 def test_final_json_on_a_full_disk(tmp_path, stories_data):

@@ -1,14 +1,20 @@
 """The trainer in one process, on real synthetic-stories shards: AC, bf16, non-finite handling,
-resume refusal, TensorBoard, and exact resume after SIGKILL / SIGTERM."""
+resume refusal, TensorBoard, and exact resume after SIGKILL / SIGTERM, with checkpoints written in the
+foreground and in the background (`train.ckpt_async`)."""
 
 from __future__ import annotations
 
+import json
 import random
 import signal
+import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from rrtrain.checkpoint import TRAIN_STATE, file_problems
 from trainutil import (checkpoint_tensors, final, kill_group, losses, max_rel_diff, records, start, train,
                        wait_for_step)
 
@@ -97,6 +103,14 @@ RESUME = ["train.max_steps=30", "train.log_every=1", "train.eval_every=10", "tra
           "train.global_batch=8", "train.micro_batch=4", "train.warmup_steps=3", "train.keep_ckpts=2"]
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, stories_data):
+    """The uninterrupted RESUME run (checkpoints written in the foreground), shared by the resume tests."""
+    ref = tmp_path_factory.mktemp("reference") / "ref"
+    train(ref, stories_data, *RESUME)
+    return ref
+
+
 def assert_same_run(a, b):
     assert max_rel_diff(losses(a), losses(b)) == 0.0
     pa, pb = checkpoint_tensors(a), checkpoint_tensors(b)
@@ -105,9 +119,8 @@ def assert_same_run(a, b):
         assert torch.equal(pa[key], pb[key]), key
 
 
-def test_exact_resume_after_sigkill(tmp_path, stories_data):
-    ref = tmp_path / "ref"
-    train(ref, stories_data, *RESUME)
+def test_exact_resume_after_sigkill(tmp_path, stories_data, reference):
+    ref = reference
     run = tmp_path / "killed"
     kill_at = random.Random(1234).randint(12, 17)
     proc = start(run, stories_data, *RESUME)
@@ -122,9 +135,8 @@ def test_exact_resume_after_sigkill(tmp_path, stories_data):
     assert_same_run(ref, run)
 
 
-def test_sigterm_checkpoints_preempts_and_resumes_once(tmp_path, stories_data):
-    ref = tmp_path / "ref"
-    train(ref, stories_data, *RESUME)
+def test_sigterm_checkpoints_preempts_and_resumes_once(tmp_path, stories_data, reference):
+    ref = reference
     run = tmp_path / "term"
     proc = start(run, stories_data, *RESUME)
     wait_for_step(run, 13, proc)
@@ -138,6 +150,109 @@ def test_sigterm_checkpoints_preempts_and_resumes_once(tmp_path, stories_data):
     assert steps == list(range(1, 31))  # every step exactly once
     assert final(run)["status"] == "completed"
     assert_same_run(ref, run)
+
+
+#: checkpoints written in the background; the stop check, which also publishes a written one, every 2 steps
+ASYNC = [*RESUME, "train.ckpt_async=true", "train.stop_check_every=2"]
+
+
+def latest_name(run: Path) -> str | None:
+    path = run / "checkpoints" / "latest"
+    return path.read_text().strip() if path.exists() else None
+
+
+def checkpoint_records(run: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in records(run) if r.get("kind") == "checkpoint"}
+
+
+def line_index(run: Path, match) -> int:  # noqa: ANN001 - a predicate on a record
+    """Where the first record that `match`es sits in metrics.jsonl."""
+    return next(i for i, r in enumerate(records(run)) if match(r))
+
+
+def test_exact_resume_after_sigkill_with_async_checkpoints(tmp_path, stories_data, reference):
+    run = tmp_path / "killed"
+    kill_at = random.Random(1234).randint(12, 17)
+    proc = start(run, stories_data, *ASYNC)
+    wait_for_step(run, kill_at, proc)
+    deadline = time.time() + 120
+    while latest_name(run) != "step_00000010" and time.time() < deadline:  # published a stop check or two later
+        time.sleep(0.02)
+    kill_group(proc, signal.SIGKILL)
+    proc.wait()
+    seen = max(losses(run))
+    assert 10 < seen < 20, seen  # killed between the checkpoints at steps 10 and 20
+    assert latest_name(run) == "step_00000010"
+    proc = train(run, stories_data, *ASYNC)
+    assert "resumed at step 10" in proc.stdout, proc.stdout
+    assert final(run)["status"] == "completed" and sorted(losses(run)) == list(range(1, 31))
+    assert_same_run(reference, run)  # bitwise the run whose checkpoints were written in the foreground
+
+
+def test_sigterm_while_an_async_checkpoint_is_in_flight(tmp_path, stories_data, reference):
+    """With the stop check every 10 steps, the save started at step 10 is published at step 20, where the
+    SIGTERM sent at step 13 is also seen: the save of step 20 is published before the run exits 75."""
+    run = tmp_path / "term"
+    args = [*RESUME, "train.ckpt_async=true"]
+    proc = start(run, stories_data, *args)
+    seen = wait_for_step(run, 13, proc)
+    in_flight = sorted(p.name for p in (run / "checkpoints").iterdir())
+    kill_group(proc, signal.SIGTERM)
+    assert seen < 20 and in_flight == [".tmp_step_00000010"]  # started, not published: no `latest` yet
+    assert proc.wait(timeout=120) == 75
+    fin = final(run)
+    assert fin["status"] == "preempted" and fin["signal"] == "SIGTERM" and fin["step"] == 20
+    assert latest_name(run) == "step_00000020"
+    root = run / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000010", "step_00000020"]
+    for name in ("step_00000010", "step_00000020"):
+        assert file_problems(root / name, json.loads((root / name / TRAIN_STATE).read_text())["files"], 0, 1) == []
+    ckpts = checkpoint_records(run)
+    assert sorted(ckpts) == [10, 20]  # step 20 was not saved a second time at the end
+    assert ckpts[10]["published_at"] == 20 and ckpts[20]["published_at"] == 20
+    # the loop trained on while the save of step 10 was in flight: steps 11..20 were logged before its publication
+    assert line_index(run, lambda r: r.get("step") == 20 and "loss" in r) < \
+        line_index(run, lambda r: r.get("kind") == "checkpoint")
+    proc = train(run, stories_data, *args)
+    assert "resumed at step 20" in proc.stdout, proc.stdout
+    assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, 31))  # every step exactly once
+    assert final(run)["status"] == "completed"
+    assert_same_run(reference, run)
+
+
+def test_latest_only_names_complete_checkpoints_while_async_saves_are_in_flight(tmp_path, stories_data):
+    """A watcher polls `latest` during a run that checkpoints every 2 steps in the background: every checkpoint
+    it ever names verifies against its checksums, and each was published after the loop had moved on."""
+    run = tmp_path / "watched"
+    args = ["train.max_steps=16", "train.log_every=1", "train.eval_every=0", "train.ckpt_every=2",
+            "train.global_batch=8", "train.micro_batch=4", "train.keep_ckpts=100", "train.ckpt_async=true",
+            "train.stop_check_every=1"]
+    verified: dict[str, list[str]] = {}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            name = latest_name(run)
+            if name and name not in verified:
+                path = run / "checkpoints" / name
+                verified[name] = file_problems(path, json.loads((path / TRAIN_STATE).read_text())["files"], 0, 1)
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        train(run, stories_data, *args)
+    finally:
+        done.set()
+        watcher.join()
+    assert len(verified) >= 3 and all(problems == [] for problems in verified.values()), verified
+    ckpts = checkpoint_records(run)
+    assert sorted(ckpts) == list(range(2, 17, 2))
+    for step, rec in ckpts.items():
+        if step < 16:
+            assert rec["published_at"] > step, rec  # the loop went on while it was written
+            assert line_index(run, lambda r: r.get("step") == step + 1 and "loss" in r) < \
+                line_index(run, lambda r: r.get("kind") == "checkpoint" and r["step"] == step)
 
 
 @pytest.mark.slow

@@ -157,6 +157,14 @@ def test_range_checks(override, message):
         assert error(None, [override]) == message
 
 
+def test_async_checkpoints_are_for_dcp_backends():
+    assert error(None, ["train.ckpt_async=true", "parallel.backend=deepspeed"]) == \
+        "train.ckpt_async=true needs parallel.backend=fsdp or none (DeepSpeed writes its own checkpoints synchronously)"
+    assert error(None, ["train.ckpt_async=3"]) == "train.ckpt_async: expected a boolean (true/false), got 3"
+    assert load_config(None, ["train.ckpt_async=true", "parallel.backend=fsdp"]).train.ckpt_async is True
+    assert load_config(None).train.ckpt_async is False
+
+
 # ---------------------------------------------------------------------------------------------
 # What valid input does
 

@@ -23,6 +23,7 @@ def test_same_config_resumes_silently():
 
 def test_cadence_changes_are_free():
     assert check_resume(cfg(), cfg(train__log_every=3, train__ckpt_every=7, parallel__ac="full"), 1, 1, False) == []
+    assert check_resume(cfg(), cfg(train__ckpt_async=True), 1, 1, False) == []  # how checkpoints are written
 
 
 @pytest.mark.parametrize("change", [{"train__global_batch": 16}, {"train__lr": 1e-3}, {"parallel__precision": "bf16"}])
