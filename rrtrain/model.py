@@ -104,17 +104,24 @@ class Transformer(nn.Module):
         self.shape, self.variant, self.init_std = shape, variant, init_std
         self.rcfg, self.norm_eps, self.rope_base = rcfg, norm_eps, rope_base
         self.rule = residuals.get(variant)
-        d = shape.d_model
-        self.tok_emb = nn.Embedding(shape.vocab_size, d)
-        self.pos_emb = nn.Embedding(shape.seq_len, d) if shape.pos == "learned" else None
-        self.stream: Stream = self.rule.stream(StreamInfo(d, shape.n_sublayers, norm_eps, rcfg))
-        self.stream.attach(self.tok_emb, self.pos_emb)  # for rules that reach inside (Fixup); no-op by default
+        self.tok_emb: nn.Embedding
+        self.pos_emb: Optional[nn.Embedding]
+        self.stream: Stream
+        self.make_ends(self)
         self.blocks = nn.ModuleList(self.make_block(i) for i in range(shape.n_layers))
         if seed is not None and not self.tok_emb.weight.is_meta:
             self.init_weights(seed)
 
+    def make_ends(self, holder: nn.Module) -> None:
+        """Give `holder` (this model, or the template of unit 0) the embeddings and the rule's stream."""
+        shape, d = self.shape, self.shape.d_model
+        holder.tok_emb = nn.Embedding(shape.vocab_size, d)
+        holder.pos_emb = nn.Embedding(shape.seq_len, d) if shape.pos == "learned" else None
+        holder.stream = self.rule.stream(StreamInfo(d, shape.n_sublayers, self.norm_eps, self.rcfg))
+        holder.stream.attach(holder.tok_emb, holder.pos_emb)  # for rules that reach inside (Fixup); no-op by default
+
     def make_block(self, i: int) -> Block:
-        """Block `i` with its two residual sites attached; also the template `unit(i + 1)` initialises."""
+        """Block `i` with its two residual sites attached (for this model, or as the template of unit i + 1)."""
         shape, rcfg, eps = self.shape, self.rcfg, self.norm_eps
         d, n_sub = shape.d_model, shape.n_sublayers
         block = Block(shape, self.rule.site(SiteInfo(d, 2 * i, n_sub, "attn", eps, rcfg)),
@@ -143,14 +150,8 @@ class Transformer(nn.Module):
         `unit_prefix(u)`: where a sharded model's units are initialised in full, one at a time."""
         with torch.device("meta"):
             if u == 0:
-                ends = nn.Module()
-                ends.tok_emb = nn.Embedding(self.shape.vocab_size, self.shape.d_model)
-                ends.pos_emb = nn.Embedding(self.shape.seq_len, self.shape.d_model) if self.pos_emb is not None \
-                    else None
-                ends.stream = self.rule.stream(StreamInfo(self.shape.d_model, self.shape.n_sublayers,
-                                                          self.norm_eps, self.rcfg))
-                ends.stream.attach(ends.tok_emb, ends.pos_emb)
-                template: nn.Module = ends
+                template = nn.Module()
+                self.make_ends(template)
             else:
                 template = self.make_block(u - 1)
         return template.to_empty(device=device)

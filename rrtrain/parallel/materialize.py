@@ -20,10 +20,9 @@ from rrtrain.model import Transformer, unit_generator
 
 def local_slice(full: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """The part of `full` that `target` holds on this rank: all of it for a plain tensor; for a DTensor, the
-    chunk its placements give this rank's mesh coordinate (torch.chunk per Shard dim, as DTensor and FSDP2
-    split), over any mesh (FSDP's Shard(0), HSDP's Replicate x Shard(0)). The rank along each mesh dim
-    comes from that dim's process group, as FSDP2 takes it (a DeviceMesh reused from a cache can report a
-    stale `get_coordinate()`)."""
+    chunk its placements give this rank (torch.chunk per Shard dim, as DTensor and FSDP2 split), over any
+    mesh (FSDP's Shard(0), HSDP's Replicate x Shard(0)). The rank along each mesh dim comes from that dim's
+    process group, as FSDP2 takes it (a DeviceMesh reused from a cache can report a stale coordinate)."""
     if not hasattr(target, "device_mesh"):
         return full
     mesh, out = target.device_mesh, full
@@ -31,7 +30,7 @@ def local_slice(full: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if placement.is_shard():
             axis = placement.dim
             chunks = torch.chunk(out, mesh.size(dim), dim=axis)
-            k = mesh.get_local_rank(dim)  # this rank's place along the dim, from its process group, as FSDP2's
+            k = mesh.get_local_rank(dim)
             out = chunks[k] if k < len(chunks) else out.narrow(axis, 0, 0)
         elif not placement.is_replicate():
             raise RuntimeError(f"cannot materialise a parameter placed as {placement}")
@@ -65,10 +64,10 @@ def initialise_units(model: Transformer, seed: int,
     for u in range(model.n_units):
         template = model.unit_template(u)
         model.init_unit(u, template, unit_generator(seed, u))
-        names = [(name, full) for name, full in unit_tensors(template, model.unit_prefix(u))]
-        write([(targets[name], full) for name, full in names])
-        written.update(name for name, _ in names)
-        del template, names
+        values = list(unit_tensors(template, model.unit_prefix(u)))
+        write([(targets[name], full) for name, full in values])
+        written.update(name for name, _ in values)
+        del template, values
     missing = sorted(set(targets) - written)
     if missing:
         raise RuntimeError(f"{len(missing)} tensors were left uninitialised, e.g. {missing[0]}")
