@@ -2,7 +2,8 @@
 
 Run as `python init_state_worker.py OUT.pt VARIANTS OVERRIDE...` (one process) or under torchrun. For each
 model variant in the comma-separated VARIANTS, in turn in this process, rank 0 keeps every parameter and
-buffer whole ({"variant/name": tensor}), gathered from this layout's shards before any step, and saves them.
+buffer whole ({"variant/name": tensor}), gathered from this layout's shards before any step, and the names
+the optimizer excludes from weight decay (decided on the built parameters, which ZeRO-3 holds partitioned).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from rrtrain import dist
 from rrtrain.config import Config, apply_overrides, build
 from rrtrain.model import build_model
+from rrtrain.optim import no_decay_names
 from rrtrain.parallel import Engine, build_engine
 
 
@@ -32,13 +34,15 @@ def full_state(engine: Engine) -> dict[str, torch.Tensor]:
 def main() -> None:
     out, variants, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
     info = dist.setup(120)
-    state: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    no_decay: dict[str, list[str]] = {}
     for variant in variants:
         cfg: Config = build(Config, apply_overrides({}, [*overrides, f"model.variant={variant}"]))
         engine = build_engine(build_model(cfg.model, device="meta"), cfg, info)
-        state.update({f"{variant}/{n}": t for n, t in full_state(engine).items()})
+        tensors.update({f"{variant}/{n}": t for n, t in full_state(engine).items()})
+        no_decay[variant] = sorted(no_decay_names(engine.inner))
     if info.is_main:
-        torch.save(state, out)
+        torch.save({"tensors": tensors, "no_decay": no_decay}, out)
     dist.barrier()
     dist.teardown()
 
