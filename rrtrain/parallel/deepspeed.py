@@ -3,7 +3,8 @@
 A meta-built model (training's path) is first given its weights: at stage 3 it is rebuilt under `zero.Init`
 (partitioned module by module) and initialised unit by unit (`build_partitioned`); stages 1-2 keep a whole copy
 per rank by design, so it is materialised whole (rrtrain/parallel/materialize.py). Then, as everywhere:
-activation checkpointing -> optional torch.compile of each block -> `deepspeed.initialize`. DeepSpeed owns the optimizer step, so this engine maps the loop's calls onto it:
+activation checkpointing -> optional torch.compile of each block -> `deepspeed.initialize`.
+DeepSpeed owns the optimizer step, so this engine maps the loop's calls onto it:
 
 - `backward(loss / accum, last_micro)`: the loop has already divided by `accum`, so DeepSpeed must not
   (`scale_wrt_gas=False`); the accumulation boundary is set explicitly from `last_micro`, and
