@@ -49,9 +49,12 @@ def test_sharded_setup_peak_is_shards_plus_one_unit(rank):
         assert peak <= 1.1 * (shards + largest_unit), (peak, shards, largest_unit)
         assert peak < whole_bytes / 2, (peak, whole_bytes)
         whole = build_model(cfg.model, seed=cfg.train.seed)
+        params = dict(engine.inner.named_parameters())
         for name, full in [*whole.named_parameters(), *whole.named_buffers()]:
-            chunks = torch.chunk(full, WORLD) if name in dict(engine.inner.named_parameters()) else (full,) * WORLD
-            mine = chunks[rank] if rank < len(chunks) else full[:0]
+            mine = full  # buffers are replicated; parameters are split like torch.chunk on dim 0
+            if name in params:
+                chunks = torch.chunk(full, WORLD)
+                mine = chunks[rank] if rank < len(chunks) else full[:0]
             assert torch.equal(local[name], mine), name
     finally:
         dist.destroy_process_group()
