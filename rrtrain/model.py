@@ -11,6 +11,7 @@ This module is single-device: no distributed code lives here (see rrtrain/parall
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any, Optional
 
@@ -96,31 +97,68 @@ class Transformer(nn.Module):
     """Token (+ position) embedding -> rule.expand -> blocks -> rule.readout -> tied LM head."""
 
     def __init__(self, shape: ModelShape, variant: str, rcfg: ResidualConfig, norm_eps: float = 1e-6,
-                 init_std: float = 0.02, rope_base: float = 10000.0) -> None:
+                 init_std: float = 0.02, rope_base: float = 10000.0, seed: Optional[int] = 0) -> None:
+        """Initialised from `seed`; `seed=None` (or a meta build) leaves that to the caller, who initialises
+        the tensors where they end up (rrtrain.parallel.materialize, DeepSpeed's zero.Init)."""
         super().__init__()
         self.shape, self.variant, self.init_std = shape, variant, init_std
+        self.rcfg, self.norm_eps, self.rope_base = rcfg, norm_eps, rope_base
         self.rule = residuals.get(variant)
-        d, n_sub = shape.d_model, shape.n_sublayers
-        self.tok_emb = nn.Embedding(shape.vocab_size, d)
-        self.pos_emb = nn.Embedding(shape.seq_len, d) if shape.pos == "learned" else None
-        self.stream: Stream = self.rule.stream(StreamInfo(d, n_sub, norm_eps, rcfg))
-        self.blocks = nn.ModuleList(
-            Block(
-                shape,
-                self.rule.site(SiteInfo(d, 2 * i, n_sub, "attn", norm_eps, rcfg)),
-                self.rule.site(SiteInfo(d, 2 * i + 1, n_sub, "mlp", norm_eps, rcfg)),
-                rope_base,
-            )
-            for i in range(shape.n_layers)
-        )
-        self.stream.attach(self.tok_emb, self.pos_emb)  # for rules that reach inside (Fixup); no-op by default
-        for block in self.blocks:
-            block.attn_site.attach(block.attn)
-            block.mlp_site.attach(block.mlp)
-        self.init_weights()
+        self.tok_emb: nn.Embedding
+        self.pos_emb: Optional[nn.Embedding]
+        self.stream: Stream
+        self.make_ends(self)
+        self.blocks = nn.ModuleList(self.make_block(i) for i in range(shape.n_layers))
+        if seed is not None and not self.tok_emb.weight.is_meta:
+            self.init_weights(seed)
 
-    def init_weights(self) -> None:
-        """All initialisation in one place; safe to call again after `to_empty` (meta-device build).
+    def make_ends(self, holder: nn.Module) -> None:
+        """Give `holder` (this model, or the template of unit 0) the embeddings and the rule's stream."""
+        shape, d = self.shape, self.shape.d_model
+        holder.tok_emb = nn.Embedding(shape.vocab_size, d)
+        holder.pos_emb = nn.Embedding(shape.seq_len, d) if shape.pos == "learned" else None
+        holder.stream = self.rule.stream(StreamInfo(d, shape.n_sublayers, self.norm_eps, self.rcfg))
+        holder.stream.attach(holder.tok_emb, holder.pos_emb)  # for rules that reach inside (Fixup); no-op by default
+
+    def make_block(self, i: int) -> Block:
+        """Block `i` with its two residual sites attached (for this model, or as the template of unit i + 1)."""
+        shape, rcfg, eps = self.shape, self.rcfg, self.norm_eps
+        d, n_sub = shape.d_model, shape.n_sublayers
+        block = Block(shape, self.rule.site(SiteInfo(d, 2 * i, n_sub, "attn", eps, rcfg)),
+                      self.rule.site(SiteInfo(d, 2 * i + 1, n_sub, "mlp", eps, rcfg)), self.rope_base)
+        block.attn_site.attach(block.attn)
+        block.mlp_site.attach(block.mlp)
+        return block
+
+    # -- initialisation, one unit at a time ---------------------------------------------------
+
+    @property
+    def n_units(self) -> int:
+        """Initialisation units: 0 = the ends (embeddings, stream, final norm), i + 1 = block i."""
+        return 1 + self.shape.n_layers
+
+    def unit_prefix(self, u: int) -> str:
+        """The prefix of unit `u`'s names in this model's named_parameters / named_buffers."""
+        return "" if u == 0 else f"blocks.{u - 1}."
+
+    def unit(self, u: int) -> nn.Module:
+        """This model's own unit `u`: the model itself for the ends (init_unit touches only those), else a block."""
+        return self if u == 0 else self.blocks[u - 1]
+
+    def unit_template(self, u: int, device: torch.device | str = "cpu") -> nn.Module:
+        """A fresh, uninitialised copy of unit `u` on `device` whose names match this model's under
+        `unit_prefix(u)`: where a sharded model's units are initialised in full, one at a time."""
+        with torch.device("meta"):
+            if u == 0:
+                template = nn.Module()
+                self.make_ends(template)
+            else:
+                template = self.make_block(u - 1)
+        return template.to_empty(device=device)
+
+    def init_unit(self, u: int, unit: Any, generator: torch.Generator) -> None:
+        """Initialise unit `u` (this model's own, or its template) from `generator` alone, so the weights do
+        not depend on how the model is laid out over devices.
 
         - embeddings, QKV and the MLP's first layer: N(0, init_std)              (GPT-2)
         - output projections of both sublayers: N(0, init_std / sqrt(2 * n_layers)) (GPT-2 residual scaling)
@@ -128,24 +166,30 @@ class Transformer(nn.Module):
         - each residual site and the stream: their own reset_parameters (gates at r = 0.5, ReZero at 0, ...),
           last, so a rule that re-initialises what it was attached to (Fixup's branches) has the final word
         """
-        std, n = self.init_std, self.shape.n_layers
+        std, n, d = self.init_std, self.shape.n_layers, self.shape.d_model
         gain = self.rule.branch_init_gain(n) if self.rule.branch_init_gain else 1.0
-        d = self.shape.d_model
         with torch.no_grad():
-            nn.init.normal_(self.tok_emb.weight, std=std)
-            if self.pos_emb is not None:
-                nn.init.normal_(self.pos_emb.weight, std=std)
-            for block in self.blocks:
-                nn.init.normal_(block.attn.qkv.weight, std=std)
-                block.attn.qkv.weight[2 * d:].mul_(gain)  # value rows
-                nn.init.normal_(block.mlp.fc.weight, std=std * gain)
-                for proj in (block.attn.proj, block.mlp.proj):
-                    nn.init.normal_(proj.weight, std=gain * std / math.sqrt(2 * n))
-                if block.attn.rotary is not None:
-                    block.attn.rotary.reset_parameters()
-                block.attn_site.reset_parameters()
-                block.mlp_site.reset_parameters()
-            self.stream.reset_parameters()
+            if u == 0:
+                nn.init.normal_(unit.tok_emb.weight, std=std, generator=generator)
+                if unit.pos_emb is not None:
+                    nn.init.normal_(unit.pos_emb.weight, std=std, generator=generator)
+                unit.stream.reset_parameters(generator)
+                return
+            nn.init.normal_(unit.attn.qkv.weight, std=std, generator=generator)
+            unit.attn.qkv.weight[2 * d:].mul_(gain)  # value rows
+            nn.init.normal_(unit.mlp.fc.weight, std=std * gain, generator=generator)
+            for proj in (unit.attn.proj, unit.mlp.proj):
+                nn.init.normal_(proj.weight, std=gain * std / math.sqrt(2 * n), generator=generator)
+            if unit.attn.rotary is not None:
+                unit.attn.rotary.reset_parameters()
+            unit.attn_site.reset_parameters(generator)
+            unit.mlp_site.reset_parameters(generator)
+
+    def init_weights(self, seed: int) -> None:
+        """Initialise a model whose tensors are all here and whole (one process; after `to_empty`).
+        The same values as a sharded model materialised by rrtrain.parallel.materialize for this seed."""
+        for u in range(self.n_units):
+            self.init_unit(u, self.unit(u), unit_generator(seed, u))
 
     def sites(self) -> list[Site]:
         return [s for b in self.blocks for s in (b.attn_site, b.mlp_site)]
@@ -170,9 +214,17 @@ class Transformer(nn.Module):
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
 
 
+def unit_generator(seed: int, unit: int) -> torch.Generator:
+    """The CPU generator initialising unit `unit` of a model seeded `seed`: a stream of its own per unit, so
+    a unit's weights are the same whichever rank, device or order initialises it."""
+    digest = hashlib.blake2b(f"rrtrain-init:{seed}:{unit}".encode(), digest_size=8).digest()
+    return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+
+
 def build_model(m: ModelConfig, vocab_size: Optional[int] = None, device: torch.device | str | None = None,
-                shape: Optional[ModelShape] = None) -> Transformer:
-    """Build (and initialise) the model a config describes. `device="meta"` builds without allocating."""
+                shape: Optional[ModelShape] = None, seed: int = 0) -> Transformer:
+    """Build the model a config describes, initialised from `seed`. `device="meta"` builds without allocating
+    or initialising (training's path: rrtrain.parallel.materialize initialises each rank's shards)."""
     shape = shape or resolve_shape(m, vocab_size)
     with torch.device(device or "cpu"):
-        return Transformer(shape, m.variant, m.residual, m.norm_eps, m.init_std, m.rope_base)
+        return Transformer(shape, m.variant, m.residual, m.norm_eps, m.init_std, m.rope_base, seed)

@@ -11,10 +11,16 @@ from rrtrain.config import TrainConfig
 from rrtrain.residuals import Site, Stream
 
 
+def full_shape(p: nn.Parameter) -> torch.Size:
+    """The parameter's shape; a ZeRO-3 parameter built under `zero.Init` holds an empty partition in `.data`
+    and keeps its shape in `ds_shape`."""
+    return getattr(p, "ds_shape", p.shape)
+
+
 def no_decay_names(model: nn.Module) -> set[str]:
     """Names of parameters that must not be weight-decayed: every < 2-D parameter (norm gains, biases,
     scalars) plus whatever residual sites and streams list in `no_decay` (e.g. HC's static coefficients)."""
-    names = {n for n, p in model.named_parameters() if p.ndim < 2}
+    names = {n for n, p in model.named_parameters() if len(full_shape(p)) < 2}
     for mod_name, mod in model.named_modules():
         if isinstance(mod, (Site, Stream)):
             for p_name in mod.no_decay:

@@ -103,8 +103,10 @@ class Trainer:
         set_matmul_precision(cfg.parallel.precision)
         compiled = resolve_compile(t.compile, info.device, self.total_steps, announce=info.is_main)
         cfg = self.cfg = replace(cfg, train=replace(t, compile=compiled))  # resolved, as config.yaml records it
-        torch.manual_seed(t.seed)  # identical initial weights on every rank and every world size
-        model = build_model(cfg.model, shape=self.shape)
+        torch.manual_seed(t.seed)  # no weight draws from it (see below); anything else stays a function of the seed
+        # on meta: the engine shards it, then materialises and initialises each rank's part from the seed,
+        # the same bits at every world size and on every backend (rrtrain/parallel/materialize.py)
+        model = build_model(cfg.model, shape=self.shape, device="meta")
         self.params = sizing.count_params(self.shape, cfg.model.variant, cfg.model.residual)
         self.engine = build_engine(model, cfg, info)
         self.flops_per_token = sizing.flops_per_token(self.shape, cfg.model.variant, cfg.model.residual)

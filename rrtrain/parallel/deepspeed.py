@@ -1,6 +1,9 @@
 """DeepSpeed ZeRO (stage 1, 2 or 3) behind the same `Engine` interface as the PyTorch backends.
 
-Order as everywhere: activation checkpointing -> optional torch.compile of each block -> `deepspeed.initialize`.
+A meta-built model (training's path) is first given its weights: at stage 3 it is rebuilt under `zero.Init`
+(partitioned module by module) and initialised unit by unit (`build_partitioned`); stages 1-2 keep a whole copy
+per rank by design, so it is materialised whole (rrtrain/parallel/materialize.py). Then, as everywhere:
+activation checkpointing -> optional torch.compile of each block -> `deepspeed.initialize`.
 DeepSpeed owns the optimizer step, so this engine maps the loop's calls onto it:
 
 - `backward(loss / accum, last_micro)`: the loop has already divided by `accum`, so DeepSpeed must not
@@ -45,10 +48,11 @@ from torch import nn
 from rrtrain.config import Config
 from rrtrain.dist import DistInfo
 from rrtrain.errors import UsageError
-from rrtrain.model import Transformer
+from rrtrain.model import Transformer, build_model
 from rrtrain.optim import param_groups, set_lr
 from rrtrain.parallel.ac import apply_ac
-from rrtrain.parallel.engine import Engine
+from rrtrain.parallel.engine import Engine, is_meta, place
+from rrtrain.parallel.materialize import initialise_units
 
 #: the tag of every DeepSpeed checkpoint, inside the directory the checkpoint manager hands over
 TAG = "zero"
@@ -140,6 +144,28 @@ def ds_config(cfg: Config, world_size: int, cuda: bool) -> dict[str, Any]:
     }
 
 
+def build_partitioned(deepspeed: Any, meta: Transformer, cfg: Config, config: dict[str, Any],
+                      device: torch.device) -> Transformer:
+    """ZeRO-3 without a whole model per rank: `meta`'s model rebuilt under `zero.Init`, which partitions each
+    module's parameters as soon as it is constructed, then initialised one unit at a time (the unit gathered,
+    written with the values every rank drew identically from the unit's generator, re-partitioned): the same
+    bits as every other backend (rrtrain/parallel/materialize.py)."""
+    import torch.distributed as dist
+
+    deepspeed.init_distributed(dist_backend=dist.get_backend(), verbose=False)  # zero.Init asks deepspeed.comm
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = build_model(cfg.model, shape=meta.shape, device=device, seed=None)
+
+    def write(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        params = [target for target, _ in pairs if hasattr(target, "ds_id")]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0), torch.no_grad():
+            for target, full in pairs:
+                target.data.copy_(full)
+
+    initialise_units(model, cfg.train.seed, write)
+    return model
+
+
 class DeepSpeedEngine(Engine):
     """DeepSpeed ZeRO stage `parallel.zero_stage` (1: optimizer state, 2: + gradients, 3: + parameters)."""
 
@@ -147,17 +173,21 @@ class DeepSpeedEngine(Engine):
 
     def __init__(self, model: Transformer, cfg: Config, info: DistInfo) -> None:
         deepspeed = import_deepspeed()
-        self.inner, self.device, self.stage = model, info.device, cfg.parallel.zero_stage
+        self.device, self.stage = info.device, cfg.parallel.zero_stage
         p, t = cfg.parallel, cfg.train
-        apply_ac(model.blocks, p.ac, p.ac_every)
-        if t.compile:
-            for block in model.blocks:
-                block.compile()
         ensure_process_group(info)
         import torch.distributed as dist
 
         self.config = ds_config(cfg, dist.get_world_size(), cuda=info.device.type == "cuda")
-        model.to(info.device)
+        if self.stage == 3 and is_meta(model):
+            model = build_partitioned(deepspeed, model, cfg, self.config, info.device)
+        else:  # stages 0-2 keep a whole copy of the parameters on every rank, by design
+            place(model, info.device, t.seed)
+        self.inner = model
+        apply_ac(model.blocks, p.ac, p.ac_every)
+        if t.compile:
+            for block in model.blocks:
+                block.compile()
         self.base_opt = _DiscardableAdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2),
                                           eps=t.adam_eps, fused=True if info.device.type == "cuda" else None)
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=self.base_opt,

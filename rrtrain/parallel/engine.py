@@ -22,6 +22,7 @@ from rrtrain.dist import DistInfo
 from rrtrain.model import Transformer
 from rrtrain.optim import build_optimizer, set_lr
 from rrtrain.parallel.ac import apply_ac
+from rrtrain.parallel.materialize import materialize
 from rrtrain.parallel.mesh import build_mesh, shard_group
 
 
@@ -102,8 +103,22 @@ class Engine:
     grad_group: Optional[torch.distributed.ProcessGroup] = None  # HSDP: the shard group (replicas hold copies)
 
 
+def is_meta(model: nn.Module) -> bool:
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+def place(model: Transformer, device: torch.device, seed: int) -> None:
+    """A meta-built model (training's path): this rank's tensors on `device`, initialised from `seed`.
+    A model built with its weights (a caller that initialised it itself): moved to `device`."""
+    if is_meta(model):
+        materialize(model, device, seed)
+    else:
+        model.to(device)
+
+
 class TorchEngine(Engine):
-    """Single process, or FSDP2 (`fully_shard` on every block, then the root)."""
+    """Single process, or FSDP2 (`fully_shard` on every block, then the root). The model may come built on
+    the meta device: it is materialised here, after sharding, so each rank only ever allocates its shards."""
 
     def __init__(self, model: Transformer, cfg: Config, info: DistInfo, fsdp: bool) -> None:
         self.inner, self.device, self.sharded = model, info.device, fsdp
@@ -123,7 +138,7 @@ class TorchEngine(Engine):
             for block in model.blocks:
                 fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=p.reshard_after_forward)
             fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=p.reshard_after_forward)
-        model.to(info.device)
+        place(model, info.device, cfg.train.seed)
         self.model = model
         self.optimizer = build_optimizer(model, cfg.train, fused=True)  # fused on CPU too: see step_unless
         self.fsdp = fsdp

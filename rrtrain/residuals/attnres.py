@@ -13,7 +13,7 @@ readout: one more aggregator (own query, own key norm) over all sources, then th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -50,7 +50,7 @@ class DepthQuery(nn.Module):
         self.query = nn.Parameter(torch.empty(d))
         self.key_gain = nn.Parameter(torch.empty(d))
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         with torch.no_grad():
             self.query.zero_()  # uniform weights at init: the paper saw volatility otherwise
             self.key_gain.fill_(1.0)
@@ -87,9 +87,9 @@ class AttnResSite(Site):
             return state + (y,)
         return state[:-1] + (state[-1] + y,)
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         self.norm.reset_parameters()
-        self.agg.reset_parameters()
+        self.agg.reset_parameters(generator)
 
 
 class AttnResStream(Stream):
@@ -113,8 +113,8 @@ class AttnResStream(Stream):
     def readout(self, state: Sources) -> torch.Tensor:
         return self.norm(self.agg(state)).to(state[0].dtype)
 
-    def reset_parameters(self) -> None:
-        self.agg.reset_parameters()
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+        self.agg.reset_parameters(generator)
         self.norm.reset_parameters()
 
 

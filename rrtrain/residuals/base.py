@@ -80,7 +80,9 @@ class Site(nn.Module):
     def attach(self, branch: nn.Module) -> None:
         """Receive the sublayer this site wraps (attention or MLP). Default: the rule does not need it."""
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+        """Initialise this site (and the branch it was attached to). Random draws take `generator`: the model
+        passes its unit's own, so the weights do not depend on the world size or the sharding."""
         raise NotImplementedError
 
     def _record_gate(self, r: torch.Tensor) -> None:
@@ -110,7 +112,8 @@ class Stream(nn.Module):
     def attach(self, tok_emb: nn.Embedding, pos_emb: Optional[nn.Embedding]) -> None:
         """Receive the model's embeddings (positions: None under RoPE). Default: the rule does not need them."""
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+        """Initialise the stream (and the embeddings it was attached to); random draws take `generator`."""
         raise NotImplementedError
 
 

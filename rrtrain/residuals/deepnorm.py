@@ -9,7 +9,7 @@ readout: the state itself. Every write ends in an RMSNorm, so the last one is th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -45,7 +45,7 @@ class DeepNormSite(Site):
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
         return self.norm(self.alpha * upcast(state) + upcast(y)).to(state.dtype)
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         self.norm.reset_parameters()
 
 
@@ -62,7 +62,7 @@ class PostNormStream(Stream):
     def readout(self, state: torch.Tensor) -> torch.Tensor:
         return state
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         pass
 
 

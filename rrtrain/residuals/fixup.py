@@ -50,12 +50,13 @@ def branch_layers(branch: nn.Module, kind: str) -> tuple[nn.Linear, nn.Linear]:
     return (branch.qkv, branch.proj) if kind == "attn" else (branch.fc, branch.proj)
 
 
-def xavier_branch(branch: nn.Module, kind: str, d: int) -> tuple[nn.Linear, nn.Linear]:
+def xavier_branch(branch: nn.Module, kind: str, d: int,
+                  generator: Optional[torch.Generator] = None) -> tuple[nn.Linear, nn.Linear]:
     """Both papers' "standard" start: Xavier-uniform on every matrix of the branch (q, k, v as d×d each)."""
     first, last = branch_layers(branch, kind)
     blocks = first.weight.split(d) if kind == "attn" else (first.weight,)
     for w in (*blocks, last.weight):
-        nn.init.xavier_uniform_(w)
+        nn.init.xavier_uniform_(w, generator=generator)
     return first, last
 
 
@@ -113,7 +114,7 @@ class FixupSite(_BranchSite):
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
         return state + self.scale.to(y.dtype) * y
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         """Scalars to 0 / 1; the attached branch re-drawn to Fixup's start (after the model's own draw)."""
         with torch.no_grad():
             for p in (self.bias_in, self.bias_proj, getattr(self, "bias_act", None)):
@@ -121,7 +122,7 @@ class FixupSite(_BranchSite):
                     p.zero_()
             self.scale.fill_(1.0)
             if self._branch:
-                first, last = xavier_branch(self._branch[0], self.info.kind, self.info.d_model)
+                first, last = xavier_branch(self._branch[0], self.info.kind, self.info.d_model, generator)
                 first.weight.mul_(fixup_scale(self.info.n_sublayers))
                 last.weight.zero_()
 
@@ -133,13 +134,13 @@ class TFixupSite(_BranchSite):
     def count(kind: str) -> int:
         return 0
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         """The attached branch re-drawn to T-Fixup's start (after the model's own draw)."""
         if not self._branch:
             return
         a, d = tfixup_scale(self.info.n_blocks), self.info.d_model
         with torch.no_grad():
-            first, last = xavier_branch(self._branch[0], self.info.kind, d)
+            first, last = xavier_branch(self._branch[0], self.info.kind, d, generator)
             if self.info.kind == "attn":
                 first.weight[2 * d:].mul_(a)  # v only: q and k set the attention pattern, not the scale
             else:
@@ -170,14 +171,14 @@ class NormFreeStream(SingleStream):
     def expand(self, e: torch.Tensor) -> torch.Tensor:
         return e * math.sqrt(self.info.d_model)
 
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+        super().reset_parameters(generator)
         if not self._embeddings:
             return
         d, k = self.info.d_model, len(self._embeddings)
         with torch.no_grad():
             for table in self._embeddings:
-                nn.init.normal_(table.weight, std=self.input_std() / math.sqrt(k * d))
+                nn.init.normal_(table.weight, std=self.input_std() / math.sqrt(k * d), generator=generator)
 
 
 def make_site(info: SiteInfo) -> Site:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -42,10 +42,10 @@ class Gate(nn.Module):
     def count(in_features: int, d: int, rank: int) -> int:
         return (rank * in_features + d * rank if rank > 0 else in_features * d) + d
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         with torch.no_grad():
             if self.rank > 0:
-                nn.init.normal_(self.down.weight, std=0.02)
+                nn.init.normal_(self.down.weight, std=0.02, generator=generator)
                 nn.init.zeros_(self.up.weight)
             else:
                 nn.init.zeros_(self.proj.weight)

@@ -15,6 +15,8 @@ controllers would keep the tiled branches identical forever (identical updates, 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -59,13 +61,13 @@ class GRController(nn.Module):
     def count(d: int, n: int, rank: int, write: bool) -> int:
         return n * d * (2 * rank + 1 + (n if write else 0))
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         with torch.no_grad():
             self.norm_weight.zero_()
-            nn.init.normal_(self.down.weight, std=(self.n * self.d) ** -0.5)
-            nn.init.normal_(self.up.weight, std=UP_INJ_STD)
+            nn.init.normal_(self.down.weight, std=(self.n * self.d) ** -0.5, generator=generator)
+            nn.init.normal_(self.up.weight, std=UP_INJ_STD, generator=generator)
             if self.inj is not None:
-                nn.init.normal_(self.inj.weight, std=UP_INJ_STD)
+                nn.init.normal_(self.inj.weight, std=UP_INJ_STD, generator=generator)
 
     def forward(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """R (b, t, n, d) -> x (b, t, d), s (b, t, n) or None, G (b, t, n, d); fp32 out."""
@@ -98,8 +100,8 @@ class GRSite(Site):
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         return write_back(state, None, ctx, y)
 
-    def reset_parameters(self) -> None:
-        self.ctrl.reset_parameters()
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+        self.ctrl.reset_parameters(generator)
 
 
 class GRStream(TiledStream):
@@ -118,8 +120,8 @@ class GRStream(TiledStream):
     def readout(self, state: torch.Tensor) -> torch.Tensor:
         return self.mixer(state)[0].to(state.dtype)
 
-    def reset_parameters(self) -> None:
-        self.mixer.reset_parameters()
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+        self.mixer.reset_parameters(generator)
 
 
 def params(d: int, n_sublayers: int, cfg: ResidualConfig) -> int:

@@ -13,7 +13,7 @@ readout: Σ_i S_i, then the final RMSNorm (sum → norm ≡ mean → norm).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -74,7 +74,7 @@ class HCSite(Site):
         A, b = ctx
         return write_back(state, A, b, y)
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         self.norm.reset_parameters()
         n, k = self.n, self.info.index
         with torch.no_grad():
@@ -103,7 +103,7 @@ class HCStream(TiledStream):
     def readout(self, state: torch.Tensor) -> torch.Tensor:
         return self.norm(state.sum(-2, dtype=acc_dtype(state))).to(state.dtype)
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         self.norm.reset_parameters()
 
 

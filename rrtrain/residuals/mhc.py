@@ -15,7 +15,7 @@ then the final RMSNorm. All coefficient and Sinkhorn math in fp32.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -95,11 +95,11 @@ class MHCSite(Site):
         h_post, h_res = ctx
         return write_back(state, h_res.transpose(-1, -2), h_post, y)  # mix() takes rows = source
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         self.norm.reset_parameters()
         n, cfg = self.n, self.info.cfg
         with torch.no_grad():
-            nn.init.normal_(self.phi, std=PHI_STD)
+            nn.init.normal_(self.phi, std=PHI_STD, generator=generator)
             self.alpha.fill_(cfg.mhc_alpha_init)
             off_diag = 1.0 - torch.eye(n, device=self.bias.device)
             self.bias[:n] = -math.log(max(n - 1, 1))  # H_pre = 1/n (n = 1: 1/2, absorbed by the pre-norm)
@@ -131,10 +131,10 @@ class MHCStream(TiledStream):
         w = torch.sigmoid(upcast(self.head_scale) * z + upcast(self.head_base)) + self.info.cfg.sinkhorn_eps
         return self.norm(combine(w, state)).to(state.dtype)
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         self.norm.reset_parameters()
         with torch.no_grad():
-            nn.init.normal_(self.head_fn, std=PHI_STD)
+            nn.init.normal_(self.head_fn, std=PHI_STD, generator=generator)
             self.head_base.zero_()
             self.head_scale.fill_(self.info.cfg.mhc_alpha_init)
 

@@ -14,7 +14,7 @@ All of them keep the pre-norm inside `read` (u = F(RMSNorm(h))), and differ only
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -42,7 +42,7 @@ class SingleStream(Stream):
     def readout(self, state: torch.Tensor) -> torch.Tensor:
         return self.norm(state)
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         self.norm.reset_parameters()
 
 
@@ -64,7 +64,7 @@ class PreNormSite(Site):
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
         return state + y
 
-    def reset_parameters(self) -> None:
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         self.norm.reset_parameters()
 
 
@@ -101,12 +101,12 @@ class GatedSite(PreNormSite):
             return torch.lerp(state, y, r)  # (1 - r) h + r u
         return torch.addcmul(state, r, y)  # h + r u
 
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+        super().reset_parameters(generator)
         self.gate_norm_h.reset_parameters()
         if self.gate_norm_u is not None:
             self.gate_norm_u.reset_parameters()
-        self.gate.reset_parameters()
+        self.gate.reset_parameters(generator)
 
 
 class ReviewSite(GatedSite):
@@ -142,8 +142,8 @@ class ReZeroSite(PreNormSite):
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
         return state + self.alpha.to(y.dtype) * y
 
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+        super().reset_parameters(generator)
         with torch.no_grad():
             self.alpha.zero_()
 
@@ -174,8 +174,8 @@ class LayerScaleSite(PreNormSite):
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
         return state + self.scale.to(y.dtype) * y
 
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+        super().reset_parameters(generator)
         init = self.info.cfg.layerscale_init
         with torch.no_grad():
             self.scale.fill_(init if init is not None else layerscale_init(self.info.n_blocks))

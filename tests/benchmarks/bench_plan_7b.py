@@ -38,7 +38,7 @@ def test_frontier_7b_one_rank_peak_within_20_percent_of_plan():
         tracker = MemTracker()
         with tracker:
             model.to_empty(device="cpu")
-            model.init_weights()
+            model.init_weights(0)
             optimizer = build_optimizer(model, TrainConfig(), fused=False)
             idx = torch.zeros(MICRO, SEQ, dtype=torch.long)
             model(idx, idx).backward()

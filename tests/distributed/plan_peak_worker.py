@@ -23,10 +23,9 @@ from rrtrain.parallel import build_engine
 
 def peak_bytes(overrides: list[str], info: dist.DistInfo) -> int:
     cfg: Config = build(Config, apply_overrides({}, overrides))
-    torch.manual_seed(cfg.train.seed)
     tracker = MemTracker()
     with tracker:
-        model = build_model(cfg.model)
+        model = build_model(cfg.model, device="meta")  # as training builds it: the engine materialises it
         engine = build_engine(model, cfg, info)
         vocab, t = model.shape.vocab_size, model.shape.seq_len
         gen = torch.Generator().manual_seed(info.rank)

@@ -182,8 +182,7 @@ def engine(stage, precision):
     cfg = load_config(None, ["model.size=tiny", "model.vocab_size=64", "model.seq_len=16", "model.n_layers=2",
                              "train.global_batch=8", "train.micro_batch=2", "parallel.backend=deepspeed",
                              f"parallel.zero_stage={stage}", f"parallel.precision={precision}"])
-    torch.manual_seed(0)
-    return build_engine(build_model(cfg.model), cfg, info)
+    return build_engine(build_model(cfg.model, device="meta"), cfg, info)  # as training builds it
 
 def train_step(eng, batch, skip):
     mine = batch.view(info.world_size, ACCUM, MICRO, -1)[info.rank]

@@ -84,10 +84,9 @@ def story_batch(batch: int = BATCH, seq: int = SEQ) -> tuple[torch.Tensor, torch
 
 
 def depth_model(variant: str, blocks: int, seed: int) -> Transformer:
-    torch.manual_seed(seed)
     m = ModelConfig(size="tiny", variant=variant, d_model=64, n_layers=blocks, n_heads=4, d_ff=256, seq_len=SEQ,
                     vocab_size=VOCAB)
-    return build_model(m)
+    return build_model(m, seed=seed)
 
 
 def gradient_ratios(variant: str, blocks: int, seed: int) -> tuple[float, float]:

@@ -17,16 +17,16 @@ from rrtrain import residuals
 from rrtrain.config import ModelConfig, ResidualConfig
 from rrtrain.model import build_model
 from rrtrain.norm import RMSNorm
+from rrtrain.parallel.materialize import materialize
 from rrtrain.residuals import RuleSpec, Site, Stream
 
 V, T, D = 64, 16, 32
 
 
 def tiny(variant: str = "standard", pos: str = "learned", seed: int = 0, **residual) -> rrtrain.model.Transformer:
-    torch.manual_seed(seed)
     m = ModelConfig(size="tiny", variant=variant, d_model=D, n_layers=2, n_heads=4, d_ff=64, seq_len=T,
                     vocab_size=V, pos=pos, residual=ResidualConfig(**residual))
-    return build_model(m)
+    return build_model(m, seed=seed)
 
 
 def batch(b: int = 2, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,7 +210,6 @@ def test_gpt2_initialisation():
     Big enough (d = 256, 6 blocks) that each matrix's sample std lies within 3% of its target (the
     smallest, 256 x 256, has a standard error of 0.3%); a missing residual scaling is off by 3.5x.
     """
-    torch.manual_seed(0)
     n = 6
     model = build_model(ModelConfig(size="tiny", variant="review", d_model=256, n_layers=n, n_heads=4, d_ff=1024,
                                     seq_len=256, vocab_size=1024))
@@ -234,7 +233,6 @@ def test_gpt2_initialisation():
 
 
 def test_init_std_config():
-    torch.manual_seed(0)
     model = build_model(ModelConfig(size="tiny", d_model=128, n_layers=2, n_heads=2, vocab_size=512,
                                     init_std=0.05))
     assert model.tok_emb.weight.std().item() == pytest.approx(0.05, rel=0.03)
@@ -281,19 +279,46 @@ def test_meta_build_then_init_weights_matches_cpu(name):
     pos = "rope" if name in ("standard", "review") else "learned"
     m = ModelConfig(size="tiny", variant=name, d_model=D, n_layers=2, n_heads=4, d_ff=64, seq_len=T,
                     vocab_size=V, pos=pos)
-    cpu = build_model(m)
+    cpu = build_model(m, seed=11)
     meta = build_model(m, device="meta")
     assert all(p.is_meta for p in meta.parameters())
     meta.to_empty(device="cpu")
-    torch.manual_seed(11)
-    cpu.init_weights()
-    torch.manual_seed(11)
-    meta.init_weights()
+    meta.init_weights(11)
     for (n1, t1), (n2, t2) in zip(list(cpu.named_parameters()) + list(cpu.named_buffers()),
                                   list(meta.named_parameters()) + list(meta.named_buffers())):
         assert n1 == n2
         assert torch.equal(t1, t2), f"{name}: {n1} differs after meta -> to_empty -> init_weights"
 
+
+
+@pytest.mark.parametrize("name", residuals.names())
+def test_materialize_unit_by_unit_matches_a_whole_build(name):
+    """Training's path in one process (meta -> materialize: each unit drawn whole on a template from its own
+    generator, then copied) gives the same bits as a model built and initialised whole, buffers included."""
+    m = ModelConfig(size="tiny", variant=name, d_model=D, n_layers=3, n_heads=4, d_ff=64, seq_len=T,
+                    vocab_size=V, pos="rope" if name == "standard" else "learned")
+    whole, meta = build_model(m, seed=4), build_model(m, device="meta")
+    materialize(meta, torch.device("cpu"), seed=4)
+    a = [*whole.named_parameters(), *whole.named_buffers()]
+    b = [*meta.named_parameters(), *meta.named_buffers()]
+    assert [n for n, _ in a] == [n for n, _ in b]
+    for (n, t1), (_, t2) in zip(a, b):
+        assert torch.equal(t1, t2), f"{name}: {n}"
+
+
+def test_each_unit_has_its_own_stream():
+    """A unit's weights depend on the seed and its index only: initialising the units in another order gives
+    the same model, and two blocks do not start alike."""
+    model = tiny("mhc", seed=2)
+    again = build_model(ModelConfig(size="tiny", variant="mhc", d_model=D, n_layers=2, n_heads=4, d_ff=64,
+                                    seq_len=T, vocab_size=V), device="meta").to_empty(device="cpu")
+    for u in reversed(range(again.n_units)):
+        again.init_unit(u, again.unit(u), rrtrain.model.unit_generator(2, u))
+    for (n, t1), (_, t2) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(t1, t2), n
+    b0, b1 = model.blocks
+    assert not torch.equal(b0.attn.qkv.weight, b1.attn.qkv.weight)
+    assert not torch.equal(b0.attn_site.phi, b1.attn_site.phi)
 
 # ---------------------------------------------------------------------------------------------
 # The interface: the block never looks at the rule, and non-tensor / multi-stream states fit
@@ -318,7 +343,7 @@ class _TwoStream(Stream):
     def readout(self, state):
         return self.norm(state.mean(-2))
 
-    def reset_parameters(self):
+    def reset_parameters(self, generator=None):
         self.norm.reset_parameters()
 
 
@@ -333,7 +358,7 @@ class _TwoSite(Site):
     def write(self, state, y, ctx):
         return torch.stack([state[..., 0, :] + y, state[..., 1, :]], dim=-2)
 
-    def reset_parameters(self):
+    def reset_parameters(self, generator=None):
         self.norm.reset_parameters()
 
 
@@ -346,7 +371,7 @@ class _DepthStream(Stream):
     def readout(self, state):
         return sum(state)
 
-    def reset_parameters(self):
+    def reset_parameters(self, generator=None):
         pass
 
 
@@ -362,7 +387,7 @@ class _DepthSite(Site):
         assert ctx == len(state)
         return state + (y,)
 
-    def reset_parameters(self):
+    def reset_parameters(self, generator=None):
         self.norm.reset_parameters()
 
 

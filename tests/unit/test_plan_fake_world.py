@@ -43,7 +43,7 @@ def simulate(m: ModelConfig, rank: int, step: bool) -> dict[str, int]:
             return {"params": params}
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
-            model.init_weights()
+            model.init_weights(0)
             idx = torch.zeros(1, 16, dtype=torch.long)
             model(idx, idx).backward()
             grads = local_bytes(p.grad for p in model.parameters())

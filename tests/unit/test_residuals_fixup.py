@@ -22,10 +22,9 @@ D, T, V, FF = 32, 16, 64, 128
 
 def model(blocks: int = 3, variant: str = "fixup", fixup_variant: str = "fixup", seed: int = 0,
           d: int = D, pos: str = "learned") -> Transformer:
-    torch.manual_seed(seed)
     m = ModelConfig(size="tiny", variant=variant, d_model=d, n_layers=blocks, n_heads=4, d_ff=4 * d, seq_len=T,
                     vocab_size=V, pos=pos, residual=ResidualConfig(fixup_variant=fixup_variant))
-    return build_model(m)
+    return build_model(m, seed=seed)
 
 
 def xavier(fan_in: int, fan_out: int) -> float:
@@ -179,11 +178,9 @@ def test_meta_build_attaches_and_initialises_like_cpu(fixup_variant):
     attached to: the same weights as a model built on CPU, with the rule's own start (not GPT-2's)."""
     m = ModelConfig(size="tiny", variant="fixup", d_model=D, n_layers=2, n_heads=4, d_ff=FF, seq_len=T,
                     vocab_size=V, residual=ResidualConfig(fixup_variant=fixup_variant))
-    cpu, meta = build_model(m), build_model(m, device="meta")
+    cpu, meta = build_model(m, seed=5), build_model(m, device="meta")
     meta.to_empty(device="cpu")
-    for net in (cpu, meta):
-        torch.manual_seed(5)
-        net.init_weights()
+    meta.init_weights(5)
     for (n1, t1), (n2, t2) in zip(cpu.state_dict().items(), meta.state_dict().items()):
         assert n1 == n2 and torch.equal(t1, t2), n1
     assert meta.tok_emb.weight.std().item() == pytest.approx(

@@ -428,13 +428,10 @@ def test_gated_rules_record_gate_statistics(variant):
 @pytest.mark.parametrize("variant, res", VARIANTS)
 def test_meta_build_then_init_matches_a_direct_build(variant, res):
     cfg = tiny(variant, **res)
-    direct = build_model(cfg)
-    torch.manual_seed(3)
-    direct.init_weights()
+    direct = build_model(cfg, seed=3)
     meta = build_model(cfg, device="meta")
     meta.to_empty(device="cpu")
-    torch.manual_seed(3)
-    meta.init_weights()
+    meta.init_weights(3)
     a, b = direct.state_dict(), meta.state_dict()
     assert a.keys() == b.keys()
     for k in a:

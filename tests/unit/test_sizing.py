@@ -23,7 +23,7 @@ NOMINAL = {"rr-60m": 60e6, "rr-150m": 150e6, "rr-320m": 320e6, "rr-590m": 590e6,
 
 @pytest.fixture
 def no_init(monkeypatch):
-    monkeypatch.setattr(Transformer, "init_weights", lambda self: None)
+    monkeypatch.setattr(Transformer, "init_weights", lambda self, seed: None)
 
 
 def meta_count(m: ModelConfig) -> int:

@@ -1,0 +1,51 @@
+"""Write the full model state at step 0, as training builds it (meta -> engine -> materialised shards).
+
+Run as `python init_state_worker.py OUT.pt VARIANTS OVERRIDE...` (one process) or under torchrun. For each
+model variant in the comma-separated VARIANTS, in turn in this process, rank 0 keeps every parameter and
+buffer whole ({"variant/name": tensor}), gathered from this layout's shards before any step, and the names
+the optimizer excludes from weight decay (decided on the built parameters, which ZeRO-3 holds partitioned).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from rrtrain import dist
+from rrtrain.config import Config, apply_overrides, build
+from rrtrain.model import build_model
+from rrtrain.optim import no_decay_names
+from rrtrain.parallel import Engine, build_engine
+
+
+def full_state(engine: Engine) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of the unwrapped model, whole, on the CPU (a collective)."""
+    model = engine.inner
+    named = [*model.named_parameters(), *model.named_buffers()]
+    if getattr(engine, "stage", None) == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters())):
+            return {n: t.detach().cpu().clone() for n, t in named}
+    return {n: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone() for n, t in named}
+
+
+def main() -> None:
+    out, variants, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
+    info = dist.setup(120)
+    tensors: dict[str, torch.Tensor] = {}
+    no_decay: dict[str, list[str]] = {}
+    for variant in variants:
+        cfg: Config = build(Config, apply_overrides({}, [*overrides, f"model.variant={variant}"]))
+        engine = build_engine(build_model(cfg.model, device="meta"), cfg, info)
+        tensors.update({f"{variant}/{n}": t for n, t in full_state(engine).items()})
+        no_decay[variant] = sorted(no_decay_names(engine.inner))
+    if info.is_main:
+        torch.save({"tensors": tensors, "no_decay": no_decay}, out)
+    dist.barrier()
+    dist.teardown()
+
+
+if __name__ == "__main__":
+    main()
