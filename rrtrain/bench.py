@@ -105,8 +105,7 @@ def random_batches(shape: sizing.ModelShape, micro_batch: int, accum: int, seed:
 def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo] = None) -> dict[str, Any]:
     """Build the configured model + engine, run warmup + timed optimizer steps on random tokens, measure."""
     from rrtrain.hardware import peak_flops, peak_memory_gb
-    from rrtrain.model import build_model
-    from rrtrain.parallel import build_engine
+    from rrtrain.parallel import build_training_engine
     from rrtrain.trainer import resolve_model_shape
 
     info = info or dist.setup(cfg.parallel.timeout_s)
@@ -123,7 +122,7 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
     compiled = resolve_compile(t.compile, device, warmup + steps, announce=info.is_main)
     cfg = replace(cfg, train=replace(t, compile=compiled))
     torch.manual_seed(t.seed)
-    engine = build_engine(build_model(cfg.model, shape=shape), cfg, info)
+    engine = build_training_engine(cfg, shape, info)  # training's own build: meta, shard, materialise
     peak, peak_source = peak_flops(device, cfg.parallel.precision)  # the CPU probe runs here, before timing
     fpt = sizing.flops_per_token(shape, cfg.model.variant, cfg.model.residual)
     batches = random_batches(shape, t.micro_batch, accum, t.seed + info.rank, device)

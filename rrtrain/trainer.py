@@ -27,9 +27,8 @@ from rrtrain.errors import RunError, UsageError
 from rrtrain.hardware import peak_flops
 from rrtrain.io import atomic_write_json, atomic_write_text, unwritable_reason
 from rrtrain.metrics import MetricsLogger
-from rrtrain.model import build_model
 from rrtrain.optim import lr_at
-from rrtrain.parallel import build_engine
+from rrtrain.parallel import build_training_engine
 from rrtrain.signals import StopFlag
 from rrtrain.step import grad_accumulation, optimizer_step, set_matmul_precision
 from rrtrain.watchdog import PeerWatch, is_comm_error
@@ -106,9 +105,8 @@ class Trainer:
         torch.manual_seed(t.seed)  # no weight draws from it (see below); anything else stays a function of the seed
         # on meta: the engine shards it, then materialises and initialises each rank's part from the seed,
         # the same bits at every world size and on every backend (rrtrain/parallel/materialize.py)
-        model = build_model(cfg.model, shape=self.shape, device="meta")
         self.params = sizing.count_params(self.shape, cfg.model.variant, cfg.model.residual)
-        self.engine = build_engine(model, cfg, info)
+        self.engine = build_training_engine(cfg, self.shape, info)
         self.flops_per_token = sizing.flops_per_token(self.shape, cfg.model.variant, cfg.model.residual)
         self.peak, self.peak_source = peak_flops(info.device, cfg.parallel.precision)
 

@@ -8,6 +8,6 @@ path) is materialised after sharding, each rank's shards initialised unit by uni
 
 from __future__ import annotations
 
-from rrtrain.parallel.engine import Engine, build_engine
+from rrtrain.parallel.engine import Engine, build_engine, build_training_engine
 
-__all__ = ["Engine", "build_engine"]
+__all__ = ["Engine", "build_engine", "build_training_engine"]

@@ -19,11 +19,12 @@ from torch import nn
 
 from rrtrain.config import Config
 from rrtrain.dist import DistInfo
-from rrtrain.model import Transformer
+from rrtrain.model import Transformer, build_model
 from rrtrain.optim import build_optimizer, set_lr
 from rrtrain.parallel.ac import apply_ac
 from rrtrain.parallel.materialize import materialize
 from rrtrain.parallel.mesh import build_mesh, shard_group
+from rrtrain.sizing import ModelShape
 
 
 # DCP warns on every save/load in a single process that it "assumes the intent is to save in a single process":
@@ -214,3 +215,8 @@ def build_engine(model: Transformer, cfg: Config, info: DistInfo) -> Engine:
         return DeepSpeedEngine(model, cfg, info)
     return TorchEngine(model, cfg, info, fsdp=backend == "fsdp")
 
+
+def build_training_engine(cfg: Config, shape: ModelShape, info: DistInfo) -> Engine:
+    """The engine as training builds it, for the trainer and `rrtrain bench` alike: the model on the meta device,
+    sharded by the engine, then each rank's part materialised and initialised from `train.seed`."""
+    return build_engine(build_model(cfg.model, shape=shape, device="meta"), cfg, info)
