@@ -2,8 +2,10 @@
 
 "auto" compiles where it pays for itself: on a CUDA device, for runs of at least `AUTO_MIN_STEPS` optimizer
 steps. Compiling costs a fixed time up front (inductor, once per block shape) and saves a share of every
-step after it; on CPU it never paid in our measurements (compiled steps were no faster, and compiling took
-minutes; docs/performance.md, "Compile"), so "auto" stays eager there, as tests and the tiny demo want.
+step after it. On CPU it never paid in our measurements (tests/benchmarks/bench_compile.py at tiny, ~20M and
+rr-60m, standard and review: a compiled step saved 0-4% of CPU time, inside the noise at ~20M and rr-60m,
+against 15-30 s of CPU time compiling; docs/performance.md, "Compile"), so "auto" stays eager on CPU at any
+run length, as tests and the tiny demo want. The CUDA threshold is an estimate (no GPU measurement yet).
 `true` asks for compilation wherever possible. Where compilation is unavailable (Python version, no Triton
 for CUDA, no C++ compiler for CPU) the run continues eagerly and says so in one line.
 """
@@ -35,11 +37,16 @@ def unavailable_reason(device: torch.device) -> Optional[str]:
     return None
 
 
+def auto_compiles(device: torch.device, total_steps: int) -> bool:
+    """What "auto" asks for: compile on CUDA for runs of at least AUTO_MIN_STEPS steps, never on CPU."""
+    return device.type == "cuda" and total_steps >= AUTO_MIN_STEPS
+
+
 def resolve_compile(setting: Union[bool, str], device: torch.device, total_steps: int,
                     announce: bool = True) -> bool:
     """The `train.compile` setting made definite for this run; prints one line when a request cannot be met."""
     if setting == "auto":
-        wanted = device.type == "cuda" and total_steps >= AUTO_MIN_STEPS
+        wanted = auto_compiles(device, total_steps)
     else:
         wanted = bool(setting)
     if not wanted:
