@@ -16,7 +16,7 @@ the `rrtrain train` process, start-up included), which other jobs disturb much l
 1. tiny (d_model 64, 4 blocks, seq 64, batch 16): review against standard for 2,000 steps (the issue's
    length), and the table for every rule (300 steps).
 2. ~20M (d_model 384, 8 blocks, 6 heads, d_ff 1536, seq 256, batch 4, vocab 8192): standard and review,
-   200 steps (2,000 would take about 1.5 h a run on one CPU thread).
+   100 steps (2,000 would take about 50 min of CPU time a run on one thread).
 3. rr-60m at its real shape (d_model 512, 8 blocks, 8 heads, seq 1024, vocab 50257), one sequence per step:
    standard and review, 20 steps (a step takes ~10 s on one CPU thread).
 4. standard at d_model 128, 4 blocks, 4 heads, seq 64, batch 12, fp32, two threads, 2,000 steps: logged MFU =
@@ -108,7 +108,7 @@ def test_every_rule_against_standard_tiny(tmp_path, stories_data):
 
 
 def test_review_against_standard_20m(tmp_path, data_256):
-    ratio_table(tmp_path, data_256, "20M", ["review"], 200, 20, *M20)
+    ratio_table(tmp_path, data_256, "20M", ["review"], 100, 10, *M20)
 
 
 def test_review_against_standard_rr60m(tmp_path, data_1024):
