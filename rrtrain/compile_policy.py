@@ -1,11 +1,13 @@
 """Whether a run compiles its blocks: `train.compile` is true, false or "auto" (the default).
 
-"auto" compiles where it pays for itself: on a CUDA device, for runs of at least `AUTO_MIN_STEPS` optimizer
-steps. Compiling costs a fixed time up front (inductor, once per block shape) and saves a share of every
-step after it. On CPU it never paid in our measurements (tests/benchmarks/bench_compile.py at tiny, ~20M and
-rr-60m, standard and review: a compiled step saved 0-4% of CPU time, inside the noise at ~20M and rr-60m,
-against 15-30 s of CPU time compiling; docs/performance.md, "Compile"), so "auto" stays eager on CPU at any
-run length, as tests and the tiny demo want. The CUDA threshold is an estimate (no GPU measurement yet).
+"auto" compiles where it pays for itself: for runs of at least `AUTO_MIN_STEPS` optimizer steps on a CUDA
+device and `AUTO_MIN_STEPS_CPU` on CPU. Compiling costs a fixed time up front (inductor, once per block shape)
+and saves a share of every step after it. On CPU (tests/benchmarks/bench_compile.py; docs/performance.md,
+"Compile") a cold compile took 17-35 s of CPU time and a compiled step saved 3-9% for `review` at tiny and
+rr-60m, nothing measurable for `standard` at any shape (+-2%) nor for `review` at ~20M: from 10,000 steps on,
+the compile is at most ~3% of even the tiny model's run, below what a gated rule saves, and costs `standard`
+little. Tests and the tiny demo (hundreds of steps) stay eager. The CUDA threshold is an estimate (no GPU
+measurement yet).
 `true` asks for compilation wherever possible. Where compilation is unavailable (Python version, no Triton
 for CUDA, no C++ compiler for CPU) the run continues eagerly and says so in one line.
 """
@@ -18,8 +20,9 @@ from typing import Optional, Union
 
 import torch
 
-#: shortest run (optimizer steps) that "auto" compiles on a GPU: see docs/performance.md, "Compile"
+#: shortest runs (optimizer steps) that "auto" compiles, on a GPU and on CPU: see docs/performance.md, "Compile"
 AUTO_MIN_STEPS = 1000
+AUTO_MIN_STEPS_CPU = 10_000
 
 
 def unavailable_reason(device: torch.device) -> Optional[str]:
@@ -38,8 +41,10 @@ def unavailable_reason(device: torch.device) -> Optional[str]:
 
 
 def auto_compiles(device: torch.device, total_steps: int) -> bool:
-    """What "auto" asks for: compile on CUDA for runs of at least AUTO_MIN_STEPS steps, never on CPU."""
-    return device.type == "cuda" and total_steps >= AUTO_MIN_STEPS
+    """What "auto" asks for: compile runs long enough to repay the compile time on this kind of device."""
+    if device.type == "cuda":
+        return total_steps >= AUTO_MIN_STEPS
+    return device.type == "cpu" and total_steps >= AUTO_MIN_STEPS_CPU
 
 
 def resolve_compile(setting: Union[bool, str], device: torch.device, total_steps: int,

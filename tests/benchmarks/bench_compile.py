@@ -25,7 +25,7 @@ M20 = ["model.d_model=384", "model.n_layers=8", "model.n_heads=6", "model.d_ff=1
        "model.vocab_size=8192", "train.global_batch=4", "train.micro_batch=4"]
 #: the rr-60m preset at its real shape (seq 1024, vocab 50257) with one sequence per step, so a step fits here
 RR60M = ["model.size=rr-60m", "train.global_batch=1", "train.micro_batch=1"]
-SHAPES = {"tiny": (["model.vocab_size=258"], 20), "20M": (M20, 5), "rr-60m": (RR60M, 2)}
+SHAPES = {"tiny": (["model.vocab_size=258"], 20), "20M": (M20, 5), "rr-60m": (RR60M, 4)}
 
 _STEPS = """
 import json, resource, sys, time
