@@ -10,8 +10,9 @@ on CPU), one thread; tokens/s is the median of its logged `tokens_per_s` windows
 / the rule's; FLOP ratio = `sizing.flops_per_token` of the rule / standard's (6 x matmul weights + attention),
 at the same shape (no parameter matching). `standard` runs first and last and its mean is used, so a drift
 of the machine's speed during the sitting shows up as the difference between those two. The logged tokens/s
-is wall-clock based; on a shared machine the table also gives the ratio of whole-run CPU time (user + sys of
-the `rrtrain train` process, start-up included), which other jobs disturb much less.
+is wall-clock based; on a shared machine the table also gives the ratio of CPU time per step (user + sys of
+the `rrtrain train` process, less that of a one-step run of the same configuration, over the steps after the
+first), which other jobs disturb much less.
 
 1. tiny (d_model 64, 4 blocks, seq 64, batch 16): review against standard for 2,000 steps (the issue's
    length), and the table for every rule (300 steps).
@@ -68,19 +69,31 @@ def run(tmp: Path, data: Path, name: str, steps: int, log_every: int, *overrides
             "cpu_s": cpu_s}
 
 
+def step_cpu_s(tmp: Path, data: Path, name: str, r: dict, steps: int, *overrides: str) -> float:
+    """CPU time per step of run `r`, net of start-up, the final evaluation and checkpoint: a one-step run of
+    the same configuration costs all of those plus one step."""
+    steps = STEPS or steps
+    one = children_cpu_s()
+    train(tmp / f"{name}-1", data, *BASE, "train.max_steps=1", "train.log_every=1", *overrides, timeout=7200)
+    return (r["cpu_s"] - (children_cpu_s() - one)) / (steps - 1)
+
+
 def ratio_table(tmp: Path, data: Path, label: str, variants: list[str], steps: int, log_every: int,
                 *overrides: str) -> None:
     first = run(tmp, data, f"{label}-standard-a", steps, log_every, "model.variant=standard", *overrides)
     rows = {v: run(tmp, data, f"{label}-{v}", steps, log_every, f"model.variant={v}", *overrides) for v in variants}
     last = run(tmp, data, f"{label}-standard-b", steps, log_every, "model.variant=standard", *overrides)
-    std_tps, std_cpu = (first["tps"] + last["tps"]) / 2, (first["cpu_s"] + last["cpu_s"]) / 2
+    std_tps = (first["tps"] + last["tps"]) / 2
+    std_step = (step_cpu_s(tmp, data, f"{label}-standard-a", first, steps, "model.variant=standard", *overrides)
+                + step_cpu_s(tmp, data, f"{label}-standard-b", last, steps, "model.variant=standard", *overrides)) / 2
     print(f"\n{label}: {STEPS or steps} steps, standard {first['tps']:,.0f} then {last['tps']:,.0f} tokens/s, "
-          f"{first['cpu_s']:.0f} then {last['cpu_s']:.0f} CPU s")
-    print("| rule | params | tokens/s | step-time ratio vs standard (tokens/s) | CPU-time ratio (whole run) | "
+          f"{first['cpu_s']:.1f} then {last['cpu_s']:.1f} CPU s")
+    print("| rule | params | tokens/s | step-time ratio vs standard (tokens/s) | CPU time per step ratio | "
           "FLOP ratio | excess over FLOPs (tokens/s / CPU) |")
     print("|---|---|---|---|---|---|---|")
     for v, r in rows.items():
-        time_ratio, flop_ratio, cpu_ratio = std_tps / r["tps"], r["flops"] / first["flops"], r["cpu_s"] / std_cpu
+        cpu_ratio = step_cpu_s(tmp, data, f"{label}-{v}", r, steps, f"model.variant={v}", *overrides) / std_step
+        time_ratio, flop_ratio = std_tps / r["tps"], r["flops"] / first["flops"]
         print(f"| {v} | {r['params'] / 1e6:.2f}M | {r['tps']:,.0f} | {time_ratio:.2f} | {cpu_ratio:.2f} | "
               f"{flop_ratio:.2f} | {time_ratio - flop_ratio:+.2f} / {cpu_ratio - flop_ratio:+.2f} |", flush=True)
 
