@@ -3,11 +3,12 @@
 "auto" compiles where it pays for itself: for runs of at least `AUTO_MIN_STEPS` optimizer steps on a CUDA
 device and `AUTO_MIN_STEPS_CPU` on CPU. Compiling costs a fixed time up front (inductor, once per block shape)
 and saves a share of every step after it. On CPU (tests/benchmarks/bench_compile.py; docs/performance.md,
-"Compile") a cold compile took 17-35 s of CPU time and a compiled step saved 3-9% for `review` at tiny and
-rr-60m, nothing measurable for `standard` at any shape (+-2%) nor for `review` at ~20M: from 10,000 steps on,
-the compile is at most ~3% of even the tiny model's run, below what a gated rule saves, and costs `standard`
-little. Tests and the tiny demo (hundreds of steps) stay eager. The CUDA threshold is an estimate (no GPU
-measurement yet).
+"Compile") a cold compile took 17-35 s of CPU time and a compiled step saved 2-9% for `review` at tiny and
+rr-60m, nothing measurable for `standard` at any shape (-7% to +2%: noise) nor for `review` at ~20M. From
+10,000 steps on, the compile is at most ~3% of even the tiny model's run, below what a gated rule saves, and
+costs `standard` little. Tests and the tiny demo (hundreds of steps) stay eager. The CUDA threshold is an
+estimate (no GPU measurement yet).
+
 `true` asks for compilation wherever possible. Where compilation is unavailable (Python version, no Triton
 for CUDA, no C++ compiler for CPU) the run continues eagerly and says so in one line.
 """
