@@ -19,6 +19,11 @@ DeepSpeed owns the optimizer step, so this engine maps the loop's calls onto it:
   freed the usual way and no moment, step count or weight changes; `global_steps` advances with the
   trainer's step and `skipped_steps` counts the skip (DeepSpeed takes its own overflow path, which does the
   same, when the gradients themselves are non-finite).
+- `step_unless(lr, nonfinite)`: the Engine default, which reads the flag on the host. A device-side skip
+  would remove no sync here: every ZeRO optimizer's own `step()` branches in Python on whether the
+  gradient norm is finite (`is_invalid_grad_norm` is `bool()` of a device tensor: ZeRO-1/2
+  `DeepSpeedZeroOptimizer.step`, ZeRO-3 `DeepSpeedZeroOptimizer_Stage3.step`, `BF16_Optimizer.step`), so
+  the host waits for the device once per step inside DeepSpeed whatever rrtrain does, at the same point.
 - `save(path)` / `load(path)`: DeepSpeed's `save_checkpoint` / `load_checkpoint` under `path` with a fixed
   tag and no `latest` file (rrtrain's own `latest` marker lives one level up). DeepSpeed's loader still
   unpickles: its checkpoint engine reads `mp_rank_*_model_states.pt` and `zero_pp_rank_*_optim_states.pt` with

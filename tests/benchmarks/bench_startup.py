@@ -9,12 +9,18 @@ A vs B in one sitting, interleaved, three runs each, medians:
 Time to the first step is the first training line's appearance in metrics.jsonl after the process started
 (polled every 10 ms). Private memory (anonymous + private file pages at exit, /proc smaps_rollup) is what a
 process really adds on a node; RSS also counts the pages of shared libraries (torch's CUDA build alone maps
-~0.45 GB of them), which all ranks of a node share. Targets (issue 15): <= 4 s wall, <= 500 MB per process.
+~0.45 GB of them), which all ranks of a node share; PSS (proportional set size) divides each shared page among
+the processes that map it, so on an 8-rank node it approaches the private figure. CPU s is the process's own
+user + sys time, which other jobs on a shared machine disturb far less than the wall clock.
+  C (only when RRTRAIN_STARTUP_PYTHON names another interpreter, e.g. a scratch venv with a CPU-only torch
+    wheel that also sees this venv's other packages): B under that interpreter, to price torch's CUDA build.
+Targets (issue 15): <= 4 s wall, <= 500 MB per process.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -30,18 +36,20 @@ if preload:
 def report():
     smaps = dict(l.split(":", 1) for l in open("/proc/self/smaps_rollup").read().splitlines()[1:])
     kb = lambda k: int(smaps[k].split()[0])
-    json.dump({"maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-               "private_mb": (kb("Private_Dirty") + kb("Private_Clean")) / 1024}, open(out, "w"))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    json.dump({"maxrss_mb": usage.ru_maxrss / 1024, "rss_mb": kb("Rss") / 1024, "pss_mb": kb("Pss") / 1024,
+               "private_mb": (kb("Private_Dirty") + kb("Private_Clean")) / 1024,
+               "cpu_s": usage.ru_utime + usage.ru_stime}, open(out, "w"))
 atexit.register(report)
 sys.argv = ["rrtrain.train", *sys.argv[3:]]
 runpy.run_module("rrtrain.train", run_name="__main__")
 """
 
 
-def one_run(tmp: Path, data: Path, preload: bool, i: int) -> dict:
-    run_dir, out = tmp / f"run-{preload}-{i}", tmp / f"mem-{preload}-{i}.json"
+def one_run(tmp: Path, data: Path, preload: bool, i: int, python: str = PY) -> dict:
+    run_dir, out = tmp / f"run-{preload}-{i}-{python == PY}", tmp / f"mem-{preload}-{i}-{python == PY}.json"
     metrics = run_dir / "metrics.jsonl"
-    cmd = [PY, "-c", _RUN, str(out), "1" if preload else "", TINY, f"data.path={data}", f"run.dir={run_dir}",
+    cmd = [python, "-c", _RUN, str(out), "1" if preload else "", TINY, f"data.path={data}", f"run.dir={run_dir}",
            "train.max_steps=1", "data.eval_batches=1"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -56,13 +64,17 @@ def one_run(tmp: Path, data: Path, preload: bool, i: int) -> dict:
 
 
 def test_one_step_tiny_run_startup(tmp_path, stories_data):
-    runs: dict[bool, list[dict]] = {True: [], False: []}
+    alt = os.environ.get("RRTRAIN_STARTUP_PYTHON")
+    variants = [("A: import streaming first (before)", True, PY), ("B: as shipped", False, PY)]
+    if alt:
+        variants.append((f"C: as shipped, {alt}", False, alt))
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
     for i in range(3):
-        for preload in (True, False):
-            runs[preload].append(one_run(tmp_path, stories_data, preload, i))
-    print("\n| one-step tiny run | wall s | to first step s | peak RSS MB | private MB |")
-    print("|---|---|---|---|---|")
-    for preload, name in ((True, "A: import streaming first (before)"), (False, "B: as shipped")):
-        med = {k: statistics.median(r[k] for r in runs[preload]) for k in runs[preload][0]}
-        print(f"| {name} | {med['wall_s']:.2f} | {med['first_step_s']:.2f} | {med['maxrss_mb']:.0f} | "
-              f"{med['private_mb']:.0f} |")
+        for name, preload, python in variants:
+            runs[name].append(one_run(tmp_path, stories_data, preload, i, python))
+    print("\n| one-step tiny run | wall s | to first step s | CPU s | peak RSS MB | RSS / PSS / private MB at exit |")
+    print("|---|---|---|---|---|---|")
+    for name, _, _ in variants:
+        med = {k: statistics.median(r[k] for r in runs[name]) for k in runs[name][0]}
+        print(f"| {name} | {med['wall_s']:.2f} | {med['first_step_s']:.2f} | {med['cpu_s']:.2f} | "
+              f"{med['maxrss_mb']:.0f} | {med['rss_mb']:.0f} / {med['pss_mb']:.0f} / {med['private_mb']:.0f} |")
