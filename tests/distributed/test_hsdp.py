@@ -8,11 +8,11 @@ parity bound, not bitwise. Checked per layout:
     optimizer), and the loader's position;
 (b) the first step after resuming under HSDP 2 x 2 has bitwise the loss FSDP-4 computed at that step (the same 4
     ranks read the same micro-batches; only the gradient reduction differs, and it comes after the loss);
-(c) every later loss is within the parity bound of an uninterrupted run (HSDP 2 x 2 from step 0; for 2 ranks,
-    one process);
+(c) every later loss is within the parity bound of an uninterrupted run at the new layout (HSDP 2 x 2, or FSDP
+    on 2 ranks, from step 0);
 (d) under HSDP, the resumed run restarted from its own later checkpoint continues bit for bit (exact resume at
     the new layout).
-Runtime: 8 launches (five of 4 ranks), 3.3-3.8 minutes on 2 shared cores.
+Runtime: 9 launches (five of 4 ranks), 3.5-4 minutes on 2 shared cores.
 """
 
 from __future__ import annotations
@@ -106,13 +106,15 @@ def test_hsdp_two_by_two_matches_one_process(one_process, hsdp_run):
         assert max(abs(a - b) / a for a, b in zip(one[step], hsdp[step])) < BOUND, step
 
 
-def test_fsdp4_checkpoint_resumes_under_hsdp_and_two_ranks(tmp_path, stories_data, one_process, hsdp_run):
+def test_fsdp4_checkpoint_resumes_under_hsdp_and_two_ranks(tmp_path, stories_data, hsdp_run):
     fsdp4 = tmp_path / "fsdp4"
+    two_ranks = tmp_path / "two_uninterrupted"  # FSDP on 2 ranks from step 0: the new layout, uninterrupted
+    train(two_ranks, stories_data, *COMMON, *FSDP, nproc=2)
     train(fsdp4, stories_data, *COMMON, *FSDP, "train.ckpt_every=10", nproc=4)
     saved = state_tensors(fsdp4 / "checkpoints" / "step_00000010", tmp_path / "fsdp4.pt")
     position = loader_position(fsdp4, 10)
     layouts = (("hsdp", HSDP, 4, hsdp_run, "parallel.dp_replicate: None -> 2; parallel.dp_shard: None -> 2"),
-               ("two", FSDP, 2, one_process, "world_size: 4 -> 2"))
+               ("two", FSDP, 2, two_ranks, "world_size: 4 -> 2"))
     for name, layout, nproc, uninterrupted, accepted in layouts:
         # (a) resharding is exact: load under the new layout, save again at once (a schedule ending at step 10)
         again = from_checkpoint(fsdp4, 10, tmp_path / f"{name}_resaved")
@@ -129,8 +131,7 @@ def test_fsdp4_checkpoint_resumes_under_hsdp_and_two_ranks(tmp_path, stories_dat
         assert f"rrtrain: resuming with accepted changes: {accepted}\n" in proc.stdout, proc.stdout[-2000:]
         resumed = losses(run)
         assert sorted(resumed) == list(range(11, 21))
-        # (c) within the parity bound of an uninterrupted run (HSDP 2 x 2; for 2 ranks, one process, which
-        # test_fsdp.py holds within the same bound of 2 ranks)
+        # (c) within the parity bound of an uninterrupted run at the new layout
         assert max_rel_diff({k: losses(uninterrupted)[k] for k in resumed}, resumed) < BOUND, name
         if name == "hsdp":
             assert resumed[11] == losses(fsdp4)[11]  # (b) the same forward on the same 4 ranks, bitwise
