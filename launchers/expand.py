@@ -17,8 +17,6 @@ from typing import Any, Optional
 from launchers.spec import Resources, Sweep
 from rrtrain.config import Config, build, read_yaml, validate
 from rrtrain.errors import UsageError
-from rrtrain.parallel.mesh import mesh_shape
-from rrtrain.resolve import check_model
 
 #: characters allowed in names and paths that end up in shell scripts (they are quoted as well)
 SAFE = re.compile(r"^[A-Za-z0-9._+/@:=,-]+$")
@@ -69,6 +67,11 @@ def set_key(data: dict, dotted: str, value: Any) -> None:
 
 def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
     """Every run of the sweep, in file order (size, then variant, then seed)."""
+    # imported here: they load torch (the registry, the device mesh), which `rrtrain status` and the other
+    # readers of this module's `Run` never need
+    from rrtrain.parallel.mesh import mesh_shape
+    from rrtrain.resolve import check_model
+
     spec = sweep.spec
     out = Path(out).resolve()
     check_safe(str(out), "sweep directory")

@@ -89,3 +89,13 @@ def test_importing_config_loads_neither_sizing_nor_the_registry():
     loaded = set(json.loads(proc.stdout))
     assert "rrtrain.config" in loaded
     assert not {m for m in loaded if m.startswith(("rrtrain.residuals", "rrtrain.sizing"))}
+
+
+def test_rrtrain_status_loads_no_torch():
+    """`rrtrain status` reads hundreds of runs' tails in under 2 s: importing torch alone would take over 1 s."""
+    code = "import json, sys, launchers.status_cli; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([PY, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = set(json.loads(proc.stdout))
+    assert "launchers.expand" in loaded  # through launchers.record: the module whose imports matter here
+    assert "torch" not in loaded
