@@ -8,6 +8,7 @@ stops the run before training: one line, exit 2. Budget: about 80 s."""
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 
 import pytest
 
@@ -19,24 +20,31 @@ pytestmark = pytest.mark.skipif(not can_mount(), reason="needs to mount a tmpfs 
 ARGS = ("train.max_steps=8", "train.ckpt_every=2", "train.eval_every=3", "train.log_every=1", "train.keep_ckpts=2")
 
 
+def run_out_of_space_at_step_6_then_resume(run: Path, data: Path, args: tuple[str, ...], size: int,
+                                           failed_at: int) -> None:
+    """Checkpoints on a tmpfs with room for two checkpoints (`size` bytes each) and part of a third: the write
+    of step 6 runs out of space and the run ends at step `failed_at` with one line, the partial checkpoint
+    gone and step 4 intact; then, space freed, the same command resumes from step 4."""
+    with tmpfs(run / "checkpoints", str(int(size * 2.5))) as ckpts:
+        proc = train(run, data, *args, expect=1)
+        assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert "no space left" in proc.stderr and "step_00000006" in proc.stderr, proc.stderr
+        assert "step_00000004 is intact" in proc.stderr, proc.stderr
+        fin = final(run)
+        assert fin["status"] == "failed" and fin["step"] == failed_at and "no space left" in fin["reason"]
+        assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000002", "step_00000004"]
+        assert (ckpts / "latest").read_text().strip() == "step_00000004"
+        resize(ckpts, str(size * 4))  # space freed
+        proc = train(run, data, *args)
+        assert "resumed at step 4" in proc.stdout, proc.stdout
+
+
 def test_full_disk_during_a_checkpoint_then_exact_resume(tmp_path, stories_data):
     ref = tmp_path / "ref"
     train(ref, stories_data, *ARGS)
     size = sum(f.stat().st_size for f in (ref / "checkpoints" / "step_00000008").rglob("*") if f.is_file())
     run = tmp_path / "run"
-    # room for two checkpoints and a part of a third: the write of step 6 runs out of space
-    with tmpfs(run / "checkpoints", str(int(size * 2.5))) as ckpts:
-        proc = train(run, stories_data, *ARGS, expect=1)
-        assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
-        assert "no space left" in proc.stderr and "step_00000006" in proc.stderr, proc.stderr
-        assert "step_00000004 is intact" in proc.stderr, proc.stderr
-        fin = final(run)
-        assert fin["status"] == "failed" and fin["step"] == 6 and "no space left" in fin["reason"]
-        assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000002", "step_00000004"]
-        assert (ckpts / "latest").read_text().strip() == "step_00000004"
-        resize(ckpts, str(size * 4))  # space freed
-        proc = train(run, stories_data, *ARGS)
-        assert "resumed at step 4" in proc.stdout, proc.stdout
+    run_out_of_space_at_step_6_then_resume(run, stories_data, ARGS, size, failed_at=6)
     steps = [r["step"] for r in records(run) if "loss" in r]
     assert steps == list(range(1, 9))
     assert losses(run) == losses(ref)  # bitwise
@@ -51,18 +59,7 @@ def test_full_disk_during_an_async_checkpoint(tmp_path, stories_data):
     train(probe, stories_data, "train.max_steps=1")
     size = sum(f.stat().st_size for f in (probe / "checkpoints" / "step_00000001").rglob("*") if f.is_file())
     run = tmp_path / "run"
-    with tmpfs(run / "checkpoints", str(int(size * 2.5))) as ckpts:
-        proc = train(run, stories_data, *args, expect=1)
-        assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
-        assert "no space left" in proc.stderr and "step_00000006" in proc.stderr, proc.stderr
-        assert "step_00000004 is intact" in proc.stderr, proc.stderr
-        fin = final(run)
-        assert fin["status"] == "failed" and fin["step"] == 8 and "no space left" in fin["reason"]
-        assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000002", "step_00000004"]
-        assert (ckpts / "latest").read_text().strip() == "step_00000004"
-        resize(ckpts, str(size * 4))
-        proc = train(run, stories_data, *args)
-        assert "resumed at step 4" in proc.stdout, proc.stdout
+    run_out_of_space_at_step_6_then_resume(run, stories_data, args, size, failed_at=8)
     assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, 9))
     assert final(run)["status"] == "completed"
 
