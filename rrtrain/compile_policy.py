@@ -3,8 +3,9 @@
 "auto" compiles where it pays for itself: for runs of at least `AUTO_MIN_STEPS` optimizer steps on a CUDA
 device and `AUTO_MIN_STEPS_CPU` on CPU. Compiling costs a fixed time up front (inductor, once per block shape)
 and saves a share of every step after it. On CPU (tests/benchmarks/bench_compile.py; docs/performance.md,
-"Compile") a cold compile took 17-35 s of CPU time and a compiled step saved 2-9% for `review` at tiny and
-rr-60m, nothing measurable for `standard` at any shape (-7% to +2%: noise) nor for `review` at ~20M. From
+"Compile", one thread) a cold compile took 17-35 s of CPU time and a compiled step saved 2-9% for `review` at
+tiny and rr-60m, nothing measurable for `standard` at any of those shapes (-7% to +2%: noise) nor for `review`
+at ~20M (at two threads `standard` at d 128 saved 11%: the threshold is conservative there). From
 10,000 steps on, the compile is at most ~3% of even the tiny model's run, below what a gated rule saves, and
 costs `standard` little. Tests and the tiny demo (hundreds of steps) stay eager. The CUDA threshold is an
 estimate (no GPU measurement yet).
