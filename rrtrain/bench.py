@@ -201,6 +201,7 @@ if __name__ == "__main__":
     from rrtrain.errors import fail
 
     try:
-        sys.exit(main(sys.argv[1:]))
+        code = main(sys.argv[1:])
     except UsageError as err:
-        sys.exit(fail("rrtrain bench", str(err)))
+        code = fail("rrtrain bench", str(err))
+    dist.exit_process(code)

@@ -48,12 +48,16 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[name][0])
     entry: Callable[[list[str]], int] = module.main
     try:
-        return int(entry(rest) or 0)
+        code = int(entry(rest) or 0)
     except UsageError as err:
-        return fail(f"rrtrain {name}", str(err))
+        code = fail(f"rrtrain {name}", str(err))
     except RunError as err:
         fail(f"rrtrain {name}", str(err))
-        return RUN_ERROR_EXIT
+        code = RUN_ERROR_EXIT
+    dist = sys.modules.get("rrtrain.dist")  # not imported by commands that load no torch (status)
+    if dist is not None and dist.started_group():
+        dist.exit_process(code)  # a distributed train/bench: end without finalising (see exit_process)
+    return code
 
 
 if __name__ == "__main__":

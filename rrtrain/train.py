@@ -33,13 +33,11 @@ if __name__ == "__main__":
     except RunError as err:
         fail("rrtrain train", str(err))
         code = RUN_ERROR_EXIT
-    if code:
-        import gc
-
+    # Outside the handlers, so a failed run's objects (in cycles with the traceback) can be freed first and
+    # streaming releases its shared memory. After a distributed run the process group is destroyed here too
+    # (every rank raised the same error, or returned) and the interpreter is not finalised: see exit_process.
+    if "rrtrain.dist" in sys.modules:
         from rrtrain import dist
 
-        # The failed run's objects sit in reference cycles with the traceback; freeing them now (as a normal
-        # return does) lets streaming release its shared memory before exit instead of warning about it.
-        gc.collect()
-        dist.teardown()  # every rank raised the same error; leaving the group up aborts at exit
-    sys.exit(code)  # outside the handlers: the run's objects are freed before exit (streaming cleans up)
+        dist.exit_process(code)
+    sys.exit(code)

@@ -44,8 +44,8 @@ def main() -> None:
     if info.is_main:
         torch.save({"tensors": tensors, "no_decay": no_decay}, out)
     dist.barrier()
-    dist.teardown()
 
 
 if __name__ == "__main__":
     main()
+    dist.exit_process(0)

@@ -17,6 +17,7 @@ import sys
 import torch.distributed as dist
 
 from rrtrain.data import TrainLoader
+from rrtrain.dist import exit_process
 from rrtrain.errors import UsageError
 
 
@@ -61,13 +62,8 @@ def main() -> None:
         with open(out_path, "w") as f:
             json.dump(results, f)
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
-    # Skip interpreter teardown: a helper thread of streaming's still alive then has been seen to abort the
-    # process ("terminate called without an active exception") after all the work was done and written.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_process(0)  # not interpreter shutdown: a gloo thread may still be releasing tensors (see exit_process)

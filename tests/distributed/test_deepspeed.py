@@ -227,7 +227,7 @@ except UsageError as err:
     refused = str(err)
 if info.is_main:
     print("RESULT " + json.dumps({"engines": out, "refused": refused}))
-dist.teardown()
+dist.exit_process(0)
 '''
 
 
