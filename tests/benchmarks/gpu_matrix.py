@@ -194,5 +194,10 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))  # run as a script from anywhere: rrtrain is imported from this checkout
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    if "rrtrain.dist" in sys.modules:  # measured under torchrun: end as the trainer does (see exit_process)
+        from rrtrain import dist
+
+        dist.exit_process(code)
+    sys.exit(code)
 
