@@ -198,10 +198,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from rrtrain.errors import fail
+    from rrtrain.cli import main as cli_main
 
-    try:
-        code = main(sys.argv[1:])
-    except UsageError as err:
-        code = fail("rrtrain bench", str(err))
-    dist.exit_process(code)
+    sys.exit(cli_main(["bench", *sys.argv[1:]]))  # the same handling of errors and of the exit as `rrtrain bench`

@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as err:
         fail(f"rrtrain {name}", str(err))
         code = RUN_ERROR_EXIT
+    if code:
+        import gc
+
+        # a failed run's objects sit in cycles with the traceback; freed now, streaming releases its shared
+        # memory before exit instead of warning about it then
+        gc.collect()
     dist = sys.modules.get("rrtrain.dist")  # not imported by commands that load no torch (status)
     if dist is not None and dist.started_group():
         dist.exit_process(code)  # a distributed train/bench: end without finalising (see exit_process)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 
-from rrtrain.errors import RUN_ERROR_EXIT, RunError, UsageError, fail
 from rrtrain.resolve import load
 
 
@@ -26,18 +25,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        code = main(sys.argv[1:])
-    except UsageError as err:
-        code = fail("rrtrain train", str(err))
-    except RunError as err:
-        fail("rrtrain train", str(err))
-        code = RUN_ERROR_EXIT
-    # Outside the handlers, so a failed run's objects (in cycles with the traceback) can be freed first and
-    # streaming releases its shared memory. After a distributed run the process group is destroyed here too
-    # (every rank raised the same error, or returned) and the interpreter is not finalised: see exit_process.
-    if "rrtrain.dist" in sys.modules:
-        from rrtrain import dist
+    from rrtrain.cli import main as cli_main
 
-        dist.exit_process(code)
-    sys.exit(code)
+    sys.exit(cli_main(["train", *sys.argv[1:]]))  # the same handling of errors and of the exit as `rrtrain train`
