@@ -27,22 +27,20 @@ class RMSNorm(nn.Module):
         """The multiplier applied after normalising: g, or 1 + w when zero-centred."""
         return 1.0 + self.weight if self.zero_centred else self.weight
 
-    def inv_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """1 / sqrt(|x|^2 + d eps) per row, (..., 1), in at least fp32, so that
-        forward(x) == x * inv_norm(x) * (sqrt(d) * gain()).
-
-        For callers that fold the normalisation into a following matmul instead of materialising it
-        (sqrt(d) then goes into the weight too): one pass over x, then a few ops on one scalar per row.
-        """
-        acc = torch.promote_types(x.dtype, torch.float32)
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=acc)
-        return torch.rsqrt(norm.square() + x.shape[-1] * self.eps)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gain = self.gain()
         acc = torch.promote_types(x.dtype, torch.float32)
         y = F.rms_norm(x.to(acc), (x.shape[-1],), gain.to(acc), self.eps)
         return y.to(x.dtype)
+
+
+def inv_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(|x|^2 + d eps) per row, (..., 1), in at least fp32, so that an RMSNorm with gain g and epsilon
+    eps is x * inv_rms(x, eps) * (sqrt(d) * g): for callers that fold the normalisation into a following matmul
+    instead of materialising it (one pass over x, then a few ops on one scalar per row)."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=acc)
+    return torch.rsqrt(norm.square() + x.shape[-1] * eps)
 
 
 def unit_rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -90,16 +90,14 @@ class GatedSite(PreNormSite):
         return norms + Gate.count(inputs, d, cfg.gate_rank)
 
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
-        # z = [RMSN_h(h); RMSN_u(u)], handed to the gate factored (it never builds z; see Gate)
+        # r = sigma(W [RMSN_h(h); RMSN_u(u)] + b); the gate folds the norms' gains into W (see Gate)
         root_d = math.sqrt(state.shape[-1])
-        inputs = [(state, self.gate_norm_h.inv_norm(state), self.gate_norm_h.gain() * root_d)]
+        gains = [self.gate_norm_h.gain() * root_d]
         if self.gate_norm_u is not None:
-            inputs.append((y, self.gate_norm_u.inv_norm(y), self.gate_norm_u.gain() * root_d))
-        r = self.gate(inputs)  # (B, T, D)
+            gains.append(self.gate_norm_u.gain() * root_d)
+        out, r = self.gate(state, y, gains, self.gate_norm_h.eps, self.convex)  # (B, T, D) each
         self._record_gate(r)
-        if self.convex:
-            return torch.lerp(state, y, r)  # (1 - r) h + r u
-        return torch.addcmul(state, r, y)  # h + r u
+        return out
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         super().reset_parameters(generator)

@@ -29,6 +29,13 @@ from trainutil import final, losses, max_rel_diff, records, train
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 BOUND = 1e-4  # tests/distributed/test_fsdp.py's parity bound
+# The global gradient norm of step 8 (a spike: 9.6 against 1.7-2.0 around it) is ill-conditioned in fp32: two
+# implementations of the review gate that differ only in rounding (autograd's backward and the hand-written
+# one) give one-process losses 6e-8 apart at that step and gradient norms 5.4e-4 apart (every other step: at
+# most 9e-6), and both are as accurate against fp64 (unit level). Comparing layouts there to 1e-4 tests the
+# rounding, not HSDP; 1e-3 still fails by orders of magnitude on a norm that counts a replicated shard twice
+# (a factor up to sqrt(2)).
+GRAD_NORM_BOUND = 1e-3
 # micro-batches of 2: 2 accumulated per step on 4 ranks, 4 on 2 ranks (gradients reduced on the last one only)
 COMMON = ["train.max_steps=20", "train.log_every=1", "train.eval_every=0", "train.global_batch=16",
           "train.warmup_steps=4", "train.micro_batch=2"]
@@ -99,7 +106,7 @@ def test_hsdp_two_by_two_matches_one_process(one_process, hsdp_run):
     run = hsdp_run
     assert len(losses(run)) == 20 and final(run)["world_size"] == 4
     assert max_rel_diff(losses(one_process), losses(run)) < BOUND
-    assert max_rel_diff(grad_norms(one_process), grad_norms(run)) < BOUND
+    assert max_rel_diff(grad_norms(one_process), grad_norms(run)) < GRAD_NORM_BOUND
     one, hsdp = diag_norms(one_process), diag_norms(run)
     assert sorted(one) == sorted(hsdp) == [5, 10, 15, 20]
     for step in one:

@@ -5,6 +5,8 @@ its initial value. Runtime: about 1 s."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -63,3 +65,38 @@ def test_gate_equals_the_concatenated_oracle(name, rank):
     assert sorted(gp) == sorted(rp) == sorted(n for n, _ in site.named_parameters() if n != "norm.weight")
     for n in gp:
         close(gp[n], rp[n], f"grad of {n}")
+
+
+@pytest.mark.parametrize("mode", ["bf16", "autocast"])
+@pytest.mark.parametrize("name", GATED)
+def test_gate_in_bf16_follows_the_oracle_and_keeps_dtypes(name, mode):
+    """The hand-written backward in the two bf16 settings the trainer uses: everything bf16 (FSDP's
+    param_dtype) and fp32 weights and state under CPU autocast (one process), where the update comes out of
+    a bf16 matmul. Each gradient keeps its input's dtype (the fp32 state's gradient is not rounded to bf16)
+    and agrees with the fp64 oracle to bf16 precision. (The convex rules used to stop under autocast:
+    torch.lerp refused the fp32 state with the bf16 update.)"""
+    torch.manual_seed(0)
+    d = 48
+    site = residuals.get(name).site(SiteInfo(d, 3, 8, "mlp", 1e-6, ResidualConfig()))
+    with torch.no_grad():
+        for p in site.parameters():
+            p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+    state, y, cot = torch.randn(3, 10, d) * 2.0, torch.randn(3, 10, d), torch.randn(3, 10, d)
+    low = site if mode == "autocast" else copy.deepcopy(site).to(torch.bfloat16)
+    s_low = (state.clone() if mode == "autocast" else state.bfloat16()).requires_grad_()
+    y_low = y.bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+        out = low.write(s_low, y_low, None)
+    out.backward(cot.to(out.dtype))
+    assert s_low.grad.dtype == s_low.dtype and y_low.grad.dtype == torch.bfloat16
+    assert all(p.grad is None or p.grad.dtype == p.dtype for p in low.parameters())
+
+    ref_site = copy.deepcopy(site).double()
+    s64, y64 = state.detach().double().requires_grad_(), y.double().requires_grad_()
+    oracle_write(ref_site, s64, y64).backward(cot.double())
+    params = dict(low.named_parameters())
+    pairs = [(s_low.grad, s64.grad), (y_low.grad, y64.grad)]
+    pairs += [(params[n].grad, p.grad) for n, p in ref_site.named_parameters() if p.grad is not None]
+    for got, want in pairs:
+        err = float((got.double() - want).abs().max() / want.abs().max())
+        assert err <= 0.03, f"relative difference {err:.2e}"

@@ -136,7 +136,7 @@ def test_every_gate_at_init(name, expected, rank):
     torch.manual_seed(0)
     model = tiny_model(name, gate_rank=rank)
     outputs = []
-    hooks = [m.register_forward_hook(lambda mod, args, out: outputs.append(out.detach()))
+    hooks = [m.register_forward_hook(lambda mod, args, out: outputs.append(out[1]))  # (merged, r)
              for m in model.modules() if isinstance(m, Gate)]
     assert len(hooks) == 2 * model.shape.n_layers
     model(torch.randint(0, 64, (2, 16)))
@@ -184,7 +184,7 @@ def test_low_rank_gate_starts_at_half_and_both_factors_learn():
     assert not hasattr(site.gate, "proj")
     idx, tgt = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
     outputs = []
-    site.gate.register_forward_hook(lambda mod, args, out: outputs.append(out.detach()))
+    site.gate.register_forward_hook(lambda mod, args, out: outputs.append(out[1]))  # (merged, r)
     model(idx, tgt).backward()
     torch.testing.assert_close(outputs[0], torch.full_like(outputs[0], 0.5), rtol=0, atol=0)
     for s in model.sites():
@@ -254,3 +254,18 @@ def test_paper_rules_registered():
     assert residuals.get("review").gated and not residuals.get("review").convex
     assert residuals.get("review_convex").convex and residuals.get("highway_convex").convex
     assert not residuals.get("standard").gated
+
+
+@pytest.mark.parametrize("name", residuals.names())
+def test_rule_runs_under_bf16_autocast(name):
+    """One process with parallel.precision=bf16 runs the model under CPU autocast: fp32 weights and state, bf16
+    sublayer outputs. Every rule takes that mix (the convex gates' torch.lerp once refused it) and returns
+    finite fp32 gradients."""
+    torch.manual_seed(0)
+    model = tiny_model(name)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16)))
+    loss.backward()
+    assert math.isfinite(float(loss))
+    for n, p in model.named_parameters():
+        assert p.grad is not None and p.grad.dtype == p.dtype and bool(torch.isfinite(p.grad).all()), n
