@@ -82,6 +82,10 @@ def test_gate_in_bf16_follows_the_oracle_and_keeps_dtypes(name, mode):
         for p in site.parameters():
             p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
     state, y, cot = torch.randn(3, 10, d) * 2.0, torch.randn(3, 10, d), torch.randn(3, 10, d)
+    ref_site = copy.deepcopy(site).double()  # before `site` (the autocast case's own) gets gradients
+    s64, y64 = state.double().requires_grad_(), y.double().requires_grad_()
+    oracle_write(ref_site, s64, y64).backward(cot.double())
+
     low = site if mode == "autocast" else copy.deepcopy(site).to(torch.bfloat16)
     s_low = (state.clone() if mode == "autocast" else state.bfloat16()).requires_grad_()
     y_low = y.bfloat16().requires_grad_()
@@ -91,9 +95,6 @@ def test_gate_in_bf16_follows_the_oracle_and_keeps_dtypes(name, mode):
     assert s_low.grad.dtype == s_low.dtype and y_low.grad.dtype == torch.bfloat16
     assert all(p.grad is None or p.grad.dtype == p.dtype for p in low.parameters())
 
-    ref_site = copy.deepcopy(site).double()
-    s64, y64 = state.detach().double().requires_grad_(), y.double().requires_grad_()
-    oracle_write(ref_site, s64, y64).backward(cot.double())
     params = dict(low.named_parameters())
     pairs = [(s_low.grad, s64.grad), (y_low.grad, y64.grad)]
     pairs += [(params[n].grad, p.grad) for n, p in ref_site.named_parameters() if p.grad is not None]
