@@ -66,4 +66,9 @@ def test_the_demo_sweep(tmp_path):
     assert len(runs) == 14
     deep = {r.variant: r for r in runs if r.size == "tiny-deep"}
     assert sorted(deep) == ["review", "review_convex"]
-    assert all(r.config["monitor"]["on_stall"] == "stop" for r in runs)
+    # the plateau test early and stopping only at 40 sublayers: at the small sizes a healthy run can stay on
+    # the unigram plateau past step 90 (README), so they keep the monitor's defaults
+    assert all(r.config["monitor"]["on_stall"] == "stop" and r.config["monitor"]["min_steps"] == 90
+               for r in deep.values())
+    assert all(r.config["monitor"]["on_stall"] == "flag" and r.config["monitor"]["min_steps"] == 200
+               for r in runs if r.size != "tiny-deep")
