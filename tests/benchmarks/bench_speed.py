@@ -17,7 +17,8 @@ first), which other jobs disturb much less.
 1. tiny (d_model 64, 4 blocks, seq 64, batch 16): review against standard for 2,000 steps (the issue's
    length), and the table for every rule (300 steps).
 2. ~20M (d_model 384, 8 blocks, 6 heads, d_ff 1536, seq 256, batch 4, vocab 8192): standard and review,
-   100 steps (2,000 would take about 50 min of CPU time a run on one thread).
+   100 steps (2,000 would take about 50 min of CPU time a run on one thread); and the two side by side, one
+   processor each, 300 steps (`RRTRAIN_BENCH_STEPS=2000 ... -k beside`: the issue's length in ~65 min).
 3. rr-60m at its real shape (d_model 512, 8 blocks, 8 heads, seq 1024, vocab 50257), one sequence per step:
    standard and review, 20 steps (a step takes ~10 s on one CPU thread).
 4. standard at d_model 128, 4 blocks, 4 heads, seq 64, batch 12, fp32, two threads, 2,000 steps: logged MFU =
@@ -31,13 +32,14 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from rrtrain import residuals, sizing
 from rrtrain.config import ResidualConfig
-from trainutil import prep_stories, records, train
+from trainutil import REPO, env, prep_stories, records, train, train_cmd
 
 STEPS = int(os.environ.get("RRTRAIN_BENCH_STEPS", "0"))
 BASE = ["train.eval_every=0", "train.ckpt_every=0", "data.eval_batches=1", "train.warmup_steps=5"]
@@ -58,7 +60,11 @@ def run(tmp: Path, data: Path, name: str, steps: int, log_every: int, *overrides
     cpu0 = children_cpu_s()
     train(run_dir, data, *BASE, f"train.max_steps={STEPS or steps}", f"train.log_every={log_every}", *overrides,
           timeout=7200)
-    cpu_s = children_cpu_s() - cpu0
+    return summary(run_dir, children_cpu_s() - cpu0, overrides)
+
+
+def summary(run_dir: Path, cpu_s: float, overrides: tuple[str, ...]) -> dict:
+    """A finished run's median logged tokens/s and MFU, its FLOPs per token and parameters, and `cpu_s`."""
     logged = [r for r in records(run_dir) if "tokens_per_s" in r][1:]  # the first window holds the warm-up
     fin = json.loads((run_dir / "final.json").read_text())
     shape = sizing.ModelShape(**fin["shape"])
@@ -122,6 +128,48 @@ def test_every_rule_against_standard_tiny(tmp_path, stories_data):
 
 def test_review_against_standard_20m(tmp_path, data_256):
     ratio_table(tmp_path, data_256, "20M", ["review"], 100, 10, *M20)
+
+
+def start_pinned(run_dir: Path, data: Path, core: int, *overrides: str) -> subprocess.Popen:
+    """`rrtrain train` (one thread) allowed on processor `core` only."""
+    return subprocess.Popen(train_cmd(run_dir, data, [*BASE, *overrides]), cwd=REPO, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+
+
+def wait_cpu_s(proc: subprocess.Popen) -> float:
+    """Reap `proc` (it must succeed) and return its user + system CPU seconds."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, f"{proc.args}: exit {proc.returncode}"
+    return usage.ru_utime + usage.ru_stime
+
+
+def beside(tmp: Path, data: Path, label: str, steps: int, log_every: int, *overrides: str) -> None:
+    """standard and review at the same time, each one thread on a processor of its own: a drift of the
+    machine's speed, or another job, falls on both alike instead of on one after the other. CPU time per
+    step is net of a one-step run of each, run afterwards on the same processor."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two processors")
+    steps = STEPS or steps
+    pair = {v: (cores[i], [f"model.variant={v}", *overrides]) for i, v in enumerate(("standard", "review"))}
+    procs = {v: start_pinned(tmp / f"{label}-{v}", data, core, f"train.max_steps={steps}",
+                             f"train.log_every={log_every}", *o) for v, (core, o) in pair.items()}
+    cpu = {v: wait_cpu_s(p) for v, p in procs.items()}
+    net = {v: (cpu[v] - wait_cpu_s(start_pinned(tmp / f"{label}-{v}-1", data, core, "train.max_steps=1",
+                                                 "train.log_every=1", *o))) / (steps - 1)
+           for v, (core, o) in pair.items()}
+    s, r = (summary(tmp / f"{label}-{v}", cpu[v], tuple(pair[v][1])) for v in ("standard", "review"))
+    time_ratio, cpu_ratio, flop_ratio = s["tps"] / r["tps"], net["review"] / net["standard"], r["flops"] / s["flops"]
+    print(f"\n{label}, side by side on processors {cores[0]} and {cores[1]}, {steps} steps: standard "
+          f"{s['tps']:,.0f} tokens/s ({net['standard']:.3f} CPU s/step), review {r['tps']:,.0f} "
+          f"({net['review']:.3f}); step-time ratio {time_ratio:.3f} by tokens/s, {cpu_ratio:.3f} by CPU time; "
+          f"FLOP ratio {flop_ratio:.3f}; excess {time_ratio - flop_ratio:+.3f} / {cpu_ratio - flop_ratio:+.3f}")
+
+
+def test_review_beside_standard_20m(tmp_path, data_256):
+    beside(tmp_path, data_256, "20M", 300, 50, *M20)
 
 
 def test_review_against_standard_rr60m(tmp_path, data_1024):
