@@ -159,7 +159,12 @@ def test_sigkill_then_sigint_leave_out_as_it_was(tmp_path, out_before):
     mine = _wait_for_shards(interrupted, out_before, exclude=stale)
     assert stale not in _staging_dirs(out_before)  # the dead run's staging dir was cleaned up
     interrupted.send_signal(signal.SIGINT)
-    _, err = interrupted.communicate(timeout=60)
+    try:
+        _, err = interrupted.communicate(timeout=60)
+    finally:
+        if interrupted.poll() is None:  # it did not end: leave no process behind for later tests to meet
+            interrupted.kill()
+            interrupted.wait()
     assert interrupted.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert tree(out_before) == before

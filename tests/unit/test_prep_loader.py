@@ -171,22 +171,30 @@ def test_manifest_errors_and_vocab_check(ids_data, tmp_path):
 def test_dataloader_workers_ignore_the_trainers_signals(ids_data, tmp_path):
     import psutil
 
+    before = {c.pid for c in psutil.Process().children()}  # an earlier test's leftovers are not ours to signal
     ld = _loader(ids_data, tmp_path, num_workers=1)
-    it = iter(ld)
-    first = [next(it) for _ in range(3)]
-    workers = psutil.Process().children()
-    workers = [w for w in workers if "resource_tracker" not in " ".join(w.cmdline())]
-    assert workers
-    for w in workers:
-        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
-            os.kill(w.pid, sig)
-    time.sleep(0.5)
-    assert all(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
-    more = [next(it) for _ in range(20)]
-    assert len(first + more) == 23
-    ld.close()
-    psutil.wait_procs(workers, timeout=10)
-    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    workers: list = []
+    try:
+        it = iter(ld)
+        first = [next(it) for _ in range(3)]
+        workers = [w for w in psutil.Process().children()
+                   if w.pid not in before and "resource_tracker" not in " ".join(w.cmdline())]
+        assert workers
+        for w in workers:
+            for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+                os.kill(w.pid, sig)
+        time.sleep(0.5)
+        assert all(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+        more = [next(it) for _ in range(20)]
+        assert len(first + more) == 23
+    finally:
+        # a worker that ignores SIGTERM and outlives a failed test would hang pytest's exit (multiprocessing
+        # joins its children there after a SIGTERM): close the loader, and SIGKILL whatever is left
+        ld.close()
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        for w in alive:
+            w.kill()
+    assert not alive
 
 
 _CRASH = """
