@@ -126,10 +126,13 @@ def test_exit_status_through_the_real_command(tmp_path):
 
 
 def _start(out, tmp_path) -> subprocess.Popen:
+    """A long prep. SIGINT back to its default in the child: a shell starts a background job (`make test &`)
+    with SIGINT ignored, the child would inherit that, and Python then keeps ignoring it (prep rightly too)."""
     return subprocess.Popen(
         [sys.executable, "-m", "rrtrain", "prep", "--source", "synthetic:stories", "--num-docs", "200000",
          "--seq-len", "32", "--shard-size", "4kb", "--out", str(out), "--overwrite", "--quiet"],
-        cwd=REPO, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for_shards(proc, out, exclude: str = "", timeout: float = 120.0) -> str:
