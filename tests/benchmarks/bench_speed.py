@@ -131,17 +131,18 @@ def test_review_against_standard_20m(tmp_path, data_256):
 
 
 def start_pinned(run_dir: Path, data: Path, core: int, *overrides: str) -> subprocess.Popen:
-    """`rrtrain train` (one thread) allowed on processor `core` only."""
-    return subprocess.Popen(train_cmd(run_dir, data, [*BASE, *overrides]), cwd=REPO, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    """`rrtrain train` (one thread) allowed on processor `core` only; its output goes to RUN_DIR.log."""
+    with open(run_dir.with_suffix(".log"), "w") as log:
+        return subprocess.Popen(train_cmd(run_dir, data, [*BASE, *overrides]), cwd=REPO, env=env(),
+                                stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: os.sched_setaffinity(0, {core}))
 
 
-def wait_cpu_s(proc: subprocess.Popen) -> float:
-    """Reap `proc` (it must succeed) and return its user + system CPU seconds."""
+def wait_cpu_s(proc: subprocess.Popen, run_dir: Path) -> float:
+    """Reap `proc` (it must succeed: else its output's tail) and return its user + system CPU seconds."""
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 0, f"{proc.args}: exit {proc.returncode}"
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{run_dir.with_suffix('.log').read_text()[-3000:]}"
     return usage.ru_utime + usage.ru_stime
 
 
@@ -156,9 +157,10 @@ def beside(tmp: Path, data: Path, label: str, steps: int, log_every: int, *overr
     pair = {v: (cores[i], [f"model.variant={v}", *overrides]) for i, v in enumerate(("standard", "review"))}
     procs = {v: start_pinned(tmp / f"{label}-{v}", data, core, f"train.max_steps={steps}",
                              f"train.log_every={log_every}", *o) for v, (core, o) in pair.items()}
-    cpu = {v: wait_cpu_s(p) for v, p in procs.items()}
-    net = {v: (cpu[v] - wait_cpu_s(start_pinned(tmp / f"{label}-{v}-1", data, core, "train.max_steps=1",
-                                                 "train.log_every=1", *o))) / (steps - 1)
+    cpu = {v: wait_cpu_s(p, tmp / f"{label}-{v}") for v, p in procs.items()}
+    one = {v: tmp / f"{label}-{v}-1" for v in pair}
+    net = {v: (cpu[v] - wait_cpu_s(start_pinned(one[v], data, core, "train.max_steps=1", "train.log_every=1", *o),
+                                   one[v])) / (steps - 1)
            for v, (core, o) in pair.items()}
     s, r = (summary(tmp / f"{label}-{v}", cpu[v], tuple(pair[v][1])) for v in ("standard", "review"))
     time_ratio, cpu_ratio, flop_ratio = s["tps"] / r["tps"], net["review"] / net["standard"], r["flops"] / s["flops"]

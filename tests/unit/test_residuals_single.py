@@ -266,6 +266,6 @@ def test_rule_runs_under_bf16_autocast(name):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model(torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16)))
     loss.backward()
-    assert math.isfinite(float(loss))
+    assert math.isfinite(loss.item())
     for n, p in model.named_parameters():
         assert p.grad is not None and p.grad.dtype == p.dtype and bool(torch.isfinite(p.grad).all()), n
