@@ -41,7 +41,8 @@ def read_marker(run_dir: Path) -> Optional[dict[str, Any]]:
 
 
 def monitor_config(rec: dict[str, Any]) -> MonitorConfig:
-    """The thresholds the sweep's runs use (their resolved `monitor` section; the first run's when they differ)."""
+    """Thresholds for a run of the sweep whose directory has no config.yaml of its own (the first recorded run's
+    resolved `monitor` section); every run with one is judged under its own (`rrtrain.sweep_flags`)."""
     for entry in rec.get("runs", {}).values():
         section = (entry.get("config") or {}).get("monitor")
         if isinstance(section, dict):

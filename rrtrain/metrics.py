@@ -3,7 +3,7 @@
 One JSON object per line: training lines carry `step` and `loss`, evaluation lines `step` and `val_loss`,
 diagnostic lines `"kind": "diag"`. On resume the file is cut back to the checkpoint's step (the dropped
 lines are recomputed identically) and TensorBoard is told to purge the same steps, so every step appears
-exactly once.
+exactly once. A fresh start empties the file by replacing it, so a reader never finds it missing.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ class MetricsLogger:
         if resume_step is not None:
             self._truncate(resume_step)
         elif self.path.exists():
-            self.path.unlink()
+            # replaced, not unlinked: a reader (status, the monitor, a test) never finds the file missing
+            atomic_write_text(self.path, "")
         from torch.utils.tensorboard import SummaryWriter
 
         self.tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=None if resume_step is None else resume_step + 1)

@@ -8,6 +8,8 @@ writing the same files) are judged alike.
 - `early_stall`: the in-run plateau test (`rrtrain.convergence.LossMonitor`) run on the file's training losses.
 
 The in-run flags a run recorded (`final.json` `flags`, flag lines in `metrics.jsonl`) are carried along.
+Each run is judged under the thresholds it trained with (the `monitor` section of its `config.yaml`: a sweep may
+set them per size or per run); the caller's thresholds serve runs without one.
 Only the tail of a big `metrics.jsonl` is read (`tail_bytes`). `to_cancel` says which runs' jobs to cancel.
 """
 
@@ -26,8 +28,9 @@ from typing import Any, Optional
 
 import yaml
 
-from rrtrain.config import MonitorConfig
+from rrtrain.config import MonitorConfig, build
 from rrtrain.convergence import DIVERGED, STALLED, LossMonitor, smoothing_span
+from rrtrain.errors import UsageError
 from rrtrain.report.collect import run_dirs
 
 NO_HEARTBEAT, LAGGING, EARLY_STALL = "no_heartbeat", "lagging", "early_stall"
@@ -50,6 +53,7 @@ class RunVerdict:
     tokens: Optional[int] = None
     loss: Optional[float] = None  # the mean of the last few training losses
     flags: dict[str, str] = field(default_factory=dict)
+    monitor: Optional[MonitorConfig] = None  # the thresholds of the run's own config.yaml, when it has them
     records: list[dict[str, Any]] = field(default_factory=list, repr=False)  # training lines from the tail
     _index: Optional[tuple[list[int], list[float]]] = field(default=None, repr=False)  # loss_at's lookup
 
@@ -114,7 +118,8 @@ def read_run(path: Path, root: Path, tail_bytes: int = TAIL_BYTES) -> RunVerdict
     model, train = config.get("model") or {}, config.get("train") or {}
     verdict = RunVerdict(path=path, rel=path.relative_to(root).as_posix() if path != root else ".",
                          size=final.get("size") or model.get("size"), variant=final.get("variant") or model.get("variant"),
-                         seed=final.get("seed", train.get("seed")), status=final.get("status") or "running")
+                         seed=final.get("seed", train.get("seed")), status=final.get("status") or "running",
+                         monitor=_own_monitor(config))
     tail = read_tail(path / "metrics.jsonl", tail_bytes)
     last: dict[int, dict[str, Any]] = {}
     for rec in tail:
@@ -130,6 +135,18 @@ def read_run(path: Path, root: Path, tail_bytes: int = TAIL_BYTES) -> RunVerdict
         verdict.step, verdict.tokens = verdict.records[-1]["step"], verdict.records[-1].get("tokens")
         verdict.loss = _recent_loss(verdict.records)
     return verdict
+
+
+def _own_monitor(config: dict[str, Any]) -> Optional[MonitorConfig]:
+    """The `monitor` section of a run's config as thresholds; None when it has none or one this rrtrain cannot
+    read (another tool's, another version's): such a run is judged under the caller's thresholds."""
+    section = config.get("monitor")
+    if not isinstance(section, dict):
+        return None
+    try:
+        return build(MonitorConfig, section, "monitor")
+    except UsageError:
+        return None
 
 
 def _finite(value: Any) -> bool:
@@ -209,7 +226,8 @@ def lagging(verdict: RunVerdict, peers: list[RunVerdict], cfg: MonitorConfig) ->
 
 def judge_sweep(sweep_dir: str | os.PathLike[str], cfg: Optional[MonitorConfig] = None, now: Optional[float] = None,
                 tail_bytes: int = TAIL_BYTES, live_only: bool = False) -> list[RunVerdict]:
-    """Every run under `sweep_dir`, with its in-run flags and the sweep-level ones, sorted by path.
+    """Every run under `sweep_dir`, with its in-run flags and the sweep-level ones, sorted by path. `cfg`: the
+    thresholds for runs whose config.yaml has no `monitor` section (every other run is judged under its own).
     `live_only`: judge only the runs still going (the ended ones keep the flags they recorded; `rrtrain status`)."""
     cfg, now = cfg or MonitorConfig(), time.time() if now is None else now
     root = Path(sweep_dir)
@@ -221,8 +239,9 @@ def judge_sweep(sweep_dir: str | os.PathLike[str], cfg: Optional[MonitorConfig] 
         if live_only and run.status != "running":
             continue
         peers = [p for p in by_size[run.size] if p is not run]
-        for name, why in ((NO_HEARTBEAT, no_heartbeat(run, cfg, now)), (LAGGING, lagging(run, peers, cfg)),
-                          (EARLY_STALL, early_stall(run, cfg))):
+        own = run.monitor or cfg
+        for name, why in ((NO_HEARTBEAT, no_heartbeat(run, own, now)), (LAGGING, lagging(run, peers, own)),
+                          (EARLY_STALL, early_stall(run, own))):
             if why is not None:
                 run.flags.setdefault(name, why)
     return runs

@@ -86,8 +86,12 @@ def test_chaos_run_matches_the_uninterrupted_run(tmp_path, stories_data, backend
         stale = tmp_dirs(run)
         writer = ("train.ckpt_async=true",) if i % 2 else ()
         proc = start(run, stories_data, *ARGS, *extra, *writer, nproc=nproc)
-        landed[kill_at(run, proc, mode, rng, stale)] += 1
-        proc.stdout.close()
+        try:
+            landed[kill_at(run, proc, mode, rng, stale)] += 1
+        finally:
+            if proc.poll() is None:
+                kill_group(proc)  # kill_at failed: no run is left training behind the test
+            proc.stdout.close()
     train(run, stories_data, *ARGS, *extra, nproc=nproc)
     print(f"\nchaos {backend}: {KILLS} SIGKILLs, {landed['ckpt']} inside a checkpoint write, {landed['eval']} inside "
           f"evaluation, {landed['step']} elsewhere; {KILLS} restarts recovered; steps lost: 0")

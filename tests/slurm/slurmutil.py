@@ -112,6 +112,15 @@ def status(out: Path, env: dict[str, str]) -> dict:
     return json.loads(proc.stdout)
 
 
+def job_logs(out: Path, tail: int = 3000) -> str:
+    """The tail of every job log of a sweep (submitit's stdout and stderr per task), for a failing assertion."""
+    parts = []
+    for log in sorted((Path(out) / "slurm").rglob("*_log.*")):
+        text = log.read_text(errors="replace")
+        parts.append(f"--- {log.relative_to(out)} (last {tail} chars)\n{text[-tail:]}")
+    return "\n".join(parts) or f"no job logs under {out}/slurm"
+
+
 def elapsed_s(job: str) -> int:
     """How long the job has been running (squeue's TIME: [D-]H:MM:SS or M:SS)."""
     out = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%M"], capture_output=True, text=True, timeout=30)

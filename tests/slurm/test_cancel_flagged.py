@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from slurmutil import cancel, rrtrain, squeue, status, submitted_jobs, sweep_file, wait_done, wait_state
+from slurmutil import cancel, job_logs, rrtrain, squeue, status, submitted_jobs, sweep_file, wait_done, wait_state
 from trainutil import env, records
 
 FLAGGED, HEALTHY = "tiny-standard-s0", "tiny-review-s0"
@@ -40,13 +40,16 @@ def test_cancel_flagged_cancels_exactly_the_flagged_run(slurm_cluster, tmp_path,
         for job in jobs.values():
             wait_state(job, {"RUNNING"}, timeout=240)
         wait_for_flag(out / FLAGGED, "stalled")
+        early = squeue(jobs[HEALTHY])
+        assert early == {jobs[HEALTHY]: "RUNNING"}, f"the healthy run ended before any cancel: {early}\n{job_logs(out)}"
         assert status(out, e)["runs"][0]["id"] == FLAGGED  # flagged: needs attention first
 
         done = rrtrain("sweep", "--cancel-flagged", str(out), env=e)
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"cancelled {FLAGGED}" in done.stdout and HEALTHY not in done.stdout, done.stdout
         assert wait_done(jobs[FLAGGED], timeout=120) == {jobs[FLAGGED]: "CANCELLED"}
-        assert squeue(jobs[HEALTHY]) == {jobs[HEALTHY]: "RUNNING"}, "the healthy run keeps running"
+        healthy = squeue(jobs[HEALTHY])
+        assert healthy == {jobs[HEALTHY]: "RUNNING"}, f"the healthy run keeps running: {healthy}\n{job_logs(out)}"
 
         deadline = time.time() + 60
         while True:  # the cancelled run's trainer checkpoints at a step boundary and lets go of its lock

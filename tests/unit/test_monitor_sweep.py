@@ -95,3 +95,23 @@ def test_a_stall_needs_the_entropy_from_the_manifest(tmp_path):
     (tmp_path / "data" / "manifest.json").unlink()
     verdicts = {v.rel: v for v in judge_sweep(sweep)}
     assert EARLY_STALL not in verdicts["tiny-review_convex-s0"].flags
+
+
+def test_each_run_is_judged_under_its_own_thresholds(tmp_path):
+    """A sweep may set monitor thresholds per size or per run: the same curve stalls under the strict thresholds
+    of one run's config.yaml and not under another run's defaults, whatever the caller passes; a run whose
+    monitor section this rrtrain cannot read is judged under the caller's."""
+    sweep = make_sweep(tmp_path)
+    slow = curve(600, H + 0.02, 3, tau=150.0)  # still falling at step 300, flat by 500
+    strict = write_run(sweep, tmp_path / "data", "deep", "review", 0, slow[:300])
+    default = write_run(sweep, tmp_path / "data", "deep", "standard", 0, slow[:300])
+    foreign = write_run(sweep, tmp_path / "data", "deep", "highway", 0, slow[:300])
+    for run, monitor in ((strict, {"min_steps": 60, "window": 20, "min_improvement": 0.5}), (default, {}),
+                         (foreign, {"not_a_threshold": 1})):
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        (run / "config.yaml").write_text(yaml.safe_dump({**cfg, "monitor": monitor}))
+    for caller in (MonitorConfig(), MonitorConfig(min_steps=60, window=20, min_improvement=0.5)):
+        flags = {v.rel: set(v.flags) for v in judge_sweep(sweep, caller)}
+        assert EARLY_STALL in flags["deep-review-s0"], caller
+        assert EARLY_STALL not in flags["deep-standard-s0"], caller
+        assert (EARLY_STALL in flags["deep-highway-s0"]) == (caller.min_steps == 60), caller
