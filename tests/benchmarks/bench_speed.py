@@ -18,9 +18,10 @@ first), which other jobs disturb much less.
    length), and the table for every rule (300 steps).
 2. ~20M (d_model 384, 8 blocks, 6 heads, d_ff 1536, seq 256, batch 4, vocab 8192): standard and review,
    100 steps (2,000 would take about 50 min of CPU time a run on one thread); and the two side by side, one
-   processor each, 300 steps (`RRTRAIN_BENCH_STEPS=2000 ... -k beside`: the issue's length in ~65 min).
+   processor each, 300 steps (`RRTRAIN_BENCH_STEPS=2000 ... -k beside_standard_20m`: the issue's length in ~65 min).
 3. rr-60m at its real shape (d_model 512, 8 blocks, 8 heads, seq 1024, vocab 50257), one sequence per step:
-   standard and review, 20 steps (a step takes ~10 s on one CPU thread).
+   standard and review, 20 steps (a step takes ~10 s on one CPU thread); and the two side by side, 20 steps
+   (`RRTRAIN_BENCH_STEPS=300 ... -k beside_standard_rr60m`, log every 2 steps: 28 min).
 4. standard at d_model 128, 4 blocks, 4 heads, seq 64, batch 12, fp32, two threads, 2,000 steps: logged MFU =
    tokens/s x FLOPs per token / the peak the trainer probes in the same process
    (`rrtrain.hardware.cpu_peak_flops`, same thread count); target >= 65%.
@@ -176,6 +177,10 @@ def test_review_beside_standard_20m(tmp_path, data_256):
 
 def test_review_against_standard_rr60m(tmp_path, data_1024):
     ratio_table(tmp_path, data_1024, "rr-60m", ["review"], 20, 2, *RR60M)
+
+
+def test_review_beside_standard_rr60m(tmp_path, data_1024):
+    beside(tmp_path, data_1024, "rr-60m", 20, 2, *RR60M)
 
 
 def test_standard_d128_against_the_matmul_peak(tmp_path, stories_data, monkeypatch):
