@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from launchers import record
 from rrtrain import runlock
-from rrtrain.config import MonitorConfig, build
+from rrtrain.config import MonitorConfig
 from rrtrain.io import atomic_write_json
 
 MARKER = "cancelled.json"
@@ -43,10 +43,12 @@ def read_marker(run_dir: Path) -> Optional[dict[str, Any]]:
 def monitor_config(rec: dict[str, Any]) -> MonitorConfig:
     """Thresholds for a run of the sweep whose directory has no config.yaml of its own (the first recorded run's
     resolved `monitor` section); every run with one is judged under its own (`rrtrain.sweep_flags`)."""
+    from rrtrain.sweep_flags import monitor_of
+
     for entry in rec.get("runs", {}).values():
-        section = (entry.get("config") or {}).get("monitor")
-        if isinstance(section, dict):
-            return build(MonitorConfig, section, "monitor")
+        found = monitor_of(entry.get("config") or {})
+        if found is not None:
+            return found
     return MonitorConfig()
 
 

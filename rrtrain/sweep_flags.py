@@ -119,7 +119,7 @@ def read_run(path: Path, root: Path, tail_bytes: int = TAIL_BYTES) -> RunVerdict
     verdict = RunVerdict(path=path, rel=path.relative_to(root).as_posix() if path != root else ".",
                          size=final.get("size") or model.get("size"), variant=final.get("variant") or model.get("variant"),
                          seed=final.get("seed", train.get("seed")), status=final.get("status") or "running",
-                         monitor=_own_monitor(config))
+                         monitor=monitor_of(config))
     tail = read_tail(path / "metrics.jsonl", tail_bytes)
     last: dict[int, dict[str, Any]] = {}
     for rec in tail:
@@ -137,9 +137,9 @@ def read_run(path: Path, root: Path, tail_bytes: int = TAIL_BYTES) -> RunVerdict
     return verdict
 
 
-def _own_monitor(config: dict[str, Any]) -> Optional[MonitorConfig]:
-    """The `monitor` section of a run's config as thresholds; None when it has none or one this rrtrain cannot
-    read (another tool's, another version's): such a run is judged under the caller's thresholds."""
+def monitor_of(config: dict[str, Any]) -> Optional[MonitorConfig]:
+    """The `monitor` section of a resolved run config as thresholds; None when it has none or one this rrtrain
+    cannot read (another tool's, another version's): such a run is judged under the caller's thresholds."""
     section = config.get("monitor")
     if not isinstance(section, dict):
         return None
