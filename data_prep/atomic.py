@@ -9,8 +9,6 @@ where the OS has it, else moved aside first, and deleted only after the new OUT 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import shutil
 import socket
@@ -18,9 +16,7 @@ import tempfile
 from typing import Iterator
 
 from rrtrain.errors import UsageError
-
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
+from rrtrain.io import replace_dir
 
 
 def _pid_alive(pid: int) -> bool:
@@ -51,43 +47,12 @@ def remove_stale_staging(parent: str, name: str) -> None:
             shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
 
 
-def _exchange(a: str, b: str) -> bool:
-    """Atomically swap two paths (Linux renameat2); False where unsupported."""
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name:
-        return False
-    try:
-        libc = ctypes.CDLL(libc_name, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    return fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
-
-
 def check_target(out: str, overwrite: bool) -> None:
     """Refuse an OUT that is a file, or a non-empty directory without --overwrite."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"output '{out}' exists and is not a directory")
     if os.path.isdir(out) and os.listdir(out) and not overwrite:
         raise UsageError(f"output '{out}' exists and is not empty (use --overwrite to replace it)")
-
-
-def publish(staging: str, out: str) -> None:
-    """Move the finished staging dir to OUT; the old OUT (if any) survives until the new one is in."""
-    if not os.path.exists(out):
-        os.rename(staging, out)
-        return
-    if not os.listdir(out):
-        os.rename(staging, out)  # rename(2) replaces an empty directory atomically
-        return
-    if _exchange(staging, out):
-        shutil.rmtree(staging, ignore_errors=True)  # staging now holds the old OUT
-        return
-    old = staging + ".old"
-    os.rename(out, old)
-    os.rename(staging, out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -107,7 +72,7 @@ def staged_output(out: str, overwrite: bool) -> Iterator[str]:
     try:
         yield staging
         check_target(out, overwrite)  # someone may have filled OUT meanwhile
-        publish(staging, out)
+        replace_dir(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from rrtrain import dist
 from rrtrain.dist import DistInfo
 from rrtrain.errors import RunError, UsageError
-from rrtrain.io import atomic_write_json, atomic_write_text
+from rrtrain.io import atomic_write_json, atomic_write_text, replace_dir
 from rrtrain.verify import file_digest
 
 TRAIN_STATE = "train_state.json"
@@ -311,9 +311,7 @@ class CheckpointManager:
     def _publish(self, tmp: Path, final: Path, train_state: dict) -> None:
         """Rank 0: the train state (with the checksums) into the hidden directory, then the rename, then `latest`."""
         atomic_write_json(tmp / TRAIN_STATE, train_state)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        replace_dir(tmp, final)  # a checkpoint of this step already there is deleted only once this one is in
         atomic_write_text(self.root / "latest", final.name + "\n")
         self._prune()
 

@@ -1,10 +1,13 @@
-"""Atomic writes: a reader never sees a half-written file (write aside, fsync, rename)."""
+"""Atomic writes: a reader never sees a half-written file or directory (write aside, fsync, rename)."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -52,6 +55,44 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Atomically swap two paths (Linux renameat2); False where unsupported."""
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return False
+    try:
+        fn = ctypes.CDLL(libc_name, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
+
+
+def replace_dir(staging: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+    """Move the finished directory `staging` to `target`. An existing `target` stays whole until the new one is
+    in its place (swapped in one renameat2 where the OS has it, else moved aside first) and is deleted only then,
+    so an interruption leaves the old directory or the new one under `target`, never neither."""
+    staging, target = os.fspath(staging), os.fspath(target)
+    if not os.path.exists(target) or (os.path.isdir(target) and not os.listdir(target)):
+        os.rename(staging, target)  # rename(2) replaces an empty directory atomically
+        return
+    if _exchange(staging, target):
+        shutil.rmtree(staging, ignore_errors=True)  # staging now holds the old target
+        return
+    old = staging + ".old"
+    os.rename(target, old)
+    try:
+        os.rename(staging, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def unwritable_reason(directory: str | os.PathLike[str]) -> str | None:

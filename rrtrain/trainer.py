@@ -69,7 +69,7 @@ class Trainer:
         self.stopping, self.checkpoint_at_end = False, True  # set by request_stop
         self.resumed_at: Optional[int] = None  # the checkpoint step this process started from
         self.resumed_callbacks: dict[str, Any] = {}  # the callbacks' states in that checkpoint
-        self.saved_step: Optional[int] = None  # the step of the last checkpoint this process published
+        self.saved_step: Optional[int] = None  # the step of the newest checkpoint on disk: published or resumed from
         problem = unwritable_reason(self.run_dir) if self.info.is_main else None
         dist.raise_together(f"run.dir '{self.run_dir}' cannot be written: {problem}" if problem else None)
         self.lock = runlock.hold(self.run_dir, cfg.run.lock_wait_s, self.info.is_main, self.info.device)
@@ -135,6 +135,7 @@ class Trainer:
         self.ckpt.load(self.engine, latest)
         self.loader.load_state_dict(state["loader"], allow_change=self.cfg.train.allow_config_change)
         self.step, self.tokens = state["step"], state["tokens"]
+        self.saved_step = self.step  # a run resumed at its last step does not write the same checkpoint again
         self.skipped, self.streak = state["skipped"], state["streak"]
         self.wall_before, self.best_val = state["wall_s"], state["best_val_loss"]
         self.last_val = state.get("last_val_loss")

@@ -50,3 +50,16 @@ def test_no_intact_checkpoint_refuses_to_start_afresh(tmp_path, stories_data):
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "no usable checkpoint" in proc.stderr and "does not match its xxh64 checksum" in proc.stderr, proc.stderr
     assert final(run)["status"] == "failed" and "no usable checkpoint" in final(run)["reason"]
+
+
+def test_a_finished_run_started_again_keeps_its_checkpoint(tmp_path, stories_data):
+    """A job started again after its run completed (a requeue, a resubmitted sweep) resumes at the last step,
+    evaluates again and ends: it does not write that step's checkpoint a second time (at rr-1b, gigabytes)."""
+    run = tmp_path / "run"
+    train(run, stories_data, *ARGS)
+    last = run / "checkpoints" / "step_00000008"
+    before = (last.stat().st_ino, (last / "train_state.json").stat().st_mtime_ns)
+    proc = train(run, stories_data, *ARGS)
+    assert "resumed at step 8" in proc.stdout, proc.stdout
+    assert (last.stat().st_ino, (last / "train_state.json").stat().st_mtime_ns) == before
+    assert final(run)["status"] == "completed"
