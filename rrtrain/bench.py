@@ -9,7 +9,7 @@ Distributed: `torchrun --nproc_per_node=N -m rrtrain bench CONFIG ...`; rank 0 r
 Reported (per device unless named otherwise):
   tokens/s   global_batch x seq_len / world size / mean step time
   MFU        tokens/s x FLOPs per token / peak FLOP/s. FLOPs per token = 6 x (matmul weights incl. the tied LM
-             head and the residual rule's) + 6 x n_layers x seq_len x d_model (attention), as in
+             head and the residual rule's) + 12 x n_layers x seq_len x d_model (attention: PaLM's count), as in
              `rrtrain.sizing.flops_per_token`; the peak is the vendor's dense figure for the GPU and precision
              (`rrtrain.hardware`), or on CPU an fp32 matmul probe measured in this process; its source is printed.
   CPU time   median process CPU time per step (all threads; on a shared CPU less disturbed by other load
@@ -176,7 +176,7 @@ def render(r: dict[str, Any]) -> str:
         f"min {r['step_time_min_s']:.4f}; {r['warmup']} warm-up steps)",
         f"  tokens/s    {r['tokens_per_s']:,.0f} per device ({r['tokens_per_s_total']:,.0f} total)",
         f"  MFU         {100 * r['mfu']:.2f}% = {r['tflops_per_s']:.3g} TFLOP/s of {r['peak_flops'] / 1e12:.3g} "
-        f"(peak: {r['peak_source']}; {r['flops_per_token']:.4g} FLOPs/token = 6N + attention)",
+        f"(peak: {r['peak_source']}; {r['flops_per_token']:.4g} FLOPs/token = 6N + 12LTD, PaLM's count)",
         f"  memory      {r['peak_mem_gb']:.2f} GB peak ({r['peak_mem_kind']}); this rank holds "
         f"{r['param_bytes'] / 2**20:.1f} MiB parameters + {r['optim_bytes'] / 2**20:.1f} MiB optimizer state",
         f"  loss        {r['loss_first']:.4f} -> {r['loss_last']:.4f}",

@@ -20,7 +20,7 @@ What is held per rank, as the trainer does it (`rrtrain/parallel/engine.py`, `de
   (sharded from stage 2), fp32 master parameters and moments sharded. These figures are DeepSpeed's
   documented layout, not checked by simulation.
 
-Time is tokens x FLOPs per token / (GPUs x peak x MFU); MFU counts model FLOPs (6N + attention), so
+Time is tokens x FLOPs per token / (GPUs x peak x MFU); MFU counts model FLOPs (6N + 12LTD), so
 recomputing checkpointed blocks costs extra time: a fraction f of blocks recomputed adds 2N/6N x f.
 """
 

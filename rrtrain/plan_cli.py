@@ -181,7 +181,8 @@ def render(p: planner.Plan, fits: list[planner.Plan]) -> str:
               f"  {'usable: GPU memory less ' + f'{planner.HEADROOM:.0%} headroom':<70}{_gib(p.usable)}   {verdict}",
               "",
               f"communication per step per GPU: {p.comm_bytes / GIB:.2f} GiB",
-              f"FLOPs per token: {p.flops_per_token:.3e} (6N + attention); tokens per step: {p.tokens_per_step:,}"]
+              f"FLOPs per token: {p.flops_per_token:.3e} (6N + 12LTD, PaLM's count); "
+              f"tokens per step: {p.tokens_per_step:,}"]
     if p.time_s is not None:
         peak, _ = planner.gpu_spec(s.gpu)
         lines.append(f"time for {s.tokens:.3g} tokens at {s.mfu:.0%} MFU of {peak / 1e12:.0f} TFLOP/s"

@@ -136,13 +136,15 @@ def flops_per_token(s: ModelShape, variant: str, cfg: ResidualConfig) -> float:
 
     6N counts forward (2N) and backward (4N) for every weight matrix a token passes through
     (the tied embedding matrix is used once as the LM head; the lookup is free). The attention term
-    is 6 * n_layers * seq_len * d_model (QK^T and AV, forward and backward, causal mask not discounted),
-    the convention of PaLM's MFU and nanoGPT's estimate_mfu. Residual-rule parameters are matmul weights
-    too (gates, controllers); norm gains and scalars are counted with them, a negligible overcount.
+    is 12 * n_layers * seq_len * d_model: a token's query meets seq_len keys and values in QK^T and AV (2
+    matmuls x 2 FLOPs per multiply-add x seq_len x d_model forward, twice that backward), the causal mask
+    not discounted: PaLM's 12·L·H·Q·T (Appendix B), as nanoGPT's estimate_mfu and torchtitan count it, so
+    an MFU here compares with theirs. Residual-rule parameters are matmul weights too (gates, controllers);
+    norm gains and scalars are counted with them, a negligible overcount.
     """
     n_matmul = backbone_params(s) - (s.seq_len * s.d_model if s.pos == "learned" else 0)
     n_matmul += rule_params(s, variant, cfg)
-    return 6.0 * n_matmul + 6.0 * s.n_layers * s.seq_len * s.d_model
+    return 6.0 * n_matmul + 12.0 * s.n_layers * s.seq_len * s.d_model
 
 
 # ---------------------------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def render(path: Path, expected: Optional[int]) -> int:
         r0 = done[0]
         print(f"\nrrtrain bench: {r0['device']} x {r0['world_size']}, FSDP2, {r0['precision']} (fp32 master weights "
               f"and reductions), AC {r0['ac']}, {r0['steps']} timed steps after {r0['warmup']} warm-up")
-        print(f"MFU = tokens/s x FLOPs/token / peak; FLOPs/token = 6N + 6 x n_layers x seq_len x d_model; "
+        print(f"MFU = tokens/s x FLOPs/token / peak; FLOPs/token = 6N + 12 x n_layers x seq_len x d_model (PaLM); "
               f"peak: {r0['peak_source']} = {r0['peak_flops'] / 1e12:.1f} TFLOP/s\n")
         print("| size | variant | params | compile | seqs/GPU x seq | tokens/s/GPU | MFU | peak GiB | step ms |")
         print("|---|---|---|---|---|---|---|---|---|")
