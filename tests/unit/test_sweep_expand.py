@@ -145,11 +145,16 @@ def test_templates_pass_bash_n():
         subprocess.run(["bash", "-n", str(root / name)], check=True)
 
 
-def test_submitit_parameters_render_a_valid_job(tmp_path):
-    """The slurm executor's settings as submitit writes them (no Slurm needed to render)."""
+def test_submitit_parameters_render_a_valid_job(tmp_path, monkeypatch):
+    """The slurm executor's settings as submitit writes them. Rendering needs no Slurm, but submitit's
+    SlurmExecutor refuses to be built where `srun` is not on PATH (its `affinity`): on a machine where the
+    local cluster of tests/slurm has not been installed yet, the test tells it Slurm is there."""
     import submitit
+    from submitit.slurm.slurm import SlurmExecutor
 
     from launchers.slurm_executor import parameters
+
+    monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))
 
     r = spec.Resources(tasks_per_node=2, partition="debug", extra_sbatch=["--exclusive", "--gres=gpu:0"],
                        signal_delay_s=45, max_requeues=7)
