@@ -49,8 +49,10 @@ def submit(runs: list[Run], out: Path, name: str, code: str) -> dict[str, Option
     """Queue every run; returns the job id of each (ARRAY_TASK)."""
     import submitit
 
-    if shutil.which("sbatch") is None:
-        raise UsageError("--executor slurm: sbatch is not on PATH (no Slurm here); try --executor local")
+    missing = [cmd for cmd in ("sbatch", "srun") if shutil.which(cmd) is None]  # submitit needs both
+    if missing:
+        raise UsageError(f"--executor slurm: {' and '.join(missing)} not on PATH (no Slurm here); "
+                         "try --executor local")
     jobs: dict[str, Optional[str]] = {}
     for group, members in group_runs(runs).items():
         r = members[0].resources

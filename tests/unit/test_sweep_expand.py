@@ -169,3 +169,19 @@ def test_submitit_parameters_render_a_valid_job(tmp_path, monkeypatch):
     script = tmp_path / "job.sh"
     script.write_text(text)
     subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+@pytest.mark.parametrize("present, named", [((), "sbatch and srun"), (("sbatch",), "srun"), (("srun",), "sbatch")])
+def test_slurm_executor_without_slurm_names_what_is_missing(tmp_path, monkeypatch, present, named):
+    """A login node without Slurm's commands gets one line naming them, before submitit is asked (it would
+    raise its own RuntimeError for a missing srun, a traceback for the user)."""
+    from launchers.slurm_executor import submit
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for cmd in present:
+        (bin_dir / cmd).write_text("#!/bin/sh\nexit 1\n")
+        (bin_dir / cmd).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(UsageError, match=f"--executor slurm: {named} not on PATH"):
+        submit([], tmp_path / "sweep", "s", str(tmp_path))
