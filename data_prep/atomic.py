@@ -15,8 +15,8 @@ import socket
 import tempfile
 from typing import Iterator
 
-from rrtrain.errors import UsageError
-from rrtrain.io import replace_dir
+from rrtrain.core.errors import UsageError
+from rrtrain.core.io import replace_dir
 
 
 def _pid_alive(pid: int) -> bool:

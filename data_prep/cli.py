@@ -13,7 +13,7 @@ import sys
 
 from data_prep.prep import PrepOptions, run_prep
 from data_prep.writer import parse_size
-from rrtrain.errors import UsageError, fail
+from rrtrain.core.errors import UsageError, fail
 
 PROG = "rrtrain prep"
 
@@ -65,8 +65,8 @@ def verify_main(argv: list[str]) -> int:
     Prints one line per problem on stderr and a JSON summary on stdout; exit 0 when clean, 2 otherwise."""
     if len(argv) != 1:
         raise UsageError("usage: rrtrain prep --verify DIR")
-    from rrtrain.data import is_remote, read_manifest
-    from rrtrain.verify import dataset_problems, read_index
+    from rrtrain.data.loader import is_remote, read_manifest
+    from rrtrain.data.verify import dataset_problems, read_index
 
     path = argv[0]
     if is_remote(path):

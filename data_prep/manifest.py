@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any
 
-from rrtrain.verify import dataset_fingerprint  # noqa: F401  (one definition: `rrtrain prep --verify` checks it)
+from rrtrain.data.verify import dataset_fingerprint  # noqa: F401  (one definition: `rrtrain prep --verify` checks it)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

@@ -23,7 +23,7 @@ from data_prep.manifest import build_manifest, dataset_fingerprint, write_manife
 from data_prep.pack import Packer
 from data_prep.sources import open_source
 from data_prep.writer import SplitWriter, token_dtype, unigram_entropy
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 
 @dataclass

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
 

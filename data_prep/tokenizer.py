@@ -13,7 +13,7 @@ from typing import Iterable, Iterator, Protocol
 
 import numpy as np
 
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 UINT32_MAX_VOCAB = 1 << 32
 EOS_TEXT = "<|endoftext|>"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 HASHES = ["sha1", "xxh64"]
 COLUMN = "tokens"

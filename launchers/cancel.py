@@ -2,7 +2,7 @@
 
 `rrtrain sweep --cancel-flagged SWEEP_DIR` (or `monitor: {cancel: true}` in the sweep file, acted on by every
 `rrtrain status` and by the local executor while it waits) judges every run from its files
-(`rrtrain.sweep_flags`: stalled, diverged, early_stall) and, for each run still going that carries one of
+(`rrtrain.monitoring.sweep_flags`: stalled, diverged, early_stall) and, for each run still going that carries one of
 those flags:
 
 1. writes `RUN/cancelled.json` (why, which flags, when) first, so that nothing requeues the run — the job
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launchers import record
-from rrtrain import runlock
+from rrtrain.rundir import lock as runlock
 from rrtrain.config import MonitorConfig
-from rrtrain.io import atomic_write_json
+from rrtrain.core.io import atomic_write_json
 
 MARKER = "cancelled.json"
 
@@ -42,8 +42,8 @@ def read_marker(run_dir: Path) -> Optional[dict[str, Any]]:
 
 def monitor_config(rec: dict[str, Any]) -> MonitorConfig:
     """Thresholds for a run of the sweep whose directory has no config.yaml of its own (the first recorded run's
-    resolved `monitor` section); every run with one is judged under its own (`rrtrain.sweep_flags`)."""
-    from rrtrain.sweep_flags import monitor_of
+    resolved `monitor` section); every run with one is judged under its own (`rrtrain.monitoring.sweep_flags`)."""
+    from rrtrain.monitoring.sweep_flags import monitor_of
 
     for entry in rec.get("runs", {}).values():
         found = monitor_of(entry.get("config") or {})
@@ -54,7 +54,7 @@ def monitor_config(rec: dict[str, Any]) -> MonitorConfig:
 
 def flagged(sweep_dir: Path, rec: dict[str, Any]) -> dict[str, dict[str, str]]:
     """Run id -> {flag: why} for the sweep's runs that are still going and should be cancelled."""
-    from rrtrain.sweep_flags import CANCEL_FLAGS, judge_sweep, to_cancel
+    from rrtrain.monitoring.sweep_flags import CANCEL_FLAGS, judge_sweep, to_cancel
 
     by_dir = {str(Path(e["dir"]).resolve()): rid for rid, e in rec.get("runs", {}).items()}
     out: dict[str, dict[str, str]] = {}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers import record
-from rrtrain import runlock
+from rrtrain.rundir import lock as runlock
 
 PREEMPTED_EXIT = 75
 #: how long a non-zero rank waits for rank 0's requeue to end the job step before giving up
@@ -57,7 +57,7 @@ class RunJob:
 
 def train(sweep_dir: Path, run_id: str) -> int:
     from rrtrain.resolve import load
-    from rrtrain.trainer import run
+    from rrtrain.training.trainer import run
 
     return run(load(config_path(sweep_dir, run_id)))
 

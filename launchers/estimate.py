@@ -1,4 +1,4 @@
-"""What a run costs before it is submitted: its parameters and training FLOPs (rrtrain.sizing, with the same
+"""What a run costs before it is submitted: its parameters and training FLOPs (rrtrain.model.sizing, with the same
 matching the trainer applies) and GPU-hours at an assumed MFU on a named GPU's peak."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Optional
 
 from launchers.expand import Run
 from rrtrain.config import Config, build
-from rrtrain.errors import UsageError
-from rrtrain.hardware import GPU_PEAK_TFLOPS, precision_key
+from rrtrain.core.errors import UsageError
+from rrtrain.core.hardware import GPU_PEAK_TFLOPS, precision_key
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ def _dataset(path: Optional[str]) -> tuple[Optional[int], Optional[int]]:
 
 
 def cost(run: Run, gpu: str, mfu: float) -> Cost:
-    from rrtrain import sizing
-    from rrtrain.trainer import resolve_model_shape
+    from rrtrain.model import sizing
+    from rrtrain.training.trainer import resolve_model_shape
 
     cfg: Config = build(Config, run.config)
     vocab, seq_len = _dataset(cfg.data.path)

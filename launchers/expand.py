@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from launchers.spec import Resources, Sweep
 from rrtrain.config import Config, build, read_yaml, validate
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 #: characters allowed in names and paths that end up in shell scripts (they are quoted as well)
 SAFE = re.compile(r"^[A-Za-z0-9._+/@:=,-]+$")

@@ -15,8 +15,8 @@ from typing import Any, Optional
 
 from launchers.expand import Run, config_diff
 from launchers.spec import Sweep
-from rrtrain.errors import UsageError
-from rrtrain.io import atomic_write_json
+from rrtrain.core.errors import UsageError
+from rrtrain.core.io import atomic_write_json
 
 NAME = "sweep.json"
 VERSION = 1

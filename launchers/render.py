@@ -11,7 +11,7 @@ from pathlib import Path
 
 from launchers.expand import Run, check_safe
 from launchers.spec import Resources
-from rrtrain.io import atomic_write_text
+from rrtrain.core.io import atomic_write_text
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "slurm"
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from launchers.cancel import cancelled_state, read_marker
 from launchers.scheduler import ACTIVE, WAITING
-from rrtrain import runlock
+from rrtrain.rundir import lock as runlock
 
 STATES = ("pending", "running", "completed", "failed", "preempted", "stalled", "diverged", "unknown")
 #: most urgent first: what a person should look at
@@ -78,7 +78,7 @@ def total_steps(config: dict) -> Optional[int]:
         return None
     seq = m.get("seq_len") or (config["data"].get("path") and _manifest_seq_len(config["data"]["path"]))
     if not seq:
-        from rrtrain.sizing import presets
+        from rrtrain.model.sizing import presets
 
         preset = presets().get(m["size"])
         seq = preset.seq_len if preset else None

@@ -17,7 +17,7 @@ from launchers.entry import RunJob
 from launchers.expand import Run
 from launchers.render import group_runs
 from launchers.spec import Resources
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 
 def extra_parameters(r: Resources) -> dict[str, Any]:

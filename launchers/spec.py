@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rrtrain.config import _merge, apply_overrides, build, read_yaml
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 
 @dataclass
@@ -124,7 +124,7 @@ def flat_overrides(data: Any, where: str) -> dict[str, Any]:
 def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
     """Read and validate a sweep file, with `key.sub=value` overrides of its own keys (e.g.
     `resources.partition=debug`); raises UsageError with a one-line reason."""
-    from rrtrain import sizing
+    from rrtrain.model import sizing
 
     path = Path(path).resolve()
     raw = apply_overrides(read_yaml(path), overrides or [])
@@ -187,7 +187,7 @@ def check_variants(names: list, where: str) -> None:
 
 
 def _find_config(sweep_path: Path, name: str) -> Path:
-    from rrtrain.sizing import configs_dir
+    from rrtrain.model.sizing import configs_dir
 
     for cand in (sweep_path.parent / name, configs_dir() / "train" / name):
         if cand.is_file():

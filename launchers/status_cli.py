@@ -18,7 +18,7 @@ from typing import Any
 
 from launchers import cancel, record, runstate
 from launchers.scheduler import squeue_states
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 
 #: how much of each metrics.jsonl the sweep-level flags read: the plateau test's window with room to spare
@@ -62,9 +62,9 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
 
 
 def add_sweep_flags(sweep_dir: Path, rec: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    """Add the sweep-level flags (`rrtrain.sweep_flags`: no_heartbeat, lagging, early_stall, and the in-run flags
+    """Add the sweep-level flags (`rrtrain.monitoring.sweep_flags`: no_heartbeat, lagging, early_stall, and the in-run flags
     a running run has raised so far) to the rows; no_heartbeat only where the run is running."""
-    from rrtrain.sweep_flags import NO_HEARTBEAT, judge_sweep
+    from rrtrain.monitoring.sweep_flags import NO_HEARTBEAT, judge_sweep
 
     verdicts = {str(v.path.resolve()): v for v in
                 judge_sweep(sweep_dir, cancel.monitor_config(rec), tail_bytes=STATUS_TAIL_BYTES, live_only=True)}

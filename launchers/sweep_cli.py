@@ -33,8 +33,8 @@ from launchers.estimate import check_gpu, cost
 from launchers.expand import Run, check_safe, data_path, expand
 from launchers.render import render
 from launchers.scheduler import squeue_states
-from rrtrain.errors import UsageError
-from rrtrain.io import atomic_write_text
+from rrtrain.core.errors import UsageError
+from rrtrain.core.io import atomic_write_text
 
 
 class _Parser(argparse.ArgumentParser):

@@ -2,7 +2,7 @@
 
 import sys
 
-from rrtrain.cli import main
+from rrtrain.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

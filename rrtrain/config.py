@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 
 @dataclass
@@ -107,7 +107,7 @@ class TrainConfig:
     max_nonfinite: int = 5  # consecutive non-finite steps before the run halts as diverged
     stop_check_every: int = 10  # steps between the all-ranks checks for a stop signal (a host sync each)
     allow_config_change: bool = False  # resume despite changed (safe-to-change) settings
-    compile: Union[bool, Literal["auto"]] = "auto"  # torch.compile each block; auto: see rrtrain/compile_policy.py
+    compile: Union[bool, Literal["auto"]] = "auto"  # torch.compile each block; auto: see rrtrain/parallel/compile_policy.py
     fail_at_step: Optional[int] = None  # testing: inject a NaN loss at this step ...
     fail_steps: int = 1  # ... and at the steps after it, this many in all
 
@@ -129,7 +129,7 @@ class ParallelConfig:
 
 @dataclass
 class MonitorConfig:
-    """Convergence monitoring (rrtrain.monitor in a run, rrtrain.sweep_flags across a sweep); docs/user-guide.md
+    """Convergence monitoring (rrtrain.monitoring.callback in a run, rrtrain.monitoring.sweep_flags across a sweep); docs/user-guide.md
     "Monitoring" says how each default was chosen."""
 
     min_steps: int = 200  # no stall is called before this step (nor before warmup ends)

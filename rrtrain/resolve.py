@@ -1,6 +1,6 @@
 """A configuration checked against the model registry: residual rules and size presets.
 
-`rrtrain.config` knows the schema only and imports neither `rrtrain.residuals` nor `rrtrain.sizing` (both
+`rrtrain.config` knows the schema only and imports neither `rrtrain.residuals` nor `rrtrain.model.sizing` (both
 import it: checking against them there made an import circle). The checks that need them run here, one layer
 up, with the same one-line errors: every command that loads a config for use calls `load`, or `check_model`
 after `build` + `validate`, before any expensive work.
@@ -12,9 +12,11 @@ import difflib
 from pathlib import Path
 from typing import Optional
 
-from rrtrain import residuals, sizing
+from rrtrain import residuals
+
+from rrtrain.model import sizing
 from rrtrain.config import Config, load_config
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 
 def _unknown_rule(key: str, name: str) -> Optional[str]:

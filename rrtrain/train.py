@@ -19,12 +19,12 @@ def main(argv: list[str]) -> int:
         return 0 if argv else 2
     path, overrides = argv[0], argv[1:]
     cfg = load(path, overrides)
-    from rrtrain.trainer import run
+    from rrtrain.training.trainer import run
 
     return run(cfg)
 
 
 if __name__ == "__main__":
-    from rrtrain.cli import main as cli_main
+    from rrtrain.cli.main import main as cli_main
 
     sys.exit(cli_main(["train", *sys.argv[1:]]))  # the same handling of errors and of the exit as `rrtrain train`

@@ -14,7 +14,7 @@ DeepSpeed owns the optimizer step, so this engine maps the loop's calls onto it:
   own norm routine before the step (identical on every rank); DeepSpeed clips inside `step()` with
   `gradient_clipping = max_norm`, using the same formula as `torch.nn.utils.clip_grad_norm_`.
 - `step(lr)`: sets the learning rate on our AdamW's parameter groups (weight decay on matrices only,
-  `rrtrain.optim.param_groups`) and calls `engine.step()`.
+  `rrtrain.training.optim.param_groups`) and calls `engine.step()`.
 - `skip()`: DeepSpeed's step runs with the AdamW update turned into a no-op, so the reduced gradients are
   freed the usual way and no moment, step count or weight changes; `global_steps` advances with the
   trainer's step and `skipped_steps` counts the skip (DeepSpeed takes its own overflow path, which does the
@@ -34,7 +34,7 @@ DeepSpeed owns the optimizer step, so this engine maps the loop's calls onto it:
   rewrites `train_state.json` is not stopped (docs/reliability.md).
 
 On a machine without CUDA, `DS_ACCELERATOR=cpu` is set before DeepSpeed is imported; torch.distributed is
-already up (gloo on CPU, NCCL on CUDA; `rrtrain.dist.setup`) and DeepSpeed reuses that process group.
+already up (gloo on CPU, NCCL on CUDA; `rrtrain.core.dist.setup`) and DeepSpeed reuses that process group.
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ import torch
 from torch import nn
 
 from rrtrain.config import Config
-from rrtrain.dist import DistInfo
-from rrtrain.errors import UsageError
-from rrtrain.model import Transformer, build_model
-from rrtrain.optim import param_groups, set_lr
+from rrtrain.core.dist import DistInfo
+from rrtrain.core.errors import UsageError
+from rrtrain.model.transformer import Transformer, build_model
+from rrtrain.training.optim import param_groups, set_lr
 from rrtrain.parallel.ac import apply_ac
 from rrtrain.parallel.engine import Engine, is_meta, place
 from rrtrain.parallel.materialize import initialise_units

@@ -18,13 +18,13 @@ import torch
 from torch import nn
 
 from rrtrain.config import Config
-from rrtrain.dist import DistInfo
-from rrtrain.model import Transformer, build_model
-from rrtrain.optim import build_optimizer, set_lr
+from rrtrain.core.dist import DistInfo
+from rrtrain.model.transformer import Transformer, build_model
+from rrtrain.training.optim import build_optimizer, set_lr
 from rrtrain.parallel.ac import apply_ac
 from rrtrain.parallel.materialize import materialize
 from rrtrain.parallel.mesh import build_mesh, shard_group
-from rrtrain.sizing import ModelShape
+from rrtrain.model.sizing import ModelShape
 
 
 # DCP warns on every save/load in a single process that it "assumes the intent is to save in a single process":

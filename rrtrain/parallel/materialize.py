@@ -3,7 +3,7 @@
 Training builds the model on meta, applies activation checkpointing, compile and sharding from outside, and
 only then allocates memory (`to_empty`: each DTensor parameter gets its local shard only). Initialisation
 runs one unit at a time (`Transformer.init_unit`: the ends, then each block): the unit's full tensors are
-drawn on the CPU from the unit's own generator (`rrtrain.model.unit_generator(seed, unit)`), and each rank
+drawn on the CPU from the unit's own generator (`rrtrain.model.transformer.unit_generator(seed, unit)`), and each rank
 keeps its slice. A rank's set-up peak is its own shards plus one unit, and the weights are the same bits for
 any world size, mesh or backend: DTensor's own random ops would draw per shard, which depends on the layout.
 """
@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from rrtrain.model import Transformer, unit_generator
+from rrtrain.model.transformer import Transformer, unit_generator
 
 
 def local_slice(full: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from rrtrain.config import ParallelConfig
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 REPLICATE, SHARD = "dp_replicate", "dp_shard"
 

@@ -8,7 +8,6 @@ Modules, one job each:
 - `render`   — report.md, results.csv, summary.json
 - `plots`    — PNG figures (matplotlib, Agg canvas, no pyplot state)
 - `atomic`   — write-aside-then-rename for every output
-- `cli`      — argument parsing and the order of the steps
 
-See docs/report.md for how to read the output.
+The command line (`rrtrain report`) is `rrtrain.cli.report`. See docs/report.md for how to read the output.
 """

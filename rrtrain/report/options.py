@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 DEFAULT_REFERENCE = "review"
 

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from rrtrain.report.analysis import Analysis
-from rrtrain.io import atomic_path
+from rrtrain.core.io import atomic_path
 from rrtrain.report.collect import is_convex
 
 SERIES = "series"

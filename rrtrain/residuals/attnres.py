@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from rrtrain.config import ResidualConfig
-from rrtrain.norm import RMSNorm
+from rrtrain.model.norm import RMSNorm
 from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, Stream, StreamInfo
 from rrtrain.residuals.streams import rms_rstd, upcast
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 from rrtrain.config import ResidualConfig
-from rrtrain.norm import RMSNorm
+from rrtrain.model.norm import RMSNorm
 from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, Stream
 from rrtrain.residuals.streams import upcast
 

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rrtrain.config import ResidualConfig
-from rrtrain.norm import RMSNorm
+from rrtrain.model.norm import RMSNorm
 from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo
 from rrtrain.residuals.streams import TiledStream, acc_dtype, combine, rms_rstd, upcast, write_back
 

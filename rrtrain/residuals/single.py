@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from rrtrain.config import ResidualConfig
-from rrtrain.norm import RMSNorm
+from rrtrain.model.norm import RMSNorm
 from rrtrain.residuals.base import Site, SiteInfo, Stream, StreamInfo
 from rrtrain.residuals.gates import Gate
 

@@ -9,7 +9,7 @@ less the timed steps) and the median of the next steps, in wall-clock and in CPU
 its children's: inductor compiles in worker processes). "compiled, cold" starts from an empty inductor cache;
 "compiled, warm" is a second process on the cache the first one left (what every later run of the same shape
 on the same machine pays). Break-even = (first compiled - first eager) / (eager step - compiled step) steps:
-a run longer than that finishes sooner compiled. `rrtrain/compile_policy.py`'s CPU rule comes from these.
+a run longer than that finishes sooner compiled. `rrtrain/parallel/compile_policy.py`'s CPU rule comes from these.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ SHAPES = {"tiny": (["model.vocab_size=258"], 20), "20M": (M20, 5), "rr-60m": (RR
 
 _STEPS = """
 import json, resource, sys, time
-from rrtrain.bench import run_bench
+from rrtrain.planning.bench import run_bench
 from rrtrain.config import load_config
 
 def cpu():

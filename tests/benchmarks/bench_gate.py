@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model import build_model
-from rrtrain.norm import inv_rms
+from rrtrain.model.transformer import build_model
+from rrtrain.model.norm import inv_rms
 from rrtrain.residuals.single import GatedSite
 from unit.test_gate_oracle import oracle_write
 

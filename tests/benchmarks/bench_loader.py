@@ -17,8 +17,8 @@ import torch
 
 from data_prep.cli import main as prep_main
 from rrtrain.config import ModelConfig
-from rrtrain.data import TrainLoader, read_manifest
-from rrtrain.model import build_model
+from rrtrain.data.loader import TrainLoader, read_manifest
+from rrtrain.model.transformer import build_model
 
 SEQ, MICRO = 128, 8
 

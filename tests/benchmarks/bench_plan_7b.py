@@ -19,9 +19,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from rrtrain.config import ModelConfig, TrainConfig
-from rrtrain.model import build_model
-from rrtrain.optim import build_optimizer
-from rrtrain.plan import Setup, plan
+from rrtrain.model.transformer import build_model
+from rrtrain.training.optim import build_optimizer
+from rrtrain.planning.plan import Setup, plan
 
 WORLD, SEQ, MICRO = 64, 32, 1
 

@@ -31,9 +31,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rrtrain import sizing
+from rrtrain.model import sizing
 from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model import build_model
+from rrtrain.model.transformer import build_model
 from rrtrain.residuals.attnres import block_size
 from rrtrain.residuals.gr import gr_rank
 

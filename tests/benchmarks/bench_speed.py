@@ -29,7 +29,7 @@ first), which other jobs disturb much less.
    steps take ~3 h, more than one sitting: RRTRAIN_BENCH_DIR and RRTRAIN_BENCH_SITTING_S, above).
 4. standard at d_model 128, 4 blocks, 4 heads, seq 64, batch 12, fp32, two threads, 2,000 steps: logged MFU =
    tokens/s x FLOPs per token / the peak the trainer probes in the same process
-   (`rrtrain.hardware.cpu_peak_flops`, same thread count); target >= 65%.
+   (`rrtrain.core.hardware.cpu_peak_flops`, same thread count); target >= 65%.
 """
 
 from __future__ import annotations
@@ -45,9 +45,11 @@ from pathlib import Path
 
 import pytest
 
-from rrtrain import residuals, sizing
+from rrtrain import residuals
+
+from rrtrain.model import sizing
 from rrtrain.config import ResidualConfig
-from rrtrain.io import atomic_write_text
+from rrtrain.core.io import atomic_write_text
 from trainutil import REPO, env, prep_stories, records, train, train_cmd
 
 STEPS = int(os.environ.get("RRTRAIN_BENCH_STEPS", "0"))

@@ -72,10 +72,10 @@ def test_review_vs_standard_step_time():
 
     import torch
 
-    from rrtrain import sizing
-    from rrtrain.bench import run_bench
+    from rrtrain.model import sizing
+    from rrtrain.planning.bench import run_bench
     from rrtrain.config import load_config
-    from rrtrain.dist import DistInfo
+    from rrtrain.core.dist import DistInfo
 
     info = DistInfo(0, 1, 0, torch.device("cpu"))
     print()

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from rrtrain.verify import file_digest, verify_shard
+from rrtrain.data.verify import file_digest, verify_shard
 
 ROW_LEN, ROWS, VOCAB = 2049, 131072, 50257
 

@@ -5,7 +5,7 @@
 #
 #   bash tests/benchmarks/gpu.sh
 #
-# Every measurement is `rrtrain bench`'s (the trainer's own step, rrtrain/step.py, on random tokens), all of
+# Every measurement is `rrtrain bench`'s (the trainer's own step, rrtrain/training/step.py, on random tokens), all of
 # them in one process (tests/benchmarks/gpu_matrix.py): Python, torch and CUDA start once. Nothing is installed:
 # the interpreter is PYTHON, else .venv/bin/python when its torch sees CUDA, else python3, with this checkout
 # on PYTHONPATH; it needs torch and pyyaml only (not streaming, deepspeed or submitit).

@@ -4,8 +4,8 @@
         --compile false true [--budget-s 440] [--steps 8 --warmup 2] [--micro rr-1b=8] [--set key=value ...]
     python tests/benchmarks/gpu_matrix.py render R.jsonl
 
-One process pays for Python, torch and CUDA start-up once; each measurement is `rrtrain.bench.run_bench`, the
-trainer's own step (rrtrain/step.py), on one fixed batch of random tokens, FSDP2, bf16 by default. Without
+One process pays for Python, torch and CUDA start-up once; each measurement is `rrtrain.planning.bench.run_bench`, the
+trainer's own step (rrtrain/training/step.py), on one fixed batch of random tokens, FSDP2, bf16 by default. Without
 torchrun the process is a one-rank process group (FSDP2 needs one). torch.compile's caches are cleared between
 measurements, so every compiled measurement compiles static shapes, as a training run does, and none reuses a
 graph made for another shape. Each result is appended to R.jsonl as soon as it is measured (a failure or a
@@ -62,8 +62,8 @@ def measure(args: argparse.Namespace) -> int:
     single_rank_env()
     import torch
 
-    from rrtrain import dist
-    from rrtrain.bench import run_bench
+    from rrtrain.core import dist
+    from rrtrain.planning.bench import run_bench
     from rrtrain.resolve import load
 
     micro = {**DEFAULT_MICRO, **dict(_size_value(m) for m in args.micro)}
@@ -195,8 +195,8 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))  # run as a script from anywhere: rrtrain is imported from this checkout
     code = main(sys.argv[1:])
-    if "rrtrain.dist" in sys.modules:  # measured under torchrun: end as the trainer does (see exit_process)
-        from rrtrain import dist
+    if "rrtrain.core.dist" in sys.modules:  # measured under torchrun: end as the trainer does (see exit_process)
+        from rrtrain.core import dist
 
         dist.exit_process(code)
     sys.exit(code)

@@ -12,10 +12,10 @@ import sys
 
 import torch
 
-from rrtrain import dist
+from rrtrain.core import dist
 from rrtrain.config import Config, apply_overrides, build
-from rrtrain.model import build_model
-from rrtrain.optim import no_decay_names
+from rrtrain.model.transformer import build_model
+from rrtrain.training.optim import no_decay_names
 from rrtrain.parallel import Engine, build_engine
 
 

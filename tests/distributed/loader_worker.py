@@ -16,9 +16,9 @@ import sys
 
 import torch.distributed as dist
 
-from rrtrain.data import TrainLoader
-from rrtrain.dist import exit_process
-from rrtrain.errors import UsageError
+from rrtrain.data.loader import TrainLoader
+from rrtrain.core.dist import exit_process
+from rrtrain.core.errors import UsageError
 
 
 def run_job(plan: dict, job: dict, rank: int, world: int, local_rank: int) -> dict:

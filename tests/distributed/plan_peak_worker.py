@@ -15,9 +15,9 @@ import sys
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from rrtrain import dist
+from rrtrain.core import dist
 from rrtrain.config import Config, apply_overrides, build
-from rrtrain.model import build_model
+from rrtrain.model.transformer import build_model
 from rrtrain.parallel import build_engine
 
 

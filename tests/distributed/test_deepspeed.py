@@ -168,9 +168,9 @@ def test_zero3_kill_and_resume(stories_data, baseline, tmp_path):
 
 SKIP_CHECK = r'''
 import json, torch
-from rrtrain import dist
+from rrtrain.core import dist
 from rrtrain.config import load_config
-from rrtrain.model import build_model
+from rrtrain.model.transformer import build_model
 from rrtrain.parallel import build_engine
 
 info = dist.setup(120)
@@ -215,7 +215,7 @@ for stage, precision in ((1, "fp32"), (2, "fp32"), (3, "fp32"), (1, "bf16"), (3,
 
 # a checkpoint written by another number of ranks is refused with a usage error (exit status 2), not a crash
 import pathlib, tempfile
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 state = pathlib.Path(tempfile.mkdtemp()) / "step_00000005" / "state"
 (state / "zero").mkdir(parents=True)
 for r in range(3):

@@ -58,7 +58,7 @@ def _torchrun(tmp_path: Path, name: str, plan: dict) -> dict:
 
 
 def _one_process(data: Path, tmp_path: Path, steps: int, state=None, allow_change=False) -> tuple[list, dict]:
-    from rrtrain.data import TrainLoader
+    from rrtrain.data.loader import TrainLoader
 
     ld = TrainLoader(str(data), micro_batch=8, global_batch=G, rank=0, world_size=1, local_rank=0, seed=5,
                      cache_dir=str(tmp_path / "one_cache"))

@@ -66,7 +66,7 @@ def test_full_disk_during_an_async_checkpoint(tmp_path, stories_data):
 
 def test_final_json_on_a_full_disk(tmp_path, stories_data):
     from rrtrain.config import load_config
-    from rrtrain.trainer import Trainer
+    from rrtrain.training.trainer import Trainer
     from trainutil import TINY
 
     with tmpfs(tmp_path / "run", "64k") as run:

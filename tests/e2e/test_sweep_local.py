@@ -56,7 +56,7 @@ def test_local_sweep_failure_resubmission_and_refusal(tmp_path, stories_data):
     assert sorted(losses(out / "tiny-review-s0")) == [1, 2, 3, 4, 5, 6]
     assert rows["tiny-standard-s0"]["state"] == "failed"
     assert (out / "slurm" / "logs" / "tiny-review-s0.log").stat().st_size > 0
-    assert (out / "code" / "rrtrain" / "trainer.py").exists()
+    assert (out / "code" / "rrtrain" / "training" / "trainer.py").exists()
     rec = json.loads((out / "sweep.json").read_text())
     assert rec["code"]["path"] == str(out / "code") and len(rec["sweep_sha256"]) == 64
 

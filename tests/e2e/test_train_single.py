@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rrtrain.checkpoint import TRAIN_STATE, file_problems
+from rrtrain.training.checkpoint import TRAIN_STATE, file_problems
 from trainutil import (checkpoint_tensors, final, kill_group, losses, max_rel_diff, records, start, train,
                        wait_for_step)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rrtrain import cli
+from rrtrain.cli import main as cli
 
 TINY = str(Path(__file__).resolve().parents[2] / "configs" / "train" / "tiny.yaml")
 
@@ -70,9 +70,10 @@ def test_bench_bad_input_exits_2(capsys, args, message):
 
 
 def test_bench_times_the_training_step(capsys, monkeypatch, tmp_path, stories_data):
-    """Bench and a one-step training run call the one `rrtrain.step.optimizer_step`; from the same weights
+    """Bench and a one-step training run call the one `rrtrain.training.step.optimizer_step`; from the same weights
     and the same micro-batches they leave bitwise-equal parameters (so bench cannot drift from training)."""
-    from rrtrain import bench, step, trainer
+    from rrtrain.planning import bench
+    from rrtrain.training import step, trainer
     from rrtrain.resolve import load
 
     assert bench.optimizer_step is step.optimizer_step and trainer.optimizer_step is step.optimizer_step
@@ -105,8 +106,8 @@ def test_bench_times_the_training_step(capsys, monkeypatch, tmp_path, stories_da
 
 
 def test_only_the_step_module_runs_backward_and_the_optimizer():
-    """No second copy of the step: outside the engines, only rrtrain/step.py calls backward, clip or step."""
+    """No second copy of the step: outside the engines, only rrtrain/training/step.py calls backward, clip or step."""
     package = Path(__file__).resolve().parents[2] / "rrtrain"
     callers = {str(p.relative_to(package)) for p in package.rglob("*.py") if "parallel" not in p.parts
                and any(f".{name}(" in p.read_text() for name in ("backward", "clip_grad_norm", "step_unless"))}
-    assert callers == {"step.py"}
+    assert callers == {"training/step.py"}

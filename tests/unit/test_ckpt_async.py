@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch.distributed.checkpoint.filesystem import _FileSystemWriter
 
-from rrtrain.checkpoint import CheckpointManager
+from rrtrain.training.checkpoint import CheckpointManager
 from rrtrain.config import Config, ModelConfig
-from rrtrain.dist import DistInfo
-from rrtrain.model import build_model
+from rrtrain.core.dist import DistInfo
+from rrtrain.model.transformer import build_model
 from rrtrain.parallel import build_engine
 
 INFO = DistInfo(0, 1, 0, torch.device("cpu"))

@@ -1,7 +1,7 @@
 """The command line: `rrtrain NAME`, `rrtrain params` (text and JSON), and bad input as one line on
 stderr with exit status 2 and no traceback.
 
-Most cases call `rrtrain.cli.main` in this process (what the console script and `python -m rrtrain`
+Most cases call `rrtrain.cli.main.main` in this process (what the console script and `python -m rrtrain`
 call); a few run the real `python -m rrtrain` in a subprocess to check the whole path, exit status included.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rrtrain import residuals
-from rrtrain.cli import main
+from rrtrain.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 

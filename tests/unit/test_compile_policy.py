@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rrtrain.compile_policy import (AUTO_MIN_STEPS, AUTO_MIN_STEPS_CPU, auto_compiles, resolve_compile,
+from rrtrain.parallel.compile_policy import (AUTO_MIN_STEPS, AUTO_MIN_STEPS_CPU, auto_compiles, resolve_compile,
                                     unavailable_reason)
 from rrtrain.config import load_config
 

@@ -11,7 +11,7 @@ import torch
 
 from rrtrain import residuals
 from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model import build_model
+from rrtrain.model.transformer import build_model
 
 
 def tiny(variant: str) -> torch.nn.Module:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from rrtrain.config import Config, ModelConfig, apply_overrides, build, load_config, parse_override
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 from rrtrain.resolve import load
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from rrtrain.config import Config, ModelConfig
-from rrtrain.dist import DistInfo
-from rrtrain.model import build_model
+from rrtrain.core.dist import DistInfo
+from rrtrain.model.transformer import build_model
 from rrtrain.parallel import build_engine
 
 

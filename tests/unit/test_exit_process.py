@@ -1,4 +1,4 @@
-"""`rrtrain.dist.exit_process`: after a process group, a process ends as interpreter shutdown would leave it
+"""`rrtrain.core.dist.exit_process`: after a process group, a process ends as interpreter shutdown would leave it
 (threads finished, atexit handlers run, output flushed, its exit status) but without finalising the interpreter,
 where a gloo thread still releasing a collective's tensors aborts the process (SIGABRT). Without a group it is
 a plain exit."""
@@ -13,7 +13,7 @@ from trainutil import PY, REPO, env, free_port
 SCRIPT = textwrap.dedent('''
     import atexit, os, sys, threading, time
     import torch
-    from rrtrain import dist
+    from rrtrain.core import dist
 
     out = sys.argv[1]
 

@@ -1,4 +1,4 @@
-"""Import layers: `rrtrain.config` is the bottom layer, below the residual-rule registry and `rrtrain.sizing`.
+"""Import layers: `rrtrain.config` is the bottom layer, below the residual-rule registry and `rrtrain.model.sizing`.
 
 Both import the config's dataclasses; the checks that need them live in `rrtrain.resolve`, one layer up.
 A static pass over every module's imports (function-local ones included, `TYPE_CHECKING` blocks excluded)
@@ -15,7 +15,7 @@ from pathlib import Path
 from trainutil import PY, REPO, env
 
 PACKAGE = REPO / "rrtrain"
-BOTTOM = ("rrtrain.config", "rrtrain.sizing", "rrtrain.residuals")  # the layers that formed the circle
+BOTTOM = ("rrtrain.config", "rrtrain.model.sizing", "rrtrain.residuals")  # the layers that formed the circle
 
 
 def module_name(path: Path) -> str:
@@ -73,13 +73,13 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 def test_no_import_circle_through_config_sizing_or_the_registry():
     graph = import_graph()
     assert "rrtrain.residuals.base" in graph["rrtrain.residuals"]  # the pass does see imports
-    assert "rrtrain.config" in graph["rrtrain.residuals.base"] and "rrtrain.config" in graph["rrtrain.sizing"]
+    assert "rrtrain.config" in graph["rrtrain.residuals.base"] and "rrtrain.config" in graph["rrtrain.model.sizing"]
     circles = {}
     for name in graph:
         if name.startswith(BOTTOM) and name in reachable(graph, name):
             circles[name] = sorted(m for m in reachable(graph, name) if name in reachable(graph, m))
     assert not circles, f"import circles: {circles}"
-    assert graph["rrtrain.config"] <= {"rrtrain.errors"}  # the bottom layer stands on errors alone
+    assert graph["rrtrain.config"] <= {"rrtrain.core.errors"}  # the bottom layer stands on errors alone
 
 
 def test_importing_config_loads_neither_sizing_nor_the_registry():
@@ -88,7 +88,7 @@ def test_importing_config_loads_neither_sizing_nor_the_registry():
     assert proc.returncode == 0, proc.stderr[-2000:]
     loaded = set(json.loads(proc.stdout))
     assert "rrtrain.config" in loaded
-    assert not {m for m in loaded if m.startswith(("rrtrain.residuals", "rrtrain.sizing"))}
+    assert not {m for m in loaded if m.startswith(("rrtrain.residuals", "rrtrain.model.sizing"))}
 
 
 def test_rrtrain_status_loads_no_torch():

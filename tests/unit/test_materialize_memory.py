@@ -16,8 +16,8 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from rrtrain.config import Config, apply_overrides, build
-from rrtrain.dist import DistInfo
-from rrtrain.model import build_model
+from rrtrain.core.dist import DistInfo
+from rrtrain.model.transformer import build_model
 from rrtrain.parallel import build_engine
 
 WORLD = 8

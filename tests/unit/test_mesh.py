@@ -12,8 +12,8 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from rrtrain.config import ParallelConfig, load_config
-from rrtrain.errors import UsageError
-from rrtrain.model import build_model
+from rrtrain.core.errors import UsageError
+from rrtrain.model.transformer import build_model
 from rrtrain.parallel.mesh import build_mesh, mesh_shape, shard_group
 
 

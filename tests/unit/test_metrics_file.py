@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 
-from rrtrain.metrics import MetricsLogger
+from rrtrain.rundir.metrics import MetricsLogger
 
 
 def test_a_fresh_start_replaces_the_file_and_a_reader_never_finds_it_missing(tmp_path):

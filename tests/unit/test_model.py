@@ -12,18 +12,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import rrtrain.model
+import rrtrain.model.transformer
 from rrtrain import residuals
 from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model import build_model
-from rrtrain.norm import RMSNorm
+from rrtrain.model.transformer import build_model
+from rrtrain.model.norm import RMSNorm
 from rrtrain.parallel.materialize import materialize
 from rrtrain.residuals import RuleSpec, Site, Stream
 
 V, T, D = 64, 16, 32
 
 
-def tiny(variant: str = "standard", pos: str = "learned", seed: int = 0, **residual) -> rrtrain.model.Transformer:
+def tiny(variant: str = "standard", pos: str = "learned", seed: int = 0, **residual) -> rrtrain.model.transformer.Transformer:
     m = ModelConfig(size="tiny", variant=variant, d_model=D, n_layers=2, n_heads=4, d_ff=64, seq_len=T,
                     vocab_size=V, pos=pos, residual=ResidualConfig(**residual))
     return build_model(m, seed=seed)
@@ -313,7 +313,7 @@ def test_each_unit_has_its_own_stream():
     again = build_model(ModelConfig(size="tiny", variant="mhc", d_model=D, n_layers=2, n_heads=4, d_ff=64,
                                     seq_len=T, vocab_size=V), device="meta").to_empty(device="cpu")
     for u in reversed(range(again.n_units)):
-        again.init_unit(u, again.unit(u), rrtrain.model.unit_generator(2, u))
+        again.init_unit(u, again.unit(u), rrtrain.model.transformer.unit_generator(2, u))
     for (n, t1), (_, t2) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(t1, t2), n
     b0, b1 = model.blocks
@@ -325,7 +325,7 @@ def test_each_unit_has_its_own_stream():
 
 
 def test_model_never_branches_on_a_rule_name():
-    source = inspect.getsource(rrtrain.model)
+    source = inspect.getsource(rrtrain.model.transformer)
     for name in residuals.names():
         assert f'"{name}"' not in source and f"'{name}'" not in source, name
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rrtrain.config import MonitorConfig
-from rrtrain.convergence import DIVERGED, STALLED, VANISHING, LossMonitor
+from rrtrain.monitoring.convergence import DIVERGED, STALLED, VANISHING, LossMonitor
 
 H = 3.1
 STEPS = 1000

@@ -1,8 +1,8 @@
-"""The console lines a person running `rrtrain train` reads (rrtrain.console)."""
+"""The console lines a person running `rrtrain train` reads (rrtrain.training.console)."""
 
 from __future__ import annotations
 
-from rrtrain.console import duration, progress_line
+from rrtrain.training.console import duration, progress_line
 
 
 def test_durations_are_short():

@@ -1,4 +1,4 @@
-"""The dashboard's logdir (rrtrain.dashboard.build_logdir) and its command's bad input; the browser test is
+"""The dashboard's logdir (rrtrain.dashboard.tensorboard.build_logdir) and its command's bad input; the browser test is
 tests/e2e/test_dashboard.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import yaml
 
-from rrtrain.dashboard import build_logdir, layout
+from rrtrain.dashboard.tensorboard import build_logdir, layout
 
 
 def make_run(path, size, variant, seed, diag=True):

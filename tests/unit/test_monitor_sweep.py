@@ -1,4 +1,4 @@
-"""Sweep-level flags on synthetic run directories laid out like a sweep (rrtrain.sweep_flags)."""
+"""Sweep-level flags on synthetic run directories laid out like a sweep (rrtrain.monitoring.sweep_flags)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import yaml
 
 from rrtrain.config import MonitorConfig
-from rrtrain.sweep_flags import EARLY_STALL, LAGGING, NO_HEARTBEAT, judge_sweep, read_tail, to_cancel
+from rrtrain.monitoring.sweep_flags import EARLY_STALL, LAGGING, NO_HEARTBEAT, judge_sweep, read_tail, to_cancel
 
 H = 3.1
 TOKENS_PER_STEP = 512

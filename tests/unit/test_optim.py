@@ -7,8 +7,8 @@ import math
 import pytest
 
 from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model import build_model
-from rrtrain.optim import lr_at, no_decay_names, param_groups
+from rrtrain.model.transformer import build_model
+from rrtrain.training.optim import lr_at, no_decay_names, param_groups
 
 
 def test_warmup_then_cosine_to_floor():

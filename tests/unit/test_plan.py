@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from rrtrain import sizing
-from rrtrain.cli import main
+from rrtrain.model import sizing
+from rrtrain.cli.main import main
 from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.plan import AC_MODES, Setup, fitting, gpu_spec, layout, plan, resolve, shard_numel
+from rrtrain.planning.plan import AC_MODES, Setup, fitting, gpu_spec, layout, plan, resolve, shard_numel
 
 GIB = 2**30
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rrtrain.cli import main
+from rrtrain.cli.main import main
 from rrtrain.config import ModelConfig
-from rrtrain.plan import Setup, plan
+from rrtrain.planning.plan import Setup, plan
 
 SWEEP = """
 name: plan-test

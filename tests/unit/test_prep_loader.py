@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from prep_helpers import REPO, write_id_dataset
-from rrtrain.data import TrainLoader, check_vocab, epoch_order, eval_batches, read_manifest
-from rrtrain.errors import UsageError
+from rrtrain.data.loader import TrainLoader, check_vocab, epoch_order, eval_batches, read_manifest
+from rrtrain.core.errors import UsageError
 
 N = 204  # samples; with G = 8 an epoch ends mid-step (25.5 steps), with G = 12 exactly at step 17
 
@@ -206,8 +206,8 @@ os.killpg(0, signal.SIGKILL)  # the whole job dies, multiprocessing's resource t
 """
 _PROBE = """
 import json, sys
-import rrtrain.data as D
-from rrtrain.errors import UsageError
+import rrtrain.data.loader as D
+from rrtrain.core.errors import UsageError
 def make():
     return D.TrainLoader(sys.argv[1], micro_batch=2, global_batch=2, rank=0, world_size=1, local_rank=0, seed=0,
                          cache_dir=sys.argv[2])
@@ -250,7 +250,7 @@ def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_memory_mapped_rows_equal_streamings_own_decode(tmp_path, compression):
     """The fast row path (streaming places the shard, a memmap reads it) returns what streaming decodes."""
-    from rrtrain.data import _open_split
+    from rrtrain.data.loader import _open_split
 
     path = tmp_path / "d"
     man = write_id_dataset(path, 150, seq_len=5, shard_size=512, compression=compression)

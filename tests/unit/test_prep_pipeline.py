@@ -11,7 +11,7 @@ import pytest
 from data_prep.synthetic import StoryCorpus
 from data_prep.writer import token_dtype, unigram_entropy
 from prep_helpers import prep, read_split, tree
-from rrtrain.data import TrainLoader
+from rrtrain.data.loader import TrainLoader
 
 EOS = 256  # byte tokenizer
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from data_prep import tokenizer as tk
 from data_prep.synthetic import StoryCorpus
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 UNICODE_HEAVY = [
     "日本語のテキストと絵文字 🙂🚀 mixed with ASCII.",

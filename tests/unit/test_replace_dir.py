@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rrtrain import io as rrio
-from rrtrain.checkpoint import CheckpointManager
-from rrtrain.dist import DistInfo
+from rrtrain.core import io as rrio
+from rrtrain.training.checkpoint import CheckpointManager
+from rrtrain.core.dist import DistInfo
 from test_ckpt_async import tiny_engine, train_step
 
 INFO = DistInfo(0, 1, 0, torch.device("cpu"))

@@ -75,7 +75,7 @@ def test_end_to_end(sweep, tmp_path):
 
 
 def test_default_out_and_reference_without_review(tmp_path, capsys):
-    from rrtrain.report.cli import main  # in-process: the subprocess path is covered above
+    from rrtrain.cli.report import main  # in-process: the subprocess path is covered above
 
     root = tmp_path / "sw"
     for seed in range(2):

@@ -13,8 +13,8 @@ from scipy import stats as sps
 
 from rrtrain.report import plots, render
 from rrtrain.report.analysis import Options, analyze
-from rrtrain.io import atomic_path
-from rrtrain.io import atomic_write_text as write_text
+from rrtrain.core.io import atomic_path
+from rrtrain.core.io import atomic_write_text as write_text
 from rrtrain.report.collect import find_runs
 
 PARAMS = {"s-small": 50e6, "s-mid": 200e6, "s-big": 800e6}

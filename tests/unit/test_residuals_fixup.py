@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rrtrain import sizing
+from rrtrain.model import sizing
 from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model import Transformer, build_model
+from rrtrain.model.transformer import Transformer, build_model
 from rrtrain.residuals.fixup import fixup_scale, tfixup_scale
 
 D, T, V, FF = 32, 16, 64, 128
@@ -129,7 +129,7 @@ def test_scalar_biases_sit_before_each_layer_and_the_activation():
 
 
 def test_scalars_are_not_weight_decayed():
-    from rrtrain.optim import no_decay_names
+    from rrtrain.training.optim import no_decay_names
 
     net = model(blocks=2)
     skip = no_decay_names(net)
@@ -202,7 +202,7 @@ def test_count_is_exact(fixup_variant, per_block):
 
 @pytest.mark.parametrize("fixup_variant", ["fixup", "tfixup"])
 def test_params_match_review(capsys, fixup_variant):
-    from rrtrain.cli import main
+    from rrtrain.cli.main import main
 
     argv = ["params", "--size", "rr-60m", "--variants", "review,fixup", "--match", "review", "--json",
             "--set", f"residual.fixup_variant={fixup_variant}"]

@@ -12,9 +12,11 @@ import math
 import pytest
 import torch
 
-from rrtrain import residuals, sizing
+from rrtrain import residuals
+
+from rrtrain.model import sizing
 from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model import build_model
+from rrtrain.model.transformer import build_model
 from rrtrain.residuals import SiteInfo, StreamInfo
 from rrtrain.residuals.attnres import AttnResSite, depth_attention
 from rrtrain.residuals.deepnorm import DeepNormSite, deepnorm_alpha, deepnorm_beta
@@ -463,7 +465,7 @@ def test_no_decay_names_exist(variant):
 
 
 def test_params_cli_matches_new_variants_to_review(capsys):
-    from rrtrain import params_cli
+    from rrtrain.cli import params as params_cli
 
     assert params_cli.main(["--size", "tiny", "--variants", "gr,hc,mhc,attnres,deepnorm,standard",
                             "--match", "review"]) == 0

@@ -14,7 +14,7 @@ import torch
 
 from rrtrain import residuals
 from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model import build_model
+from rrtrain.model.transformer import build_model
 from rrtrain.residuals import SiteInfo, StreamInfo
 from rrtrain.residuals.gates import Gate
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rrtrain.checkpoint import check_resume
+from rrtrain.training.checkpoint import check_resume
 from rrtrain.config import Config
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 
 def cfg(**changes) -> dict:

@@ -1,5 +1,5 @@
 """Runs that open their datasets at the same moment on one machine (a sweep's parallel runs, a job array) do not
-collide in streaming's shared-memory names (`rrtrain.data.shm_guard`). Without the guard, 2-3 of 6 such
+collide in streaming's shared-memory names (`rrtrain.data.loader.shm_guard`). Without the guard, 2-3 of 6 such
 processes failed with `FileExistsError: '/0001xx_locals'` on this machine."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 from trainutil import PY, REPO, env
 
 OPEN_BOTH = """
-import sys, rrtrain.data as D
+import sys, rrtrain.data.loader as D
 D.TrainLoader(sys.argv[1], micro_batch=2, global_batch=2, rank=0, world_size=1, local_rank=0, seed=0,
               cache_dir=sys.argv[2])
 D.eval_batches(sys.argv[1], micro_batch=2, n_batches=1, rank=0, world_size=1, cache_dir=sys.argv[2])
@@ -31,7 +31,7 @@ def test_loaders_started_together_do_not_collide(stories_data, tmp_path):
 def test_stale_names_beyond_a_gap_are_unlinked(tmp_path):
     """Streaming's cleaner stops at the first free prefix; ours removes leaked names above gaps too, and only
     streaming's names."""
-    from rrtrain.data import unlink_stale_beyond_gaps
+    from rrtrain.data.loader import unlink_stale_beyond_gaps
 
     for name in ("000007_locals", "000007_barrier", "000012_shard_states", "000012_cache_usage"):
         (tmp_path / name).write_bytes(b"x")

@@ -11,10 +11,12 @@ import dataclasses
 
 import pytest
 
-from rrtrain import residuals, sizing
+from rrtrain import residuals
+
+from rrtrain.model import sizing
 from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.errors import UsageError
-from rrtrain.model import Transformer, build_model
+from rrtrain.core.errors import UsageError
+from rrtrain.model.transformer import Transformer, build_model
 
 UP_TO_1B = ["tiny", "rr-60m", "rr-150m", "rr-320m", "rr-590m", "rr-1b"]
 NOMINAL = {"rr-60m": 60e6, "rr-150m": 150e6, "rr-320m": 320e6, "rr-590m": 590e6, "rr-1b": 1e9,

@@ -41,7 +41,7 @@ def test_a_tiny_run_imports_no_heavy_package(tmp_path, stories_data):
 def test_the_deferred_streaming_package_still_completes_on_demand():
     """After the trainer's deferred import, `from streaming import ...` and package attributes work as usual."""
     code = ("import sys\n"
-            "from rrtrain.lazy_import import streaming_module\n"
+            "from rrtrain.core.lazy_import import streaming_module\n"
             "ds = streaming_module('streaming.base.dataset').StreamingDataset\n"
             "assert 'transformers' not in sys.modules\n"
             "import streaming\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launchers import cancel, record, status_cli
-from rrtrain import runlock
+from rrtrain.rundir import lock as runlock
 from test_monitor_sweep import H, curve, descending, write_run
 
 

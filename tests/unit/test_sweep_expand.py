@@ -12,9 +12,9 @@ from launchers import record, spec
 from launchers.expand import data_path, expand
 from launchers.render import render
 from rrtrain.config import Config, build
-from rrtrain.errors import UsageError
-from rrtrain.sizing import count_params
-from rrtrain.trainer import resolve_model_shape
+from rrtrain.core.errors import UsageError
+from rrtrain.model.sizing import count_params
+from rrtrain.training.trainer import resolve_model_shape
 
 BASE = {"name": "t", "config": "tiny.yaml", "data": "/data/x", "variants": ["review", "highway", "standard"],
         "match": "review", "overrides": {"train": {"log_every": 1}},

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rrtrain import runlock
+from rrtrain.rundir import lock as runlock
 
 
 def test_second_copy_waits_then_gives_up(tmp_path):

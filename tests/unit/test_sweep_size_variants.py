@@ -11,9 +11,9 @@ import yaml
 
 from launchers import spec
 from launchers.expand import data_path, expand
-from rrtrain import sizing
+from rrtrain.model import sizing
 from rrtrain.config import ModelConfig
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = {"config": "tiny.yaml", "data": "/data/stories", "variants": ["review", "highway", "standard"],

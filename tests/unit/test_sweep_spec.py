@@ -10,7 +10,7 @@ import yaml
 
 from launchers import spec
 from launchers.expand import data_path, expand
-from rrtrain.errors import UsageError
+from rrtrain.core.errors import UsageError
 from trainutil import PY, REPO, env
 
 BASE = {"name": "t", "config": "tiny.yaml", "data": "/data/x", "variants": ["review", "standard"],

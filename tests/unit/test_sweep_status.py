@@ -16,7 +16,7 @@ from launchers import record, runstate, status_cli
 from launchers.sweep_cli import to_submit
 from launchers.expand import Run
 from launchers.spec import Resources
-from rrtrain import runlock
+from rrtrain.rundir import lock as runlock
 from trainutil import PY
 
 CONFIG = {"train": {"max_steps": 1000, "tokens": None, "global_batch": 8}, "model": {"size": "tiny", "seq_len": None},

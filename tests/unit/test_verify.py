@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from rrtrain.checkpoint import checksum_files, file_problems, is_disk_full, rng_state, set_rng_state
-from rrtrain.errors import UsageError
-from rrtrain.io import unwritable_reason
-from rrtrain.verify import check_tokens
+from rrtrain.training.checkpoint import checksum_files, file_problems, is_disk_full, rng_state, set_rng_state
+from rrtrain.core.errors import UsageError
+from rrtrain.core.io import unwritable_reason
+from rrtrain.data.verify import check_tokens
 
 
 def mds_bytes(rows: np.ndarray) -> np.ndarray:

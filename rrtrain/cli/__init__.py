@@ -1,0 +1,1 @@
+"""The command line: `rrtrain NAME ...` dispatches to one module per subcommand (`main.py` holds the dispatcher)."""

@@ -1,0 +1,133 @@
+"""`rrtrain report SWEEP_DIR [--out DIR] ...`: tables, CSV, JSON and plots from a sweep directory.
+
+Variants compared: `--reference` (default `review` when any run is a `review` run, otherwise the
+first variant alphabetically) against `--baselines` (default: every other variant present).
+Bad input raises `UsageError`; the dispatcher prints one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+
+from rrtrain.core.errors import UsageError
+
+_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="rrtrain report",
+        description="Welch-t significance tables (the paper's Table 2), the advantage's trend across sizes, "
+        "extrapolation, power analysis and plots for every run found under SWEEP_DIR.",
+    )
+    p.add_argument("sweep_dir", metavar="SWEEP_DIR", help="directory searched (any depth) for final.json / metrics.jsonl")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: SWEEP_DIR/report)")
+    p.add_argument("--reference", metavar="VARIANT",
+                   help="variant the others are compared with (default: review if present, else the first alphabetically)")
+    p.add_argument("--baselines", metavar="A,B", help="comma-separated variants (default: every other variant present)")
+    p.add_argument("--alpha", default="0.05", metavar="A", help="significance level of the tests (default 0.05)")
+    p.add_argument("--power", default="0.8", metavar="P", help="target power for the seed counts (default 0.8)")
+    p.add_argument("--effect", metavar="NATS", help="plan the seed counts for this difference instead of the observed one")
+    p.add_argument("--extrapolate", metavar="N,N", default="",
+                   help="parameter counts to extrapolate the advantage to, e.g. 7e9,7e10 or 7B,70B")
+    p.add_argument("--include-flagged", action="store_true",
+                   help="keep stalled/diverged/failed or monitor-flagged runs in the means")
+    return p
+
+
+def _fraction(name: str, text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise UsageError(f"{name} must be a number between 0 and 1, got {text!r}") from None
+    if not 0.0 < x < 1.0:
+        raise UsageError(f"{name} must be between 0 and 1 (exclusive), got {text}")
+    return x
+
+
+def parse_count(text: str) -> float:
+    """'7e9', '7B', '70b', '500M', '1.5T' -> a positive parameter count."""
+    m = re.fullmatch(r"\s*([0-9.eE+-]+?)\s*([kKmMbBgGtT]?)\s*", text)
+    try:
+        if m is None:
+            raise ValueError
+        x = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
+    except ValueError:
+        raise UsageError(f"--extrapolate: {text.strip()!r} is not a parameter count (e.g. 7e9 or 7B)") from None
+    if not math.isfinite(x) or x <= 0:
+        raise UsageError(f"--extrapolate: {text.strip()!r} must be a positive parameter count")
+    return x
+
+
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise UsageError(f"--baselines: empty name in {text!r}")
+    if len(set(names)) != len(names):
+        raise UsageError(f"--baselines: a variant is named twice in {text!r}")
+    return names
+
+
+def options_from(args: argparse.Namespace):
+    from rrtrain.report.options import Options
+
+    effect = None
+    if args.effect is not None:
+        try:
+            effect = float(args.effect)
+        except ValueError:
+            raise UsageError(f"--effect must be a number of nats, got {args.effect!r}") from None
+        if not math.isfinite(effect) or effect <= 0:
+            raise UsageError(f"--effect must be a positive number of nats, got {args.effect}")
+    return Options(
+        reference=args.reference,
+        baselines=_names(args.baselines) if args.baselines is not None else None,
+        alpha=_fraction("--alpha", args.alpha),
+        power=_fraction("--power", args.power),
+        effect=effect,
+        extrapolate=[parse_count(t) for t in args.extrapolate.split(",") if t.strip()],
+        include_flagged=args.include_flagged,
+    )
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    opts = options_from(args)  # validate every flag before touching the disk
+    sweep = Path(args.sweep_dir)
+    if not sweep.is_dir():
+        raise UsageError(f"SWEEP_DIR {str(sweep)!r} is not a directory")
+    out = Path(args.out) if args.out else sweep / "report"
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} exists and is not a directory")
+
+    from rrtrain.report.collect import find_runs
+    from rrtrain.report.options import choose_variants
+
+    runs = find_runs(sweep, skip=[out])
+    if not runs:
+        raise UsageError(f"no runs under {str(sweep)!r} (looked for final.json or metrics.jsonl at any depth)")
+    choose_variants(sorted({r.variant for r in runs if r.variant}), opts.reference, opts.baselines)
+
+    # the heavy imports (scipy, matplotlib) only once the input is known to be good
+    from rrtrain.report import plots, render
+    from rrtrain.report.analysis import analyze
+    from rrtrain.core.io import atomic_write_text as write_text
+
+    analysis = analyze(runs, opts)
+    out.mkdir(parents=True, exist_ok=True)
+    drawn = plots.write_all(analysis, out)
+    write_text(out / "results.csv", render.results_csv(analysis))
+    write_text(out / "summary.json", render.summary_json(analysis, drawn, str(sweep)))
+    write_text(out / "report.md", render.report_md(analysis, drawn, sweep.resolve().name))
+    n_plots = sum("skipped" not in d for d in drawn.values())
+    print(f"rrtrain report: {len(runs)} runs ({len(analysis.included)} in the means), reference {analysis.reference}; "
+          f"wrote report.md, results.csv, summary.json and {n_plots} plot(s) to {out}")
+    return 0

@@ -1,0 +1,159 @@
+"""`rrtrain dashboard SWEEP_DIR [--port P]`: TensorBoard on loopback over one logdir for the whole sweep.
+
+The logdir (`SWEEP_DIR/.dashboard/logdir`, rebuilt at each start and swapped in atomically) holds one run per
+run directory, named `SIZE/VARIANT/seedN`: symlinks to the run's own event files, plus one event file
+written here from `metrics.jsonl` (the source of truth) with
+- the curves again under per-size tags (`SIZE/train_loss`, `SIZE/val_loss`, `SIZE/grad_norm`,
+  `SIZE/gate_mean/BLOCK`), so that a custom-scalars chart per size shows exactly that size's variants;
+- the HParams session (variant, size, seed, params -> final and best val loss, number of flags, flags);
+- a histogram of each gated site's gate values at every diagnostic step (`gates/SITE`, from the trainer's
+  `gate_hist` counts).
+Runs are found by final.json / metrics.jsonl anywhere under the sweep directory, as the report finds them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from rrtrain.core.errors import UsageError
+from rrtrain.report.collect import run_dirs
+from rrtrain.monitoring.sweep_flags import read_config, read_final, read_tail
+
+HOST = "127.0.0.1"  # loopback only: on a cluster, reach it through an SSH tunnel
+SERIES = {"train_loss": "loss", "val_loss": "val_loss", "grad_norm": "grad_norm"}  # per-size tag -> metrics key
+
+
+def run_identity(run: Path) -> tuple[str, str, str, dict[str, Any]]:
+    """(size, variant, seedN, final.json or {}) from final.json, else config.yaml."""
+    final, config = read_final(run), read_config(run)
+    model, train = config.get("model") or {}, config.get("train") or {}
+    size = final.get("size") or model.get("size") or "unknown"
+    variant = final.get("variant") or model.get("variant") or run.name
+    seed = final.get("seed", train.get("seed"))
+    return str(size), str(variant), f"seed{seed if seed is not None else 'x'}", final
+
+
+def layout(sizes: list[str]) -> dict[str, dict[str, list]]:
+    """The custom-scalars layout: one category per size, its variants on one chart per quantity."""
+    out = {}
+    for size in sizes:
+        s = re.escape(size)
+        out[f"size {size}"] = {
+            "train loss": ["Multiline", [rf"^{s}/train_loss$"]],
+            "val loss": ["Multiline", [rf"^{s}/val_loss$"]],
+            "grad norm": ["Multiline", [rf"^{s}/grad_norm$"]],
+            "gate mean per block": ["Multiline", [rf"^{s}/gate_mean/\d+$"]],
+        }
+    return out
+
+
+def _gate_histogram(writer, tag: str, counts: list[float], step: int) -> None:
+    """One site's gate values at one diagnostic step, from the trainer's counts in equal bins on [0, 1]
+    (each value stands at its bin's centre for the summary statistics)."""
+    total = float(sum(counts))
+    if not total:
+        return
+    n = len(counts)
+    limits = [(i + 1) / n for i in range(n)]
+    centres = [(i + 0.5) / n for i in range(n)]
+    used = [x for x, k in zip(centres, counts) if k]
+    writer.add_histogram_raw(tag, min=used[0], max=used[-1], num=total,
+                             sum=sum(k * x for k, x in zip(counts, centres)),
+                             sum_squares=sum(k * x * x for k, x in zip(counts, centres)),
+                             bucket_limits=limits, bucket_counts=[float(k) for k in counts], global_step=step)
+
+
+def write_derived(run: Path, out: Path, size: str, variant: str, seed: str, final: dict[str, Any],
+                  sizes: Optional[list[str]]) -> None:
+    """The dashboard's own event file for one run (see the module docstring)."""
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams
+
+    writer = SummaryWriter(str(out), filename_suffix=".rrtrain-dashboard")
+    last_step = 0
+    for rec in read_tail(run / "metrics.jsonl", None, only=None):
+        if not isinstance(rec.get("step"), int):
+            continue
+        step, last_step = rec["step"], max(last_step, rec["step"])
+        if rec.get("kind") == "diag":
+            for i, g in enumerate(rec.get("gate_mean") or []):
+                if isinstance(g, (int, float)):
+                    writer.add_scalar(f"{size}/gate_mean/{i:03d}", g, step)
+            for i, counts in enumerate(rec.get("gate_hist") or []):
+                _gate_histogram(writer, f"gates/{i:03d}", counts, step)
+            continue
+        if rec.get("kind") is not None:
+            continue
+        for tag, key in SERIES.items():
+            value = rec.get(key)
+            if isinstance(value, (int, float)):
+                writer.add_scalar(f"{size}/{tag}", value, step)
+    flags = [str(f) for f in final.get("flags") or []]
+    metrics = {"hparams/final_val_loss": final.get("final_val_loss"), "hparams/best_val_loss": final.get("best_val_loss"),
+               "hparams/n_flags": float(len(flags))}
+    metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+    hp = {"variant": variant, "size": size, "seed": seed, "params": float(final.get("params") or 0),
+          "flags": ",".join(flags) or "none", "status": str(final.get("status") or "running")}
+    for summary in hparams(hp, metrics):
+        writer.file_writer.add_summary(summary)
+    for key, value in metrics.items():
+        writer.add_scalar(key, value, last_step)
+    if sizes is not None:
+        writer.add_custom_scalars(layout(sizes))
+    writer.close()
+
+
+def build_logdir(sweep_dir: str | os.PathLike[str]) -> tuple[Path, list[str]]:
+    """Build the sweep's logdir aside and swap it in with one rename; returns (logdir, run names)."""
+    sweep = Path(sweep_dir)
+    if not sweep.is_dir():
+        raise UsageError(f"{sweep}: not a directory")
+    home = sweep / ".dashboard"
+    runs = [d for d in run_dirs(sweep) if home not in d.parents]
+    if not runs:
+        raise UsageError(f"{sweep}: no runs (no final.json or metrics.jsonl under it)")
+    home.mkdir(exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix="build-", dir=home))
+    build.chmod(0o755)
+    names: list[str] = []
+    idents = [run_identity(r) for r in runs]
+    sizes = sorted({i[0] for i in idents})
+    for run, (size, variant, seed, final) in zip(runs, idents):
+        name = f"{size}/{variant}/{seed}"
+        while name in names:  # the same identity twice (e.g. a rerun in another directory)
+            name += "+"
+        names.append(name)
+        out = build / name
+        out.mkdir(parents=True)
+        for event in sorted((run / "tb").glob("events.out.tfevents.*")):
+            (out / event.name).symlink_to(event.resolve())
+        write_derived(run, out, size, variant, seed, final, sizes if len(names) == 1 else None)
+    link, tmp_link = home / "logdir", home / f".logdir.{os.getpid()}"
+    old = link.resolve() if link.is_symlink() else None
+    tmp_link.unlink(missing_ok=True)
+    tmp_link.symlink_to(build.name)
+    os.replace(tmp_link, link)
+    if old is not None and old != build and old.parent == home:
+        shutil.rmtree(old, ignore_errors=True)
+    return link, names
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rrtrain dashboard", description="TensorBoard on loopback over a sweep's runs")
+    parser.add_argument("sweep_dir")
+    parser.add_argument("--port", type=int, default=6006)
+    args = parser.parse_args(argv)
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    logdir, names = build_logdir(args.sweep_dir)
+    print(f"rrtrain dashboard: {len(names)} runs from {args.sweep_dir} at http://{HOST}:{args.port}/", flush=True)
+    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", HOST,
+           "--port", str(args.port), "--reload_interval", "15"]
+    os.execv(sys.executable, cmd)  # TensorBoard takes over this process: Ctrl-C and signals reach it directly

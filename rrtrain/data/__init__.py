@@ -1,0 +1,1 @@
+"""Data loading for training: the streaming loader over `rrtrain prep`'s MDS shards, and shard verification."""

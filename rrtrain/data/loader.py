@@ -1,0 +1,528 @@
+"""The training and evaluation data loader: datasets written by `rrtrain prep`, read through mosaicml-streaming.
+
+Storage and reading are streaming's (`StreamingDataset`: local directories or s3://, gs://, ...
+remotes with a per-run local cache, shard hashes, zstd). The *order* is computed here, because
+streaming's own partition gives the same samples per optimizer step for different world sizes and
+micro-batches only in the middle of an epoch: at the end of an epoch it pads, repeats or drops
+samples depending on the number of ranks and on the micro-batch size, and every later step differs
+(measured; see docs/data.md). So:
+
+* epoch e is permuted by streaming's own `py1e` shuffle (seeded by the run seed and e, with
+  `num_canonical_nodes` pinned), arranged in streaming's canonical-node order;
+* the epochs are concatenated into one endless stream, and global sample position p is
+  `order[p // N][p % N]` (no sample dropped or padded; a batch may straddle two epochs);
+* optimizer step s takes positions [s*G, (s+1)*G); its micro-step a is the chunk of W*m positions
+  starting at s*G + a*W*m, of which rank r takes the m starting at offset r*m.
+
+The set of samples of step s therefore depends only on (data, seed, NCN, G), never on the world
+size, micro-batch or accumulation, and the loader's whole state is one integer, the global
+position, which makes resume exact at any micro-step and any epoch boundary.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import json
+import os
+import re
+import tempfile
+import threading
+import weakref
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from rrtrain.core.errors import UsageError
+from rrtrain.core.lazy_import import streaming_module
+from rrtrain.training.signals import ignore_stop_signals
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+STATE_VERSION = 1
+COLUMN = "tokens"
+SHUFFLE_ALGO = "py1e"
+_REQUIRED = ("format_version", "vocab_size", "eos_id", "seq_len", "dtype", "splits", "fingerprint", "unigram_entropy")
+# Compared on resume: a mismatch is always refused (the data or the randomness differ) ...
+_NEVER_CHANGE = ("fingerprint", "seed", "shuffle", "split")
+# ... or refused unless the caller allows it (the run continues on a different schedule). The world size and
+# micro-batch may change freely: a step's samples depend on neither.
+_CHANGE_IF_ALLOWED = ("global_batch", "num_canonical_nodes", "shuffle_block_size")
+
+_shm_lock = threading.Lock()
+_shm_cleaned = False
+# Live iterators, closed at exit before multiprocessing's own atexit hook runs: that hook terminates
+# daemonic DataLoader workers with SIGTERM, which the workers ignore, and would then wait forever.
+_LIVE_ITERATORS: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def _close_live_iterators() -> None:
+    for it in list(_LIVE_ITERATORS):
+        it.close()
+
+
+atexit.register(_close_live_iterators)
+
+
+def is_remote(path: str) -> bool:
+    """True for URLs streaming downloads from (s3://, gs://, oci://, hf://, dbfs:/, ...)."""
+    return "://" in path or path.startswith("dbfs:")
+
+
+def read_manifest(path: str) -> dict[str, Any]:
+    """Load and check `manifest.json` of a prepared dataset (a local directory or a remote URL)."""
+    try:
+        if is_remote(path):
+            CloudDownloader = streaming_module("streaming.base.storage.download").CloudDownloader
+
+            with tempfile.TemporaryDirectory() as tmp:
+                local = os.path.join(tmp, MANIFEST)
+                CloudDownloader.direct_download(path.rstrip("/") + "/" + MANIFEST, local)
+                with open(local, encoding="utf-8") as f:
+                    text = f.read()
+        else:
+            with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
+                text = f.read()
+    except FileNotFoundError as err:
+        raise UsageError(f"no {MANIFEST} in '{path}' (is it a directory written by 'rrtrain prep'?)") from err
+    except Exception as err:
+        raise UsageError(f"cannot read {MANIFEST} of '{path}': {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{MANIFEST} of '{path}' is not valid JSON ({err.msg})") from err
+    missing = [k for k in _REQUIRED if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        raise UsageError(f"{MANIFEST} of '{path}' lacks {', '.join(missing)}")
+    if manifest["format_version"] != FORMAT_VERSION:
+        raise UsageError(f"{MANIFEST} of '{path}' has format_version {manifest['format_version']}; this rrtrain reads {FORMAT_VERSION}")
+    return manifest
+
+
+def check_vocab(manifest: dict[str, Any], model_vocab: int) -> None:
+    """Refuse a dataset whose token ids would index past the model's embedding."""
+    if manifest["vocab_size"] > model_vocab:
+        raise UsageError(f"dataset vocabulary {manifest['vocab_size']} does not fit the model's vocab_size {model_vocab}")
+
+
+#: one process per machine at a time makes or probes streaming's shared-memory names (see `shm_guard`)
+SHM_LOCK = "/dev/shm/rrtrain-streaming.lock" if os.path.isdir("/dev/shm") else os.path.join(tempfile.gettempdir(),
+                                                                                          "rrtrain-streaming.lock")
+
+
+@contextlib.contextmanager
+def shm_guard(local_rank: int = 0) -> Iterator[None]:
+    """Serialise, per machine, what creates or probes streaming's shared-memory names.
+
+    `clean_stale_shared_memory` probes each name by creating it, and `StreamingDataset` registers the first
+    free prefix: two runs starting together on one machine (a sweep's parallel runs, a job array) collide
+    there with `FileExistsError: '/000064_locals'`. The local leader holds a file lock in /dev/shm; the other
+    local ranks of its run wait at a barrier until it has it, so their look-ups run under it too. Every rank
+    of a run must enter together (as streaming's own barriers require already)."""
+    leader = int(os.environ.get("LOCAL_RANK", local_rank)) == 0
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    handle = open(SHM_LOCK, "a") if leader else None
+    try:
+        if handle is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        if distributed:
+            torch.distributed.barrier()
+        yield
+        if distributed:
+            torch.distributed.barrier()
+    finally:
+        if handle is not None:
+            handle.close()  # releases the lock
+
+
+def unlink_stale_beyond_gaps(shm_dir: str = "/dev/shm") -> int:
+    """Unlink every streaming shared-memory name in `shm_dir`; returns how many.
+
+    Streaming's `clean_stale_shared_memory` walks prefixes 0, 1, 2, ... and stops at the first free one, so
+    the names of runs killed while a lower prefix was free stay for good; every later `StreamingDataset` opens
+    all of them and keeps them open (hundreds of leaked runs exhaust a process's file descriptors). This removes
+    what streaming's cleaner would, beyond its first gap too. Call it where streaming's cleaner runs: on the
+    local leader, under `shm_guard`."""
+    constant = streaming_module("streaming.base.constant")
+    pattern = re.compile(r"^\d{6}_(" + "|".join(map(re.escape, constant.SHM_TO_CLEAN)) + ")$")
+    try:
+        names = [n for n in os.listdir(shm_dir) if pattern.match(n)]
+    except OSError:
+        return 0  # no /dev/shm (not Linux): streaming's own cleaner is all there is
+    removed = 0
+    for name in names:
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+            removed += 1
+        except OSError:
+            pass  # gone meanwhile, or not ours to remove
+    return removed
+
+
+def clean_stale_shm(local_rank: int = 0) -> None:
+    """Remove shared memory leaked by crashed streaming runs, once per process, before any dataset.
+
+    Calls `streaming.base.util.clean_stale_shared_memory()`, which unlinks on local rank 0 and
+    then waits at a barrier when torch.distributed is up, so every rank must call this together.
+    Streaming reads the local rank from $LOCAL_RANK; launchers that do not set it (srun) get ours,
+    so that only one process per node unlinks.
+    """
+    global _shm_cleaned
+    with _shm_lock:
+        if _shm_cleaned:
+            return
+        clean_stale_shared_memory = streaming_module("streaming.base.util").clean_stale_shared_memory
+
+        had_env = "LOCAL_RANK" in os.environ
+        if not had_env:
+            os.environ["LOCAL_RANK"] = str(local_rank)
+        try:
+            if int(os.environ["LOCAL_RANK"]) == 0:
+                unlink_stale_beyond_gaps()
+            clean_stale_shared_memory()
+        finally:
+            if not had_env:
+                del os.environ["LOCAL_RANK"]
+        _shm_cleaned = True
+
+
+# One StreamingDataset per (dataset, split, local dir) per process. Streaming's constructor opens every
+# shared-memory segment already registered on the machine to look for a free prefix and keeps each one
+# open until exit (an atexit hook holds it): constructing datasets repeatedly exhausts file descriptors.
+# Random access needs nothing from the constructor's seed or batch size, so loaders share one instance.
+_SPLITS: dict[tuple[str | None, str, str, str], "_Split"] = {}
+_splits_lock = threading.Lock()
+
+
+class _Split:
+    """A split opened for random access: the StreamingDataset, its shard sizes and the row reader."""
+
+    def __init__(self, ds, dtype: str, row_len: int) -> None:  # noqa: ANN001 - a StreamingDataset
+        self.ds = ds
+        self.num_samples = int(ds.num_samples)
+        self.samples_per_shard = np.asarray(ds.samples_per_shard, dtype=np.int64)
+        self.rows = _Rows(ds, dtype, row_len)
+
+
+def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str, *, batch_size: int,
+                num_canonical_nodes: int, seed: int) -> _Split:
+    """A StreamingDataset used for random access only (its own iteration is never used).
+
+    A local uncompressed dataset is read in place. Remote or compressed datasets go through a
+    local cache under `cache_dir`, which must be unique to the run (streaming refuses a cache dir
+    another live dataset uses, and decompressing into a shared dataset dir would race) and the same
+    for the ranks of one node. All ranks must open splits in the same order (streaming synchronises).
+    """
+    StreamingDataset = streaming_module("streaming.base.dataset").StreamingDataset
+
+    remote_mode = is_remote(path) or bool(manifest.get("compression"))
+    if remote_mode:
+        remote, local = (path if is_remote(path) else os.path.abspath(path)), os.path.abspath(cache_dir)
+        os.makedirs(local, exist_ok=True)
+    else:
+        remote, local = None, os.path.abspath(path)
+    key = (remote, local, split, str(manifest["fingerprint"]))
+    with _splits_lock:
+        if key in _SPLITS:
+            return _SPLITS[key]
+        try:
+            ds = StreamingDataset(
+                remote=remote, local=local, split=split, shuffle=False, shuffle_seed=seed,
+                num_canonical_nodes=num_canonical_nodes, batch_size=batch_size,
+                validate_hash="xxh64" if remote_mode else None,
+            )
+        except ValueError as err:
+            raise UsageError(f"cannot open '{path}' split '{split}': {str(err).splitlines()[0]}") from err
+        except FileNotFoundError as err:
+            raise UsageError(f"'{path}' has no '{split}' split ({err.filename})") from err
+        opened = _SPLITS[key] = _Split(ds, manifest["dtype"], int(manifest["seq_len"]) + 1)
+        return opened
+
+
+class _Rows:
+    """Random access to rows: streaming places each shard locally, a memory map reads it.
+
+    The first access to a shard goes through `StreamingDataset.__getitem__`, which downloads,
+    decompresses and hash-checks it into the local cache (or finds it in place). The shard's raw MDS
+    file ([uint32 n][uint32 offsets x (n+1)][samples]) is then memory-mapped and, since every sample
+    is one fixed-size token row, a micro-batch is one fancy index instead of a file open per sample.
+    A shard whose layout is not exactly that falls back to streaming's per-sample decode.
+    """
+
+    def __init__(self, ds, dtype: str, row_len: int) -> None:  # noqa: ANN001 - a StreamingDataset
+        self.ds = ds
+        self.dtype = np.dtype(dtype)
+        self.row_len = row_len
+        self.starts = np.asarray(ds.sample_offset_per_shard, dtype=np.int64)
+        self._maps: dict[int, np.ndarray | None] = {}
+
+    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers map shards themselves
+        return {**self.__dict__, "_maps": {}}
+
+    def _map(self, shard_id: int, some_id: int) -> np.ndarray | None:
+        if shard_id not in self._maps:
+            self.ds[some_id]  # make the shard local through streaming (download, unzip, hash check)
+            reader = self.ds.shards[shard_id]
+            path = os.path.join(reader.dirname, reader.split, reader.raw_data.basename)
+            raw = np.memmap(path, dtype=np.uint8, mode="r")
+            n = int(raw[:4].view(np.uint32)[0])
+            offsets = raw[4 : 4 * (n + 2)].view(np.uint32).astype(np.int64)
+            row_bytes = self.row_len * self.dtype.itemsize
+            regular = n == reader.samples and bool(np.all(np.diff(offsets) == row_bytes)) and offsets[-1] <= len(raw)
+            self._maps[shard_id] = (
+                raw[offsets[0] : offsets[-1]].view(self.dtype).reshape(n, self.row_len) if regular else None
+            )
+        return self._maps[shard_id]
+
+    def __call__(self, ids: np.ndarray) -> torch.Tensor:
+        """Rows for global sample ids, as an int64 [len(ids), seq_len+1] tensor."""
+        shards = np.searchsorted(self.starts, ids, side="right") - 1
+        out = np.empty((len(ids), self.row_len), dtype=np.int64)
+        for shard in np.unique(shards):
+            mask = shards == shard
+            rows = self._map(int(shard), int(ids[mask][0]))
+            if rows is not None:
+                out[mask] = rows[ids[mask] - self.starts[shard]]
+            else:
+                out[mask] = np.stack([self.ds[int(i)][COLUMN] for i in ids[mask]])
+        return torch.from_numpy(out)
+
+
+def default_block_size(num_canonical_nodes: int) -> int:
+    """streaming's default shuffle block (samples), pinned so the order never depends on its version."""
+    return max(4_000_000 // num_canonical_nodes, 1 << 18)
+
+
+def canonical_interleave(n: int, num_canonical_nodes: int) -> np.ndarray:
+    """Positions 0..n-1 in streaming's single-rank reading order: canonical node spans, interleaved.
+
+    Streaming gives canonical node c the span [c*n//NCN, (c+1)*n//NCN) and reads the nodes
+    round-robin; where spans differ in length streaming repeats a sample, here the hole is skipped.
+    """
+    c = num_canonical_nodes
+    starts = np.arange(c, dtype=np.int64) * n // c
+    stops = np.arange(1, c + 1, dtype=np.int64) * n // c
+    width = int((stops - starts).max()) if n else 0
+    grid = np.full((width, c), -1, dtype=np.int64)
+    for node in range(c):
+        grid[: stops[node] - starts[node], node] = np.arange(starts[node], stops[node])
+    flat = grid.reshape(-1)
+    return flat[flat >= 0]
+
+
+def epoch_order(samples_per_shard: np.ndarray, *, num_canonical_nodes: int, seed: int, epoch: int,
+                block_size: int, shuffle: bool) -> np.ndarray:
+    """Sample ids of epoch `epoch`, in reading order: streaming's py1e shuffle, canonical order."""
+    n = int(samples_per_shard.sum())
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    get_shuffle = streaming_module("streaming.base.shuffle").get_shuffle
+
+    perm = get_shuffle(SHUFFLE_ALGO, samples_per_shard.astype(np.int64), num_canonical_nodes, seed, epoch, block_size)
+    return perm[canonical_interleave(n, num_canonical_nodes)]
+
+
+class _Positions:
+    """Global position -> sample id over the endless concatenation of epoch orders (2 epochs cached)."""
+
+    def __init__(self, samples_per_shard: np.ndarray, *, num_canonical_nodes: int, seed: int, block_size: int,
+                 shuffle: bool) -> None:
+        self.samples_per_shard = samples_per_shard
+        self.n = int(samples_per_shard.sum())
+        self.kw = dict(num_canonical_nodes=num_canonical_nodes, seed=seed, block_size=block_size, shuffle=shuffle)
+        self._cache: dict[int, np.ndarray] = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._cache:
+            if len(self._cache) >= 2:
+                self._cache.pop(min(self._cache))
+            self._cache[epoch] = epoch_order(self.samples_per_shard, epoch=epoch, **self.kw)
+        return self._cache[epoch]
+
+    def ids(self, start: int, count: int) -> np.ndarray:
+        pos = np.arange(start, start + count, dtype=np.int64)
+        epochs, within = pos // self.n, pos % self.n
+        out = np.empty(count, dtype=np.int64)
+        for e in np.unique(epochs):
+            mask = epochs == e
+            out[mask] = self.order(int(e))[within[mask]]
+        return out
+
+
+class _RowsDataset(torch.utils.data.Dataset):
+    """Map-style view for DataLoader workers: an index array in, an int64 batch out."""
+
+    def __init__(self, rows: _Rows) -> None:
+        self.rows = rows
+
+    def __getitem__(self, indices: np.ndarray) -> torch.Tensor:  # type: ignore[override]
+        return self.rows(indices)
+
+
+def _worker_init(_: int) -> None:
+    """DataLoader workers ignore the signals the trainer handles in the main process."""
+    ignore_stop_signals()
+
+
+class TrainLoader:
+    """Endless, seeded, resumable micro-batches of [micro_batch, seq_len+1] int64 token ids for one rank.
+
+    Call `next()` accum = global_batch // (micro_batch * world_size) times per optimizer step.
+    `state_dict()` is one global position plus what must match on resume.
+    """
+
+    def __init__(self, path: str, *, micro_batch: int, global_batch: int, rank: int, world_size: int,
+                 local_rank: int, seed: int, num_canonical_nodes: int = 1, num_workers: int = 0,
+                 cache_dir: str, split: str = "train", shuffle: bool = True) -> None:
+        if micro_batch < 1 or world_size < 1 or global_batch < 1:
+            raise UsageError("micro_batch, global_batch and world_size must be positive")
+        if not 0 <= rank < world_size:
+            raise UsageError(f"rank {rank} is outside world size {world_size}")
+        if global_batch % (micro_batch * world_size):
+            raise UsageError(f"global_batch {global_batch} is not a multiple of micro_batch {micro_batch} x world size {world_size}")
+        if num_canonical_nodes < 1:
+            raise UsageError(f"num_canonical_nodes must be positive, got {num_canonical_nodes}")
+        if seed < 0:
+            raise UsageError(f"the data seed must be non-negative, got {seed}")
+        self.path, self.split = path, split
+        self.micro_batch, self.global_batch = micro_batch, global_batch
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.seed, self.num_canonical_nodes, self.num_workers = seed, num_canonical_nodes, num_workers
+        self.shuffle = shuffle
+        self.block_size = default_block_size(num_canonical_nodes)
+        self.manifest = read_manifest(path)
+        with shm_guard(local_rank):
+            clean_stale_shm(local_rank)
+            opened = _open_split(path, self.manifest, split, os.path.join(cache_dir, "loader"),
+                                 batch_size=micro_batch, num_canonical_nodes=num_canonical_nodes, seed=seed)
+        expected = self.manifest["splits"].get(split, {}).get("samples")
+        if expected is not None and expected != opened.num_samples:
+            raise UsageError(f"'{path}' split '{split}' holds {opened.num_samples} samples but its manifest says {expected}")
+        if opened.num_samples < 1:
+            raise UsageError(f"'{path}' split '{split}' is empty")
+        self._rows = opened.rows
+        self._positions = _Positions(opened.samples_per_shard,
+                                     num_canonical_nodes=num_canonical_nodes, seed=seed,
+                                     block_size=self.block_size, shuffle=shuffle)
+        self._position = 0
+        self._generation = 0
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.manifest["seq_len"])
+
+    @property
+    def samples_per_epoch(self) -> int:
+        return self._positions.n
+
+    @property
+    def accum(self) -> int:
+        return self.global_batch // (self.micro_batch * self.world_size)
+
+    def _micro_indices(self, start: int) -> Iterator[np.ndarray]:
+        """Sample ids of this rank's micro-batches from global position `start` on, forever."""
+        chunk, m = self.micro_batch * self.world_size, self.micro_batch
+        pos = start
+        while True:
+            yield self._positions.ids(pos + self.rank * m, m)
+            pos += chunk
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        self.close()
+        self._generation += 1
+        it = self._iterate(self._generation, self._position)
+        _LIVE_ITERATORS.add(it)
+        self._live = it
+        return it
+
+    def _iterate(self, generation: int, start: int) -> Iterator[torch.Tensor]:
+        chunk = self.micro_batch * self.world_size
+        if self.num_workers > 0:
+            loader = torch.utils.data.DataLoader(
+                _RowsDataset(self._rows), sampler=self._micro_indices(start), batch_size=None,
+                num_workers=self.num_workers, worker_init_fn=_worker_init, prefetch_factor=4,
+            )
+            batches: Iterator[torch.Tensor] = iter(loader)
+        else:
+            batches = (self._rows(ids) for ids in self._micro_indices(start))
+        pos = start
+        try:
+            for batch in batches:
+                if generation != self._generation:
+                    raise RuntimeError("TrainLoader was re-iterated or its state reloaded; this iterator is stale")
+                pos += chunk
+                self._position = pos
+                yield batch
+        finally:
+            shutdown = getattr(batches, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()  # stop workers politely: they ignore SIGTERM
+
+    def close(self) -> None:
+        """Stop the live iterator and its worker processes (also done at interpreter exit)."""
+        live = getattr(self, "_live", None)
+        if live is not None:
+            live.close()
+            self._live = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable: the global position and everything that must match to continue exactly."""
+        n, p = self._positions.n, self._position
+        return {
+            "version": STATE_VERSION,
+            "fingerprint": self.manifest["fingerprint"],
+            "split": self.split,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "num_canonical_nodes": self.num_canonical_nodes,
+            "shuffle_block_size": self.block_size,
+            "world_size": self.world_size,
+            "global_batch": self.global_batch,
+            "micro_batch": self.micro_batch,
+            "samples_per_epoch": n,
+            "samples_consumed": p,
+            "epoch": p // n,
+            "sample_in_epoch": p % n,
+            "step": p // self.global_batch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], allow_change: bool = False) -> None:
+        """Continue from `state`; refuses other data or seed, and (unless allowed) a changed schedule."""
+        if state.get("version") != STATE_VERSION:
+            raise UsageError(f"data loader state has version {state.get('version')}; expected {STATE_VERSION}")
+        mine = self.state_dict()
+        never = [f"{k} {state.get(k)!r} -> {mine[k]!r}" for k in _NEVER_CHANGE if state.get(k) != mine[k]]
+        if never:
+            raise UsageError("cannot resume the data loader: " + "; ".join(never) + " (these can never change)")
+        changed = [f"{k} {state.get(k)} -> {mine[k]}" for k in _CHANGE_IF_ALLOWED if state.get(k) != mine[k]]
+        if changed and not allow_change:
+            raise UsageError("cannot resume the data loader: " + "; ".join(changed)
+                             + " (allow the change to continue from the same sample position)")
+        consumed = int(state["samples_consumed"])
+        if consumed < 0:
+            raise UsageError(f"data loader state has a negative position {consumed}")
+        self.close()
+        self._position = consumed
+        self._generation += 1
+
+
+def eval_batches(path: str, *, micro_batch: int, n_batches: int, rank: int, world_size: int,
+                 cache_dir: str) -> list[torch.Tensor]:
+    """A fixed list of validation micro-batches for this rank, the same on every call.
+
+    Eval batch b is val positions [b*E, (b+1)*E) with E = micro_batch * world_size (wrapping
+    around a short val split), rank r taking the m starting at r*m: the union over ranks depends
+    only on E, so any world size with the same E evaluates exactly the same samples.
+    """
+    if micro_batch < 1 or n_batches < 0 or world_size < 1 or not 0 <= rank < world_size:
+        raise UsageError("eval_batches needs micro_batch >= 1, n_batches >= 0 and 0 <= rank < world_size")
+    manifest = read_manifest(path)
+    with shm_guard():
+        clean_stale_shm()
+        opened = _open_split(path, manifest, "val", os.path.join(cache_dir, "eval"), batch_size=micro_batch,
+                             num_canonical_nodes=1, seed=0)
+    n, e = opened.num_samples, micro_batch * world_size
+    return [opened.rows((b * e + rank * micro_batch + np.arange(micro_batch, dtype=np.int64)) % n)
+            for b in range(n_batches)]

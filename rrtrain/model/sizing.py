@@ -1,0 +1,214 @@
+"""Size presets, analytic parameter and FLOP counts, and parameter matching by widening.
+
+Counts are computed from the shape, never by allocating a model: sweeps size 1B and 70B runs on a laptop.
+`tests/unit/test_sizing.py` checks every formula here against a model built on the meta device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from rrtrain import residuals
+from rrtrain.config import ModelConfig, ResidualConfig
+from rrtrain.core.errors import UsageError
+
+DEFAULT_VOCAB = 50257
+
+
+def configs_dir() -> Path:
+    """The repository's `configs/` (or $RRTRAIN_CONFIGS)."""
+    env = os.environ.get("RRTRAIN_CONFIGS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    nominal_params: Optional[int]
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: Optional[int]
+    seq_len: int
+    vocab_size: int
+
+
+@functools.lru_cache(maxsize=None)
+def presets() -> dict[str, Preset]:
+    out: dict[str, Preset] = {}
+    for path in sorted((configs_dir() / "sizes").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        out[data["name"]] = Preset(**data)
+    return dict(sorted(out.items(), key=lambda kv: (kv[1].nominal_params or 0, kv[0])))
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Everything that fixes a model's parameter count, resolved from a preset plus overrides."""
+
+    d_model: int
+    n_layers: int  # blocks
+    n_heads: int
+    d_ff: int
+    seq_len: int
+    vocab_size: int
+    pos: str = "learned"
+
+    @property
+    def n_sublayers(self) -> int:
+        return 2 * self.n_layers
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def resolve_shape(m: ModelConfig, vocab_size: Optional[int] = None) -> ModelShape:
+    """Preset values, overridden by whatever the model config sets; checks that the shape is possible."""
+    table = presets()
+    if m.size not in table:
+        import difflib
+
+        close = difflib.get_close_matches(m.size, list(table), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UsageError(f"model.size: unknown preset '{m.size}'{hint}; known: {', '.join(table)}")
+    p = table[m.size]
+    d = m.d_model if m.d_model is not None else p.d_model
+    heads = m.n_heads if m.n_heads is not None else p.n_heads
+    d_ff = m.d_ff if m.d_ff is not None else (p.d_ff if p.d_ff is not None and m.d_model is None else 4 * d)
+    vocab = m.vocab_size if m.vocab_size is not None else (vocab_size or p.vocab_size)
+    shape = ModelShape(
+        d_model=d,
+        n_layers=m.n_layers if m.n_layers is not None else p.n_layers,
+        n_heads=heads,
+        d_ff=d_ff,
+        seq_len=m.seq_len if m.seq_len is not None else p.seq_len,
+        vocab_size=vocab,
+        pos=m.pos,
+    )
+    for key, value in (("model.d_model", shape.d_model), ("model.n_layers", shape.n_layers),
+                       ("model.n_heads", shape.n_heads), ("model.d_ff", shape.d_ff),
+                       ("model.seq_len", shape.seq_len), ("model.vocab_size", shape.vocab_size)):
+        if value < 1:
+            raise UsageError(f"{key} must be at least 1, got {value}")
+    if shape.d_model % shape.n_heads:
+        raise UsageError(f"model.d_model={shape.d_model} is not divisible by model.n_heads={shape.n_heads}")
+    if shape.pos == "rope" and shape.head_dim % 2:
+        raise UsageError(f"model.pos=rope needs an even head size, got d_model/n_heads={shape.head_dim}")
+    return shape
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting
+
+
+def backbone_params(s: ModelShape) -> int:
+    """Embedding (tied with the LM head), positions, attention and MLP weights; no biases."""
+    embed = s.vocab_size * s.d_model
+    pos = s.seq_len * s.d_model if s.pos == "learned" else 0
+    per_block = 4 * s.d_model * s.d_model + 2 * s.d_model * s.d_ff
+    return embed + pos + s.n_layers * per_block
+
+
+def rule_params(s: ModelShape, variant: str, cfg: ResidualConfig) -> int:
+    """All parameters that belong to the residual rule: norms, gates, stream controllers."""
+    return residuals.get(variant).params(s.d_model, s.n_sublayers, cfg)
+
+
+def count_params(s: ModelShape, variant: str, cfg: ResidualConfig) -> int:
+    return backbone_params(s) + rule_params(s, variant, cfg)
+
+
+def gate_params(s: ModelShape, variant: str, cfg: ResidualConfig) -> int:
+    """What the rule adds over the standard pre-norm residual at the same shape."""
+    return rule_params(s, variant, cfg) - rule_params(s, "standard", cfg)
+
+
+def flops_per_token(s: ModelShape, variant: str, cfg: ResidualConfig) -> float:
+    """Training FLOPs per token: 6 * (non-embedding matmul params + LM head) + attention scores.
+
+    6N counts forward (2N) and backward (4N) for every weight matrix a token passes through
+    (the tied embedding matrix is used once as the LM head; the lookup is free). The attention term
+    is 12 * n_layers * seq_len * d_model: a token's query meets seq_len keys and values in QK^T and AV (2
+    matmuls x 2 FLOPs per multiply-add x seq_len x d_model forward, twice that backward), the causal mask
+    not discounted: PaLM's 12·L·H·Q·T (Appendix B), as nanoGPT's estimate_mfu and torchtitan count it, so
+    an MFU here compares with theirs. Residual-rule parameters are matmul weights too (gates, controllers);
+    norm gains and scalars are counted with them, a negligible overcount.
+    """
+    n_matmul = backbone_params(s) - (s.seq_len * s.d_model if s.pos == "learned" else 0)
+    n_matmul += rule_params(s, variant, cfg)
+    return 6.0 * n_matmul + 12.0 * s.n_layers * s.seq_len * s.d_model
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter matching
+
+
+def _with(s: ModelShape, **changes: int) -> ModelShape:
+    return dataclasses.replace(s, **changes)
+
+
+def match_shape(s: ModelShape, variant: str, cfg: ResidualConfig, target: int, widen: str = "mlp",
+                tolerance: float = 0.005) -> ModelShape:
+    """Widen `variant` at shape `s` until its count is within `tolerance` of `target`.
+
+    widen=mlp: change d_ff only (the paper's "parameter-matched by widening"). widen=model: grow d_model by
+    whole heads (head size kept), d_ff = 4 * d_model, as far as it stays at or under the target, then close
+    the rest of the gap with d_ff. A variant already larger than the target is narrowed the same way.
+    """
+    def count(shape: ModelShape) -> int:
+        return count_params(shape, variant, cfg)
+
+    if widen == "model":
+        head = s.head_dim
+        best = s
+        heads = s.n_heads
+        while True:
+            cand = _with(s, d_model=(heads + 1) * head, n_heads=heads + 1, d_ff=4 * (heads + 1) * head)
+            if count(cand) > target:
+                break
+            best, heads = cand, heads + 1
+        while count(best) > target and best.n_heads > 1:
+            heads = best.n_heads - 1
+            best = _with(s, d_model=heads * head, n_heads=heads, d_ff=4 * heads * head)
+        s = best
+    # d_ff enters linearly: 2 * d_model * n_layers parameters per unit.
+    per_unit = 2 * s.d_model * s.n_layers
+    d_ff = s.d_ff + round((target - count(s)) / per_unit)
+    if d_ff < 1:
+        raise UsageError(f"cannot match {variant} to {target:,} parameters by widening: it is larger even with d_ff=1")
+    matched = _with(s, d_ff=d_ff)
+    if abs(count(matched) - target) > tolerance * target:
+        raise UsageError(f"cannot match {variant} to within {tolerance:.2%} of {target:,} parameters")
+    return matched
+
+
+@dataclass(frozen=True)
+class SizedModel:
+    variant: str
+    shape: ModelShape
+    params: int
+    gate_params: int
+
+
+def size_variants(m: ModelConfig, variants: list[str], reference: Optional[str] = None, widen: str = "mlp",
+                  tolerance: float = 0.005, vocab_size: Optional[int] = None) -> dict[str, SizedModel]:
+    """Shapes and counts for several variants at one size; with `reference`, the others are matched to it."""
+    base = resolve_shape(m, vocab_size)
+    cfg = m.residual
+    target = count_params(base, reference, cfg) if reference else None
+    out: dict[str, SizedModel] = {}
+    for name in variants:
+        residuals.get(name)
+        shape = base
+        if target is not None and name != reference:
+            shape = match_shape(base, name, cfg, target, widen, tolerance)
+        out[name] = SizedModel(name, shape, count_params(shape, name, cfg), gate_params(shape, name, cfg))
+    return out

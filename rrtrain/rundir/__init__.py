@@ -1,0 +1,1 @@
+"""The run directory: its lock and its metrics files."""

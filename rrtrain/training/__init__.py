@@ -1,0 +1,1 @@
+"""The training loop and what it drives: step, optimizer, callbacks, checkpoints, signals, console."""

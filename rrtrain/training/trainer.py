@@ -1,0 +1,413 @@
+"""The training loop: one code path for one CPU process, FSDP2 and DeepSpeed ZeRO.
+
+A run is a function of its config and seed. Per optimizer step it reads `global_batch` sequences
+(micro-batches x ranks x accumulation), steps AdamW on the warmup-cosine schedule, logs, evaluates and
+checkpoints on their cadences, and stops cleanly at a step boundary on a signal. Starting a run whose
+directory holds a checkpoint resumes it exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import yaml
+
+from rrtrain.core import dist
+
+from rrtrain.rundir import lock as runlock
+
+from rrtrain.model import sizing
+from rrtrain.training.callbacks import Callback, due
+from rrtrain.training.checkpoint import CheckpointManager, Published, check_resume, is_disk_full
+from rrtrain.parallel.compile_policy import resolve_compile
+from rrtrain.config import Config
+from rrtrain.core.errors import RunError, UsageError
+from rrtrain.core.hardware import peak_flops
+from rrtrain.core.io import atomic_write_json, atomic_write_text, unwritable_reason
+from rrtrain.rundir.metrics import MetricsLogger
+from rrtrain.training.optim import lr_at
+from rrtrain.parallel import build_training_engine
+from rrtrain.training.signals import StopFlag
+from rrtrain.training.step import grad_accumulation, optimizer_step, set_matmul_precision
+from rrtrain.monitoring.watchdog import PeerWatch, is_comm_error
+
+EXIT_CODES = {"completed": 0, "failed": 1, "diverged": 3, "stalled": 4, "preempted": 75}
+
+
+def resolve_model_shape(cfg: Config, data_vocab: Optional[int], data_seq_len: Optional[int]) -> sizing.ModelShape:
+    """The model's shape: preset + overrides, the dataset's vocabulary and sequence length unless set,
+    widened to the reference variant's parameter count when `match.reference` is set."""
+    m = cfg.model
+    if data_seq_len is not None and m.seq_len is not None and m.seq_len != data_seq_len:
+        raise UsageError(f"model.seq_len={m.seq_len} but the dataset was packed with seq_len={data_seq_len}")
+    base = sizing.resolve_shape(m, data_vocab)
+    if data_seq_len is not None:
+        base = sizing.ModelShape(**{**asdict(base), "seq_len": data_seq_len})
+    if data_vocab is not None and base.vocab_size < data_vocab:
+        raise UsageError(f"dataset vocabulary {data_vocab} does not fit the model's vocab_size {base.vocab_size}")
+    ref = cfg.match.reference
+    if ref is None or ref == m.variant:
+        return base
+    target = sizing.count_params(base, ref, m.residual)
+    return sizing.match_shape(base, m.variant, m.residual, target, cfg.match.widen, cfg.match.tolerance)
+
+
+class Trainer:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg, self.t0 = cfg, time.time()
+        self.info = dist.setup(cfg.parallel.timeout_s)
+        self.run_dir = Path(cfg.run.dir)
+        self.status, self.reason, self.signal_name = "failed", "", None
+        self.step, self.tokens, self.skipped, self.streak = 0, 0, 0, 0
+        self.wall_before, self.best_val, self.last_val = 0.0, math.inf, None
+        self.shape: Optional[sizing.ModelShape] = None
+        self.params = 0
+        self.callbacks: list[Callback] = []
+        self.pending: list[tuple[dict[str, Any], torch.Tensor]] = []  # steps whose values are still on the device
+        self.stopping, self.checkpoint_at_end = False, True  # set by request_stop
+        self.resumed_at: Optional[int] = None  # the checkpoint step this process started from
+        self.resumed_callbacks: dict[str, Any] = {}  # the callbacks' states in that checkpoint
+        self.saved_step: Optional[int] = None  # the step of the newest checkpoint on disk: published or resumed from
+        problem = unwritable_reason(self.run_dir) if self.info.is_main else None
+        dist.raise_together(f"run.dir '{self.run_dir}' cannot be written: {problem}" if problem else None)
+        self.lock = runlock.hold(self.run_dir, cfg.run.lock_wait_s, self.info.is_main, self.info.device)
+        dist.barrier()
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        from rrtrain.data.loader import TrainLoader, check_vocab, eval_batches, read_manifest
+        from rrtrain.data.verify import verify_run_data
+
+        cfg, info = self.cfg, self.info
+        t = cfg.train
+        if cfg.data.path is None:
+            raise UsageError("data.path is not set: point it at a directory written by `rrtrain prep`")
+        manifest = read_manifest(cfg.data.path)
+        verify_run_data(cfg.data.path, manifest, info.local_rank)
+        self.shape = resolve_model_shape(cfg, manifest["vocab_size"], manifest["seq_len"])
+        check_vocab(manifest, self.shape.vocab_size)
+        self.accum = grad_accumulation(t, info.world_size)
+        self.tokens_per_step = t.global_batch * self.shape.seq_len
+        if t.max_steps is not None:
+            self.total_steps = t.max_steps
+        elif t.tokens is not None:
+            self.total_steps = max(1, t.tokens // self.tokens_per_step)
+        else:
+            raise UsageError("set train.max_steps or train.tokens (the run's budget)")
+        self.warmup = t.warmup_steps if t.warmup_steps is not None else max(1, self.total_steps // 20)
+
+        set_matmul_precision(cfg.parallel.precision)
+        compiled = resolve_compile(t.compile, info.device, self.total_steps, announce=info.is_main)
+        cfg = self.cfg = replace(cfg, train=replace(t, compile=compiled))  # resolved, as config.yaml records it
+        torch.manual_seed(t.seed)  # no weight draws from it (see below); anything else stays a function of the seed
+        # on meta: the engine shards it, then materialises and initialises each rank's part from the seed,
+        # the same bits at every world size and on every backend (rrtrain/parallel/materialize.py)
+        self.params = sizing.count_params(self.shape, cfg.model.variant, cfg.model.residual)
+        self.engine = build_training_engine(cfg, self.shape, info)
+        self.flops_per_token = sizing.flops_per_token(self.shape, cfg.model.variant, cfg.model.residual)
+        self.peak, self.peak_source = peak_flops(info.device, cfg.parallel.precision)
+
+        cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else self.run_dir / "data_cache"
+        self.loader = TrainLoader(
+            cfg.data.path, micro_batch=t.micro_batch, global_batch=t.global_batch, rank=info.rank,
+            world_size=info.world_size, local_rank=info.local_rank, seed=t.seed,
+            num_canonical_nodes=cfg.data.num_canonical_nodes, num_workers=cfg.data.num_workers,
+            cache_dir=str(cache / "train"), shuffle=cfg.data.shuffle)
+        self.val_batches = eval_batches(cfg.data.path, micro_batch=t.micro_batch, n_batches=cfg.data.eval_batches,
+                                        rank=info.rank, world_size=info.world_size, cache_dir=str(cache / "val"))
+        self.fingerprint = manifest.get("fingerprint")
+        self.ckpt = CheckpointManager(self.run_dir, t.keep_ckpts, info, asynchronous=t.ckpt_async,
+                                      timeout_s=cfg.parallel.timeout_s)
+
+    def resume(self) -> Optional[int]:
+        """Load the latest checkpoint if there is one; returns its step. The callbacks' states wait in
+        `resumed_callbacks` until the callbacks exist."""
+        latest = self.ckpt.latest()  # verifies every file's checksum: once per resume
+        if latest is None:
+            return None
+        state = self.ckpt.read_train_state(latest)
+        self.resumed_callbacks = state.get("callbacks", {})
+        accepted = check_resume(state["config"], self.cfg.to_dict(), state["world_size"], self.info.world_size,
+                                self.cfg.train.allow_config_change)
+        self.ckpt.load(self.engine, latest)
+        self.loader.load_state_dict(state["loader"], allow_change=self.cfg.train.allow_config_change)
+        self.step, self.tokens = state["step"], state["tokens"]
+        self.saved_step = self.step  # a run resumed at its last step does not write the same checkpoint again
+        self.skipped, self.streak = state["skipped"], state["streak"]
+        self.wall_before, self.best_val = state["wall_s"], state["best_val_loss"]
+        self.last_val = state.get("last_val_loss")
+        if accepted and self.info.is_main:
+            print(f"rrtrain: resuming with accepted changes: {'; '.join(accepted)}", flush=True)
+        return self.step
+
+    def train_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step, "tokens": self.tokens, "skipped": self.skipped, "streak": self.streak,
+            "wall_s": self.wall_s(), "best_val_loss": self.best_val, "last_val_loss": self.last_val,
+            "loader": self.loader.state_dict(), "config": self.cfg.to_dict(), "world_size": self.info.world_size,
+            "fingerprint": self.fingerprint, "shape": asdict(self.shape) if self.shape else None,
+            "callbacks": {c.name: c.state_dict() for c in self.callbacks},
+        }
+
+    def wall_s(self) -> float:
+        return self.wall_before + (time.time() - self.t0)
+
+    # -- one optimizer step -------------------------------------------------------------------
+
+    def train_step(self, batches, diag: bool) -> None:
+        """One optimizer step (`rrtrain.training.step.optimizer_step`, the one `rrtrain bench` times), without a host sync:
+        its loss, gradient norm and skip flag stay on the device in `self.pending` until `flush_records`
+        (diagnostic steps read their statistics on the host)."""
+        sites = self.engine.inner.sites() if diag else []
+        host: dict[str, Any] = {}
+        lr = lr_at(self.step, self.total_steps, self.cfg.train.lr, self.warmup, self.cfg.train.min_lr_ratio)
+        out = optimizer_step(self.engine, batches, self.accum, lr, self.cfg.train.grad_clip, self.info,
+                             record=sites, poison=self.injects_fault(self.step + 1),
+                             before_clip=(lambda: host.update(self.diagnostics(sites))) if diag else None)
+        self.step += 1
+        self.tokens += self.tokens_per_step
+        host.update({"step": self.step, "lr": lr, "tokens": self.tokens})
+        self.pending.append((host, torch.stack([out.loss.float(), out.grad_norm.float(), out.nonfinite])))
+
+    def records_due(self) -> bool:
+        """Steps after which the pending records reach the host: the log cadence, the steps where evaluation,
+        a checkpoint or the stop check follow (they see every record up to their step), and the last step.
+        Every step when a record can end the run at its own step (`train.on_nonfinite=halt`, `monitor.on_stall`
+        or `monitor.on_diverge` = stop): such a stop is exact, at the price of one host sync per step."""
+        t, m, step = self.cfg.train, self.cfg.monitor, self.step
+        exact_stops = t.on_nonfinite == "halt" or m.on_stall == "stop" or m.on_diverge == "stop"
+        return (exact_stops or step % t.log_every == 0 or step >= self.total_steps or step % t.stop_check_every == 0
+                or due(step, t.eval_every, self.total_steps) or due(step, t.ckpt_every, self.total_steps))
+
+    def flush_records(self) -> None:
+        """One device-to-host transfer for all pending steps, then `on_train_records` with one record per step."""
+        if not self.pending:
+            return
+        values = torch.stack([v for _, v in self.pending]).tolist()
+        records = []
+        for (host, _), (loss_v, norm_v, skipped) in zip(self.pending, values):
+            diag = {k: v for k, v in host.items() if k not in ("step", "lr", "tokens")}
+            rec = {**diag, "step": host["step"], "loss": loss_v, "grad_norm": norm_v, "lr": host["lr"],
+                   "tokens": host["tokens"]}
+            if skipped:
+                rec["skipped"] = True
+                self.skipped, self.streak = self.skipped + 1, self.streak + 1
+            else:
+                self.streak = 0
+            records.append(rec)
+        self.pending = []
+        self.emit("on_train_records", records)
+
+    def injects_fault(self, step: int) -> bool:
+        first = self.cfg.train.fail_at_step
+        return first is not None and first <= step < first + self.cfg.train.fail_steps
+
+    def diagnostics(self, sites) -> dict[str, Any]:
+        """Per-block gradient norms (the depth profile) and, for gated rules, each gate's mean and spread."""
+        groups = [list(b.parameters()) for b in self.engine.inner.blocks]
+        norms = self.engine.grad_sq_norms(groups).sqrt().tolist()
+        out: dict[str, Any] = {"block_grad_norm": norms}
+        stats = [s.stats for s in sites if s.stats]
+        if stats:
+            out["gate_mean"] = [float(s["gate_mean"]) for s in stats]
+            out["gate_std"] = [float(s["gate_std"]) for s in stats]
+            out["gate_hist"] = [s["gate_hist"].tolist() for s in stats if "gate_hist" in s]
+            for s in sites:
+                s.stats = {}
+        return out
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        total = torch.zeros(2, device=self.info.device)
+        for batch in self.val_batches:
+            batch = batch.to(self.info.device)
+            total[0] += self.engine.forward(batch[:, :-1], batch[:, 1:]).float()
+            total[1] += 1
+        dist.all_reduce(total)
+        val = (total[0] / total[1].clamp(min=1)).item()
+        self.last_val = val
+        self.best_val = min(self.best_val, val) if math.isfinite(val) else self.best_val
+        return val
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def fit(self) -> str:
+        self.setup()
+        resumed = self.resume()
+        self.log = MetricsLogger(self.run_dir, self.info.is_main, resume_step=resumed)
+        stop = StopFlag().install()
+        self.callbacks = default_callbacks(self.cfg, stop)
+        self.load_callback_states(self.resumed_callbacks)
+        if self.info.is_main:
+            atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+        batches = iter(self.loader)
+        self.status, self.resumed_at = "completed", resumed
+        try:
+            self.emit("on_start")
+            while self.step < self.total_steps and not self.stopping:
+                self.emit("on_step_start")
+                diag = due(self.step + 1, self.cfg.train.diag_every, self.total_steps + 1)
+                self.train_step(batches, diag)
+                if self.records_due():
+                    self.flush_records()
+                if not self.stopping:
+                    self.emit("on_step_end")
+            self.flush_records()
+            if self.status != "preempted" and self.checkpoint_at_end:
+                self.run_eval()
+            self.finish_checkpoint()  # whatever the ending, a save in flight is published before the run ends
+            if self.checkpoint_at_end:
+                self.save_checkpoint()
+        finally:
+            stop.restore()
+            self.log.close()
+            self.loader.close()  # stop loader workers before the process group goes
+        return self.status
+
+    def emit(self, hook: str, *args: Any) -> None:
+        """Call `hook` on every callback, highest priority first."""
+        for callback in self.callbacks:
+            getattr(callback, hook)(self, *args)
+
+    def request_stop(self, status: str, reason: str, checkpoint: bool = True) -> None:
+        """End the run at this step boundary (the first request wins); `checkpoint` saves the state first."""
+        if not self.stopping:
+            self.stopping, self.status, self.reason, self.checkpoint_at_end = True, status, reason, checkpoint
+
+    def raise_flag(self, name: str, step: int, detail: str) -> None:
+        self.emit("on_flag", {"kind": "flag", "step": step, "flag": name, "detail": detail})
+
+    def run_eval(self) -> float:
+        record = {"step": self.step, "val_loss": self.evaluate(), "tokens": self.tokens}
+        self.emit("on_eval", record)
+        return record["val_loss"]
+
+    def save_checkpoint(self, background: bool = False) -> None:
+        """Collective. A checkpoint of this step; a save still in flight is published first (at most one is in
+        flight) and a step already saved is not saved again. With `background` and `train.ckpt_async` the
+        write goes on while the loop trains; `finish_checkpoint` publishes it."""
+        self.finish_checkpoint()
+        if self.saved_step == self.step:
+            return
+        if background and self.cfg.train.ckpt_async:
+            self.ckpt.start(self.engine, self.step, self.train_state())
+        else:
+            self.published(self.ckpt.save(self.engine, self.step, self.train_state()))
+
+    def finish_checkpoint(self) -> None:
+        """Collective. Waits for the save in flight, if any, to be written on every rank and publishes it."""
+        done = self.ckpt.finish()
+        if done is not None:
+            self.published(done)
+
+    def published(self, done: Published) -> None:
+        self.saved_step = done.step
+        self.emit("on_checkpoint", {"kind": "checkpoint", "step": done.step, "published_at": self.step,
+                                    "blocking_s": round(done.blocking_s, 6), "write_s": round(done.write_s, 6)})
+
+    def load_callback_states(self, states: dict[str, Any]) -> None:
+        for callback in self.callbacks:
+            if callback.name in states:
+                callback.load_state_dict(states[callback.name])
+
+    def write_final(self) -> bool:
+        """Rank 0 writes final.json; False (after saying why) when it cannot be written, e.g. on a full disk."""
+        if not self.info.is_main:
+            return True
+        cfg = self.cfg
+        final = {
+            "status": self.status, "step": self.step, "tokens": self.tokens,
+            "final_val_loss": self.last_val,
+            "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
+            "params": self.params, "variant": cfg.model.variant, "size": cfg.model.size, "seed": cfg.train.seed,
+            "wall_s": round(self.wall_s(), 3), "flags": self.flags(), "flag_steps": {k: v["step"] for k, v in self.raised_flags().items()},
+            "flag_details": {k: v["detail"] for k, v in self.raised_flags().items()},
+            "exit_code": EXIT_CODES[self.status],
+            "nonfinite_skipped": self.skipped, "reason": self.reason, "signal": self.signal_name,
+            "world_size": self.info.world_size, "backend": cfg.parallel.backend,
+            "shape": asdict(self.shape) if self.shape else None,
+        }
+        try:
+            atomic_write_json(self.run_dir / "final.json", final)
+        except OSError as err:
+            print(f"rrtrain train: error: cannot write {self.run_dir / 'final.json'} ({err.strerror or err}); "
+                  f"the run ended {self.status}", file=sys.stderr, flush=True)
+            return False
+        finally:
+            if self.lock is not None:  # final.json is this copy's last write: the directory is free again
+                self.lock.release()
+        return True
+
+    def fail_final(self, reason: str) -> None:
+        """The run failed for `reason`: final.json says so (rank 0)."""
+        self.status, self.reason = "failed", reason
+        self.write_final()
+
+    def raised_flags(self) -> dict[str, dict[str, Any]]:
+        """Every callback's flags: name -> {"step", "detail"}."""
+        raised: dict[str, dict[str, Any]] = {}
+        for callback in self.callbacks:
+            raised.update(callback.raised_flags())
+        return raised
+
+    def flags(self) -> list[str]:
+        out = ["nonfinite_steps"] if self.skipped else []
+        out += list(self.raised_flags())
+        if self.status == "diverged" and "diverged" not in out:
+            out.append("diverged")
+        return out
+
+
+def default_callbacks(cfg: Config, stop: StopFlag) -> list[Callback]:
+    """Everything the loop does besides the step, highest priority first."""
+    from rrtrain.training.callbacks import Checkpointer, Evaluator, MetricsWriter, NonfiniteGuard, StopSignal, Throughput
+
+    from rrtrain.training.console import Console
+    from rrtrain.monitoring.callback import MonitorCallback
+
+    callbacks = [Throughput(), MetricsWriter(), NonfiniteGuard(), MonitorCallback(cfg.monitor), Console(), Evaluator(),
+                 Checkpointer(), StopSignal(stop)]
+    return sorted(callbacks, key=lambda c: -c.priority)
+
+
+def run(cfg: Config) -> int:
+    """Run one training job to any ending; always leaves final.json; returns the process exit code.
+
+    A second copy of a run whose directory is locked by a live process writes nothing and returns 73."""
+    try:
+        trainer = Trainer(cfg)
+    except runlock.RunLocked as err:
+        print(f"rrtrain: {err}", file=sys.stderr, flush=True)
+        return runlock.LOCKED_EXIT
+    watch = PeerWatch.start(trainer.info, cfg.parallel.timeout_s, on_lost=trainer.fail_final)
+    try:
+        trainer.fit()
+    except (UsageError, RunError) as err:
+        trainer.fail_final(str(err))
+        trainer.emit("on_end")
+        raise
+    except BaseException as err:
+        lost = watch.lost() if watch is not None and is_comm_error(err) else None
+        trainer.fail_final(lost or f"{type(err).__name__}: {err}".splitlines()[0])
+        trainer.emit("on_end")
+        if lost:  # a rank died or hung (no launcher tore the group down): name it, not gloo's symptom
+            raise RunError(lost) from None
+        if is_disk_full(err):  # e.g. metrics.jsonl on a full disk: one line, not a traceback
+            raise RunError(f"no space left on the device ({trainer.reason}); free space and start the run "
+                           "again to resume from its last checkpoint") from None
+        raise
+    finally:
+        if watch is not None:
+            watch.stop()
+    written = trainer.write_final()
+    trainer.emit("on_end")
+    dist.barrier()
+    dist.teardown()
+    return EXIT_CODES[trainer.status] if written else EXIT_CODES["failed"]
