@@ -13,18 +13,15 @@ import sys
 
 from data_prep.prep import PrepOptions, run_prep
 from data_prep.writer import parse_size
+from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError, fail
 
 PROG = "rrtrain prep"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Tokenize and pack a corpus into MDS shards (train/, val/) plus manifest.json.")
+    p = CommandParser(prog=PROG,
+                      description="Tokenize and pack a corpus into MDS shards (train/, val/) plus manifest.json.")
     p.add_argument("--source", required=True,
                    help="synthetic:stories | FILE.txt|.jsonl|.parquet | DIR (files, or a datasets.save_to_disk dir) | hf:NAME[:SPLIT]")
     p.add_argument("--tokenizer", default="byte", help="byte | bpe:VOCAB | hf:PATH_OR_NAME | tiktoken:NAME (default: byte)")
@@ -65,7 +62,7 @@ def verify_main(argv: list[str]) -> int:
     Prints one line per problem on stderr and a JSON summary on stdout; exit 0 when clean, 2 otherwise."""
     if len(argv) != 1:
         raise UsageError("usage: rrtrain prep --verify DIR")
-    from rrtrain.data.loader import is_remote, read_manifest
+    from rrtrain.data.manifest import is_remote, read_manifest
     from rrtrain.data.verify import dataset_problems, read_index
 
     path = argv[0]

@@ -5,16 +5,17 @@
 (`rrtrain.monitoring.sweep_flags`: stalled, diverged, early_stall) and, for each run still going that carries one of
 those flags:
 
-1. writes `RUN/cancelled.json` (why, which flags, when) first, so that nothing requeues the run — the job
-   entry point and `slurm/array.sbatch` look for it before requeueing — and a resubmission leaves it alone;
-2. stops its job: `scancel` for a Slurm job (the run gets TERM, checkpoints at the next step boundary and
-   exits), TERM to the lock holder for a run of the local executor;
+1. writes `RUN/cancelled.json` (why, which flags, when; `rrtrain.rundir.writers.write_cancelled`) first, so
+   that nothing requeues the run — the job entry point and `slurm/array.sbatch` look for it before
+   requeueing — and a resubmission leaves it alone;
+2. stops its job: `scancel` for a Slurm job (the run gets TERM, checkpoints at the next step boundary, reads
+   the marker and writes a final.json that says stalled or diverged and why: `rrtrain.rundir.outcome`), TERM
+   to the lock holder for a run of the local executor;
 3. records the cancellation and its reason in `sweep.json`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -24,20 +25,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launchers import record
-from rrtrain.rundir import lock as runlock
 from rrtrain.config import MonitorConfig
-from rrtrain.core.io import atomic_write_json
-
-MARKER = "cancelled.json"
-
-
-def read_marker(run_dir: Path) -> Optional[dict[str, Any]]:
-    """The cancellation record of a run, or None when it was not cancelled."""
-    try:
-        data = json.loads((Path(run_dir) / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+from rrtrain.rundir import fields
+from rrtrain.rundir import lock as runlock
+from rrtrain.rundir.readers import read_cancelled
+from rrtrain.rundir.writers import write_cancelled
 
 
 def monitor_config(rec: dict[str, Any]) -> MonitorConfig:
@@ -46,7 +38,7 @@ def monitor_config(rec: dict[str, Any]) -> MonitorConfig:
     from rrtrain.monitoring.sweep_flags import monitor_of
 
     for entry in rec.get("runs", {}).values():
-        found = monitor_of(entry.get("config") or {})
+        found = monitor_of(fields.dig(entry, "config") or {})
         if found is not None:
             return found
     return MonitorConfig()
@@ -60,7 +52,7 @@ def flagged(sweep_dir: Path, rec: dict[str, Any]) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {}
     for verdict in to_cancel(judge_sweep(sweep_dir, monitor_config(rec))):
         rid = by_dir.get(str(verdict.path.resolve()))
-        if rid is not None and read_marker(verdict.path) is None:
+        if rid is not None and read_cancelled(verdict.path) is None:
             out[rid] = {k: v for k, v in verdict.flags.items() if k in CANCEL_FLAGS}
     return out
 
@@ -72,7 +64,7 @@ def _stop_job(executor: str, job: Optional[str], run_dir: Path) -> str:
         return f"scancel {job}" + ("" if proc.returncode == 0 else f" failed: {proc.stderr.strip()}")
     holder = runlock.read(run_dir)
     if holder and holder.get("host") == socket.gethostname() and runlock.holder_alive(holder):
-        os.kill(int(holder["pid"]), signal.SIGTERM)
+        os.kill(int(holder["pid"]), signal.SIGTERM)  # alive: the pid is a positive integer
         return f"SIGTERM to pid {holder['pid']}"
     return "no live job found"
 
@@ -91,7 +83,7 @@ def cancel_flagged(sweep_dir: Path) -> dict[str, str]:
     for rid, flags in targets.items():
         run_dir = Path(rec["runs"][rid]["dir"])
         reason = "; ".join(f"{name}: {why}" for name, why in sorted(flags.items()))
-        atomic_write_json(run_dir / MARKER, {"reason": reason, "flags": sorted(flags), "time": time.time()})
+        write_cancelled(run_dir, reason, sorted(flags))
         executor, job = last.get(rid, ("", None))
         action = _stop_job(executor, job, run_dir)
         done[rid] = reason
@@ -102,7 +94,3 @@ def cancel_flagged(sweep_dir: Path) -> dict[str, str]:
     record.save(sweep_dir, rec)
     return done
 
-
-def cancelled_state(marker: dict[str, Any]) -> str:
-    """The state a cancelled run ends in: diverged when that was a reason, else stalled."""
-    return "diverged" if "diverged" in marker.get("flags", []) else "stalled"

@@ -12,7 +12,7 @@ from launchers.expand import Run
 
 def submit(runs: list[Run], configs: dict[str, Path]) -> tuple[dict[str, Optional[str]], dict[str, int]]:
     from rrtrain.resolve import load
-    from rrtrain.training.trainer import run as train
+    from rrtrain.train import run as train
 
     jobs: dict[str, Optional[str]] = {}
     codes: dict[str, int] = {}

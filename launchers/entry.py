@@ -16,8 +16,10 @@ from typing import Any
 
 from launchers import record
 from rrtrain.rundir import lock as runlock
+from rrtrain.rundir import readers
+from rrtrain.rundir.outcome import EXIT_CODES
 
-PREEMPTED_EXIT = 75
+PREEMPTED_EXIT = EXIT_CODES["preempted"]
 #: how long a non-zero rank waits for rank 0's requeue to end the job step before giving up
 REQUEUE_GRACE_S = 120.0
 
@@ -57,7 +59,7 @@ class RunJob:
 
 def train(sweep_dir: Path, run_id: str) -> int:
     from rrtrain.resolve import load
-    from rrtrain.training.trainer import run
+    from rrtrain.train import run
 
     return run(load(config_path(sweep_dir, run_id)))
 
@@ -71,32 +73,22 @@ def wants_requeue(sweep_dir: Path, run_id: str) -> bool:
     """Whether a run that stopped at a step boundary asks to be requeued: only when the time-limit warning
     (submitit's USR2) stopped it. A TERM is `scancel` — the user's stop, also `--cancel-flagged`'s — or a
     preemption, which Slurm requeues by itself: requeueing after it would undo a cancel."""
-    import json
-
-    from launchers.cancel import read_marker
-
     run_dir = run_dir_of(sweep_dir, run_id)
-    try:
-        signal_name = json.loads((run_dir / "final.json").read_text()).get("signal")
-    except (OSError, ValueError):
-        signal_name = None
-    return signal_name != "SIGTERM" and read_marker(run_dir) is None
+    final = readers.read_final(run_dir)
+    return (final.signal if final else None) != "SIGTERM" and readers.read_cancelled(run_dir) is None
 
 
 def outcome(sweep_dir: Path, run_id: str, code: int) -> dict[str, Any]:
     """final.json of a completed run; raises RunFailed for every other ending."""
-    import json
-
     run_dir = run_dir_of(sweep_dir, run_id)
     if code == runlock.LOCKED_EXIT:
         raise RunFailed(f"run {run_id}: another copy holds {run_dir}; this copy did not train")
-    try:
-        final = json.loads((run_dir / "final.json").read_text())
-    except (OSError, ValueError):
-        final = {}
+    problems: list[str] = []
+    final = readers.read_final(run_dir, problems)
     if code != 0:
-        raise RunFailed(f"run {run_id} ended {final.get('status', 'failed')} (exit {code}): {final.get('reason', '')}")
-    return final
+        why = final.reason if final else "; ".join(problems)
+        raise RunFailed(f"run {run_id} ended {(final.status if final else None) or 'failed'} (exit {code}): {why}")
+    return final.raw if final else {}
 
 
 def requeue(env: Any, run_id: str) -> None:

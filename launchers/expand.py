@@ -10,13 +10,16 @@ from __future__ import annotations
 import copy
 import difflib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from launchers.spec import Resources, Sweep
 from rrtrain.config import Config, build, read_yaml, validate
 from rrtrain.core.errors import UsageError
+
+if TYPE_CHECKING:  # the resolver loads torch (the registry); `rrtrain status` reads `Run` without it
+    from rrtrain.resolve import ResolvedRun
 
 #: characters allowed in names and paths that end up in shell scripts (they are quoted as well)
 SAFE = re.compile(r"^[A-Za-z0-9._+/@:=,-]+$")
@@ -31,6 +34,9 @@ class Run:
     seed: int
     config: dict  # the resolved Config as plain data (Config.to_dict())
     resources: Resources
+    #: the run resolved as the trainer will (rule, matched shape, counts, budget; the dataset's manifest when it is
+    #: prepared already): what the sweep's estimates and `rrtrain plan` read. None for a run read back from a record
+    resolved: Optional["ResolvedRun"] = field(default=None, compare=False, repr=False)
 
     @property
     def dir(self) -> Path:
@@ -69,14 +75,16 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
     """Every run of the sweep, in file order (size, then variant, then seed)."""
     # imported here: they load torch (the registry, the device mesh), which `rrtrain status` and the other
     # readers of this module's `Run` never need
+    from rrtrain.data.manifest import prepared_manifest
     from rrtrain.parallel.mesh import mesh_shape
-    from rrtrain.resolve import check_model
+    from rrtrain.resolve import resolve
 
     spec = sweep.spec
     out = Path(out).resolve()
     check_safe(str(out), "sweep directory")
     check_safe(spec.name, "sweep name")
     base = read_yaml(sweep.base_config)
+    prep_seq_len = spec.prep.seq_len if spec.prep is not None else None  # the data this sweep will prepare
     ids = {run_id(size, v, seed) for size, s in sweep.size_specs.items() for v in size_variants(sweep, size)
            for seed in range(s.seeds)}
     for rid, over in spec.runs.items():
@@ -111,16 +119,16 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
                 try:
                     cfg = build(Config, data)
                     validate(cfg)
-                    check_model(cfg)
+                    resolved = resolve(cfg, prepared_manifest(cfg.data.path), seq_len=prep_seq_len)
                     if cfg.parallel.backend == "fsdp":  # the mesh must cover the run's ranks, as the trainer checks
                         mesh_shape(cfg.parallel, sweep.size_resources[size].world_size)
                 except UsageError as err:
                     raise UsageError(f"run {rid}: {err}") from None
                 if cfg.data.path is None:
                     raise UsageError(f"run {rid}: no data: set 'data' or 'prep' in the sweep file")
-                if cfg.train.max_steps is None and cfg.train.tokens is None:
+                if resolved.budget is None:
                     raise UsageError(f"run {rid}: no budget: set sizes.{size}.tokens or train.max_steps")
-                runs.append(Run(rid, size, variant, seed, cfg.to_dict(), sweep.size_resources[size]))
+                runs.append(Run(rid, size, variant, seed, cfg.to_dict(), sweep.size_resources[size], resolved))
     return runs
 
 

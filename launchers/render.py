@@ -102,7 +102,8 @@ def render(out: Path, name: str, runs: list[Run], python: str, code: str, config
         for m in members:
             header = sbatch_lines(r, f"{name}-{m.id}", str(slurm_dir / "logs" / f"{m.id}-%j.out"), None)
             variables = [f"PYTHON={q(python)}", f"CODE={q(code)}", f"RUN_DIR={q(str(m.dir))}",
-                         f"GPUS_PER_NODE={max(1, r.tasks)}", 'RDZV_PORT="${RDZV_PORT:-29500}"',
+                         f"GPUS_PER_NODE={max(1, r.tasks)}", 'RDZV_PORT="${RDZV_PORT:-$((20000 + SLURM_JOB_ID % 10000))}"', 'RDZV_HOST="${RDZV_HOST:-}"',
+                         'RDZV_TIMEOUT_S="${RDZV_TIMEOUT_S:-300}"', 'STEP_GRACE_S="${STEP_GRACE_S:-60}"',
                          f"MAX_REQUEUES={r.max_requeues}", 'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"',
                          'export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"']
             script = slurm_dir / f"multinode-{m.id}.sbatch"

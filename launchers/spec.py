@@ -176,14 +176,10 @@ def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
 
 def check_variants(names: list, where: str) -> None:
     """Refuse a residual rule that does not exist, naming the closest one."""
-    from rrtrain import residuals
+    from rrtrain.resolve import check_rule  # the registry loads torch: only when a sweep file is read
 
-    known = residuals.names()
     for v in names:
-        if v not in known:
-            close = difflib.get_close_matches(str(v), known, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise UsageError(f"{where}: unknown residual rule '{v}'{hint}; known: {', '.join(known)}")
+        check_rule(str(v), where)
 
 
 def _find_config(sweep_path: Path, name: str) -> Path:

@@ -18,6 +18,7 @@ from typing import Any
 
 from launchers import cancel, record, runstate
 from launchers.scheduler import squeue_states
+from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 
 
@@ -25,13 +26,8 @@ from rrtrain.core.errors import UsageError
 STATUS_TAIL_BYTES = 128 * 1024
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        raise UsageError(message)
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="rrtrain status", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(prog="rrtrain status", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep_dir")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")

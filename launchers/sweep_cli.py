@@ -33,17 +33,14 @@ from launchers.estimate import check_gpu, cost
 from launchers.expand import Run, check_safe, data_path, expand
 from launchers.render import render
 from launchers.scheduler import squeue_states
+from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import atomic_write_text
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        raise UsageError(message)
+from rrtrain.rundir.readers import read_cancelled
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="rrtrain sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(prog="rrtrain sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep", help="a sweep file (configs/sweeps/*.yaml); with --cancel-flagged, a sweep directory")
     p.add_argument("--out", help="the sweep directory (default: the sweep file's `out`)")
     p.add_argument("--executor", choices=["slurm", "local", "debug"], default="local")
@@ -202,7 +199,7 @@ def main(argv: list[str]) -> int:
     rec = record.load(out) or rec  # cancellations may have been recorded meanwhile
     record.add_submission(rec, args.executor, jobs)
     record.save(out, rec)
-    stopped = {rid for rid in codes if cancel.read_marker(Path(rec["runs"][rid]["dir"])) is not None}
+    stopped = {rid for rid in codes if read_cancelled(Path(rec["runs"][rid]["dir"])) is not None}
     bad = {rid: c for rid, c in codes.items() if c != 0 and rid not in stopped}
     print(f"{len(codes) - len(bad) - len(stopped)} of {len(codes)} runs completed" +
           (f"; cancelled as flagged: {', '.join(sorted(stopped))}" if stopped else "") +

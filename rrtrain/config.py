@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 import yaml
 
@@ -27,23 +28,91 @@ class RunConfig:
     lock_wait_s: float = 120.0  # a second copy of this run waits this long for the run dir's lock, then exits 73
 
 
-@dataclass
 class ResidualConfig:
-    """Knobs of the residual rules. Each rule reads only the fields it needs."""
+    """`model.residual`: the knobs of every registered residual rule, in one flat section.
 
-    gate_rank: int = 0  # 0: full-rank gate W (Eq. 1 of the paper); k > 0: low-rank in -> k -> d
-    gate_bias: Optional[float] = None  # gate bias at start; None = the rule's default (highway_convex: -2)
-    layerscale_init: Optional[float] = None  # None = CaiT's depth rule (0.1 / 1e-5 / 1e-6)
-    streams: int = 4  # n: copies of the residual stream for multi-stream rules (gr, hc, mhc)
-    gr_rank: int = 0  # GR controller rank; 0 = d_model // 8
-    hc_dynamic: bool = True  # HC: dynamic (token-dependent) coefficients on top of the static ones
-    hc_scale_init: float = 0.01  # HC: initial s_a = s_b
-    sinkhorn_iters: int = 20  # mHC: Sinkhorn-Knopp iterations (fp32)
-    sinkhorn_eps: float = 1e-6  # mHC: epsilon in the Sinkhorn denominators
-    mhc_alpha_init: float = 0.01  # mHC: initial alpha_pre / alpha_post / alpha_res
-    mhc_offdiag_logit: float = -5.0  # mHC: initial off-diagonal H_res logit (near-identity start)
-    attnres_block_size: int = 0  # AttnRes: sublayers per block; 0 = Full AttnRes
-    fixup_variant: Literal["fixup", "tfixup"] = "fixup"  # fixup: Fixup (ICLR 2019); tfixup: T-Fixup (ICML 2020)
+    The schema is not written here. Each rule declares its knobs as a small dataclass in its own module
+    (shared ones, such as `streams`, once) and the registry declares them with `ResidualConfig.declare`, so
+    a rule from another package brings its own keys and checks; this module stays below the registry. The
+    section then behaves as a dataclass whose fields are the union of the declared ones: `build` checks keys
+    and types against it (an unknown key names the closest), `asdict` writes every knob, and `check` runs
+    each knob class's own `check()`. Values not given read as the declaring field's default, so a section
+    made before a rule was declared still reads that rule's defaults.
+    """
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field]] = {}
+    _knobs: ClassVar[list[type]] = []  # the declared knob dataclasses, in declaration order
+
+    def __init__(self, **values: Any) -> None:
+        unknown = [k for k in values if k not in self.__dataclass_fields__]
+        if unknown:
+            raise TypeError(f"ResidualConfig got an unexpected keyword argument '{unknown[0]}' "
+                            f"(declared knobs: {', '.join(self.__dataclass_fields__)})")
+        self.__dict__["_values"] = dict(values)
+
+    @classmethod
+    def declare(cls, knobs: type) -> None:
+        """Add a knob dataclass's fields to the section; declaring the same class again does nothing."""
+        if knobs in cls._knobs:
+            return
+        if not dataclasses.is_dataclass(knobs):
+            raise TypeError(f"residual knobs {knobs.__qualname__} must be a dataclass")
+        hints = typing.get_type_hints(knobs)
+        new = dataclasses.fields(knobs)
+        for f in new:
+            if f.name in cls.__dataclass_fields__:
+                owner = next(k for k in cls._knobs if f.name in {g.name for g in dataclasses.fields(k)})
+                raise ValueError(f"model.residual.{f.name} is declared by both {owner.__qualname__} and "
+                                 f"{knobs.__qualname__}; reuse {owner.__qualname__} instead")
+            if hasattr(cls, f.name):
+                raise ValueError(f"residual knob {knobs.__qualname__}.{f.name}: the name is taken by ResidualConfig "
+                                 f"itself")
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise TypeError(f"residual knob {knobs.__qualname__}.{f.name} needs a default")
+        for f in new:
+            cls.__dataclass_fields__[f.name] = f
+            cls.__annotations__[f.name] = hints[f.name]
+        cls._knobs.append(knobs)
+
+    def __getattr__(self, name: str) -> Any:  # only for names not in the instance's own __dict__
+        f = type(self).__dataclass_fields__.get(name)
+        if f is None or name.startswith("__"):
+            raise AttributeError(f"model.residual has no knob '{name}'")
+        values = self.__dict__.setdefault("_values", {})
+        if name not in values:
+            values[name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        return values[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in type(self).__dataclass_fields__:
+            raise AttributeError(f"model.residual has no knob '{name}'")
+        self.__dict__.setdefault("_values", {})[name] = value
+
+    def values(self) -> dict[str, Any]:
+        """Every declared knob's value (given or default), in declaration order."""
+        return {name: getattr(self, name) for name in type(self).__dataclass_fields__}
+
+    def knobs(self, knobs: type) -> Any:
+        """The section seen as one knob dataclass: `cfg.knobs(StreamKnobs).streams`."""
+        return knobs(**{f.name: getattr(self, f.name) for f in dataclasses.fields(knobs)})
+
+    def check(self) -> None:
+        """Each declared knob class's own `check()` (a one-line UsageError naming the key), whatever the rule."""
+        for knobs in type(self)._knobs:
+            check = getattr(knobs, "check", None)
+            if check is not None:
+                check(self.knobs(knobs))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ResidualConfig) and self.values() == other.values()
+
+    __hash__ = None  # type: ignore[assignment]  (mutable, like a dataclass with eq)
+
+    def __repr__(self) -> str:
+        return "ResidualConfig(" + ", ".join(f"{k}={v!r}" for k, v in self.values().items()) + ")"
+
+
+ResidualConfig.__annotations__ = {}  # filled by `declare` with resolved types, for typing.get_type_hints
 
 
 @dataclass
@@ -110,6 +179,7 @@ class TrainConfig:
     compile: Union[bool, Literal["auto"]] = "auto"  # torch.compile each block; auto: see rrtrain/parallel/compile_policy.py
     fail_at_step: Optional[int] = None  # testing: inject a NaN loss at this step ...
     fail_steps: int = 1  # ... and at the steps after it, this many in all
+    callbacks: list[str] = field(default_factory=list)  # your own, as `module.path:ClassName` (docs/user-guide.md)
 
 
 @dataclass
@@ -233,6 +303,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise UsageError(f"{key}: expected a string, got {value!r}")
     if dataclasses.is_dataclass(tp):
         return build(tp, value, key)
+    if origin is list:  # a typed list: every item checked
+        if not isinstance(value, list):
+            raise UsageError(f"{key}: expected a list, got {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp in (list, dict):  # free-form fields (sweep files: lists of sbatch lines, maps of overrides)
         if isinstance(value, tp):
             return value
@@ -343,16 +418,14 @@ def validate(cfg: Config) -> None:
         "train.log_every": t.log_every, "train.keep_ckpts": t.keep_ckpts, "train.max_nonfinite": t.max_nonfinite,
         "train.stop_check_every": t.stop_check_every,
         "model.init_std": m.init_std, "model.norm_eps": m.norm_eps, "parallel.timeout_s": p.timeout_s,
-        "parallel.ac_every": p.ac_every, "model.residual.streams": m.residual.streams,
-        "model.residual.sinkhorn_iters": m.residual.sinkhorn_iters, "match.tolerance": cfg.match.tolerance,
+        "parallel.ac_every": p.ac_every, "match.tolerance": cfg.match.tolerance,
     }
     for key, value in positive.items():
         if not value > 0:
             raise UsageError(f"{key} must be positive, got {value}")
     non_negative = {
         "train.weight_decay": t.weight_decay, "train.grad_clip": t.grad_clip, "train.eval_every": t.eval_every,
-        "train.ckpt_every": t.ckpt_every, "train.diag_every": t.diag_every, "model.residual.gate_rank": m.residual.gate_rank,
-        "model.residual.gr_rank": m.residual.gr_rank, "model.residual.attnres_block_size": m.residual.attnres_block_size,
+        "train.ckpt_every": t.ckpt_every, "train.diag_every": t.diag_every,
         "data.num_workers": cfg.data.num_workers, "data.eval_batches": cfg.data.eval_batches,
     }
     for key, value in non_negative.items():
@@ -379,7 +452,22 @@ def validate(cfg: Config) -> None:
     if t.ckpt_async and p.backend == "deepspeed":
         raise UsageError("train.ckpt_async=true needs parallel.backend=fsdp or none (DeepSpeed writes its own "
                          "checkpoints synchronously)")
+    m.residual.check()  # each rule's knobs check themselves (declared by the registry)
+    validate_callbacks(t.callbacks)
     validate_monitor(cfg.monitor)
+
+
+#: `package.module:ClassName`: a callback class to import (rrtrain.train loads it)
+CALLBACK_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
+def validate_callbacks(paths: list[str]) -> None:
+    for path in paths:
+        if not CALLBACK_PATH.fullmatch(path):
+            raise UsageError(f"train.callbacks: {path!r} is not of the form 'module.path:ClassName'")
+    repeated = sorted({p for p in paths if paths.count(p) > 1})
+    if repeated:
+        raise UsageError(f"train.callbacks: {repeated[0]!r} is listed twice")
 
 
 def validate_monitor(mon: MonitorConfig) -> None:

@@ -23,7 +23,6 @@ Exit status: 0 when every run completed or was stopped by the monitor, 1 when a 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import subprocess
@@ -32,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 from rrtrain.model.sizing import configs_dir
 
@@ -41,13 +41,8 @@ ENDED = ("completed", "stalled", "diverged", "failed", "preempted", "unknown")
 STOPPED_BY_MONITOR = ("stalled", "diverged")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        raise UsageError(message)
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="rrtrain demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(prog="rrtrain demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/demo", help="the sweep directory (default runs/demo)")
     p.add_argument("--executor", choices=["local", "slurm"], default="local")
     p.add_argument("--parallel", type=int, default=os.cpu_count() or 1,
@@ -82,16 +77,16 @@ def step_costs(out: Path) -> dict[str, float]:
     40-sublayer run's step above a 2-block one's; empty when a config cannot be read."""
     from launchers import record
     from rrtrain.config import Config, build
-    from rrtrain.model.sizing import flops_per_token, resolve_shape
+    from rrtrain.data.manifest import prepared_manifest
+    from rrtrain.resolve import resolve
 
     rec = record.load(out) or {}
     costs: dict[str, float] = {}
     try:
         for rid, entry in rec.get("runs", {}).items():
             cfg = build(Config, entry["config"])
-            manifest = json.loads((Path(cfg.data.path) / "manifest.json").read_text()) if cfg.data.path else {}
-            shape = resolve_shape(cfg.model, manifest.get("vocab_size"))
-            costs[rid] = flops_per_token(shape, cfg.model.variant, cfg.model.residual) * cfg.train.global_batch
+            run = resolve(cfg, prepared_manifest(cfg.data.path))
+            costs[rid] = run.flops_per_token * cfg.train.global_batch
     except (UsageError, KeyError, TypeError, OSError, ValueError):
         return {}
     return costs

@@ -10,7 +10,8 @@ import importlib
 import sys
 from typing import Callable
 
-from rrtrain.core.errors import RUN_ERROR_EXIT, RunError, UsageError, fail
+from rrtrain.core.command import run_command
+from rrtrain.core.errors import fail
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "prep": ("data_prep.cli", "shard a corpus into tokenized, packed MDS datasets"),
@@ -23,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("launchers.sweep_cli", "expand a sweep file and submit its runs (slurm, local, debug)"),
     "status": ("launchers.status_cli", "one row per run of a sweep: state, step, loss, flags"),
     "dashboard": ("rrtrain.dashboard.tensorboard", "TensorBoard on loopback over a sweep's runs (per-size charts, HParams)"),
+    "check-rule": ("rrtrain.cli.check_rule", "the generic checks on one residual rule (built-in or installed)"),
 }
 
 
@@ -47,23 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail("rrtrain", f"unknown command '{name}'{hint}; see 'rrtrain --help'")
     module = importlib.import_module(COMMANDS[name][0])
     entry: Callable[[list[str]], int] = module.main
-    try:
-        code = int(entry(rest) or 0)
-    except UsageError as err:
-        code = fail(f"rrtrain {name}", str(err))
-    except RunError as err:
-        fail(f"rrtrain {name}", str(err))
-        code = RUN_ERROR_EXIT
-    if code:
-        import gc
-
-        # a failed run's objects sit in cycles with the traceback; freed now, streaming releases its shared
-        # memory before exit instead of warning about it then
-        gc.collect()
-    dist = sys.modules.get("rrtrain.core.dist")  # not imported by commands that load no torch (status)
-    if dist is not None and dist.started_group():
-        dist.exit_process(code)  # a distributed train/bench: end without finalising (see exit_process)
-    return code
+    return run_command(f"rrtrain {name}", entry, rest)
 
 
 if __name__ == "__main__":

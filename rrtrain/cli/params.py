@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
-
-from rrtrain import residuals
 
 from rrtrain.model import sizing
 from rrtrain.config import Config, apply_overrides, build, validate
+from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
-from rrtrain.resolve import check_model
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's errors become one-line UsageErrors (exit 2)
-        raise UsageError(message)
+from rrtrain.resolve import check_model, check_rule
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="rrtrain params", description=__doc__)
+    p = CommandParser(prog="rrtrain params", description=__doc__)
     p.add_argument("--size", required=True, help="a preset: " + ", ".join(sizing.presets()))
     p.add_argument("--variants", default="standard", help="comma-separated residual rules")
     p.add_argument("--match", default=None, metavar="REF", help="widen every other variant to REF's count")
@@ -40,10 +33,7 @@ def main(argv: list[str]) -> int:
     overrides = [f"model.{kv}" for kv in args.set] + [f"model.size={args.size}"]
     cfg: Config = build(Config, apply_overrides({}, overrides))
     for name in variants + ([args.match] if args.match else []):
-        if name not in residuals.names():
-            close = difflib.get_close_matches(name, residuals.names(), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise UsageError(f"unknown variant '{name}'{hint}; known: {', '.join(residuals.names())}")
+        check_rule(name)
     cfg.model.variant = variants[0]
     validate(cfg)
     check_model(cfg)

@@ -14,14 +14,10 @@ from typing import Any, Optional
 from rrtrain.planning import plan as planner
 from rrtrain.model import sizing
 from rrtrain.config import ModelConfig, apply_overrides, build
+from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 
 GIB = 2**30
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's errors become one-line UsageErrors (exit 2)
-        raise UsageError(message)
 
 
 def _positive_int(text: str) -> int:
@@ -45,7 +41,7 @@ def _tokens(text: str) -> float:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="rrtrain plan", description=__doc__)
+    p = CommandParser(prog="rrtrain plan", description=__doc__)
     p.add_argument("sweep", nargs="?", default=None, metavar="SWEEP.yaml", help="plan every run of a sweep file")
     p.add_argument("--size", help="a preset: " + ", ".join(sizing.presets()))
     p.add_argument("--gpus", type=_positive_int, help="GPUs in the job")
@@ -82,25 +78,15 @@ def setup_from(args: argparse.Namespace) -> planner.Setup:
                          mfu=args.mfu if args.mfu is not None else 0.40, precision=args.precision)
 
 
-def _dataset_shape(path: Optional[str]) -> tuple[Optional[int], Optional[int]]:
-    """(vocabulary, sequence length) of a prepared dataset, or (None, None) before it is prepared."""
-    manifest = Path(path) / "manifest.json" if path else None
-    if manifest is None or not manifest.is_file():
-        return None, None
-    data = json.loads(manifest.read_text())
-    return data.get("vocab_size"), data.get("seq_len")
-
-
 def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tuple[str, planner.Setup]]:
     """Every run of a sweep as the trainer will see it: resolved config, matched shape, the run's GPUs.
 
-    The vocabulary and sequence length come from the prepared dataset when it exists, else from the config.
+    The vocabulary and sequence length come from the prepared dataset when it exists, else from the config
+    (or the sweep's own `prep`): `launchers.expand` resolved each run so, once.
     """
     from launchers import spec as sweep_spec
     from launchers.expand import data_path, expand
-    from rrtrain.config import Config
     from rrtrain.parallel.mesh import mesh_shape
-    from rrtrain.training.trainer import resolve_model_shape
 
     sweep = sweep_spec.load(path)
     out = Path(sweep.spec.out).expanduser() if sweep.spec.out else Path(path).resolve().parent / sweep.spec.name
@@ -110,20 +96,16 @@ def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tu
     mfu = mfu if mfu is not None else sweep.spec.mfu
     setups = []
     for run in expand(sweep, out, data_path(sweep, out)):
-        cfg: Config = build(Config, run.config)
-        vocab, seq_len = _dataset_shape(cfg.data.path)
-        if seq_len is None and sweep.spec.prep is not None:
-            seq_len = sweep.spec.prep.seq_len
-        shape = resolve_model_shape(cfg, vocab, seq_len)
+        resolved = run.resolved
+        cfg = resolved.cfg
         t, par = cfg.train, cfg.parallel
-        tokens = t.max_steps * t.global_batch * shape.seq_len if t.max_steps is not None else t.tokens
         gpus = run.resources.world_size
         backend = par.backend if gpus > 1 else "none"
         dp_shard = mesh_shape(par, gpus)[1] if backend == "fsdp" else None  # as the trainer will build its mesh
         setups.append((run.id, planner.Setup(
-            model=cfg.model, shape=shape, gpus=gpus, gpu=gpu, backend=backend,
+            model=cfg.model, run=resolved, gpus=gpus, gpu=gpu, backend=backend,
             dp_shard=dp_shard, zero_stage=par.zero_stage, ac=par.ac, ac_every=par.ac_every,
-            micro_batch=t.micro_batch, global_batch=t.global_batch, tokens=tokens, mfu=mfu,
+            micro_batch=t.micro_batch, global_batch=t.global_batch, tokens=resolved.tokens, mfu=mfu,
             precision=par.precision,
             reshard_after_forward=par.reshard_after_forward)))
     return setups

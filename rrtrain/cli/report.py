@@ -12,18 +12,14 @@ import math
 import re
 from pathlib import Path
 
+from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
-
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = CommandParser(
         prog="rrtrain report",
         description="Welch-t significance tables (the paper's Table 2), the advantage's trend across sizes, "
         "extrapolation, power analysis and plots for every run found under SWEEP_DIR.",

@@ -1,1 +1,2 @@
-"""Leaves every stage stands on: errors and exit codes, atomic files, the distributed environment, hardware peaks, lazy imports."""
+"""Leaves every stage stands on: errors and exit codes, the command-line parser, atomic files, the distributed
+environment, hardware peaks, lazy imports."""

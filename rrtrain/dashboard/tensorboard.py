@@ -13,7 +13,6 @@ Runs are found by final.json / metrics.jsonl anywhere under the sweep directory,
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -22,22 +21,21 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
-from rrtrain.report.collect import run_dirs
-from rrtrain.monitoring.sweep_flags import read_config, read_final, read_tail
+from rrtrain.rundir import fields, readers
+from rrtrain.rundir.layout import TENSORBOARD, run_dirs
 
 HOST = "127.0.0.1"  # loopback only: on a cluster, reach it through an SSH tunnel
 SERIES = {"train_loss": "loss", "val_loss": "val_loss", "grad_norm": "grad_norm"}  # per-size tag -> metrics key
 
 
-def run_identity(run: Path) -> tuple[str, str, str, dict[str, Any]]:
-    """(size, variant, seedN, final.json or {}) from final.json, else config.yaml."""
-    final, config = read_final(run), read_config(run)
-    model, train = config.get("model") or {}, config.get("train") or {}
-    size = final.get("size") or model.get("size") or "unknown"
-    variant = final.get("variant") or model.get("variant") or run.name
-    seed = final.get("seed", train.get("seed"))
-    return str(size), str(variant), f"seed{seed if seed is not None else 'x'}", final
+def run_identity(run: Path) -> tuple[str, str, str, readers.Final]:
+    """(size, variant, seedN, final.json, empty while the run goes) from final.json, else config.yaml."""
+    final = readers.read_final(run)
+    who = readers.identity(final, {} if readers.has_identity(final) else readers.read_config(run))
+    seed = who.seed if who.seed is not None else "x"
+    return who.size or "unknown", who.variant or run.name, f"seed{seed}", final or readers.Final()
 
 
 def layout(sizes: list[str]) -> dict[str, dict[str, list]]:
@@ -70,7 +68,7 @@ def _gate_histogram(writer, tag: str, counts: list[float], step: int) -> None:
                              bucket_limits=limits, bucket_counts=[float(k) for k in counts], global_step=step)
 
 
-def write_derived(run: Path, out: Path, size: str, variant: str, seed: str, final: dict[str, Any],
+def write_derived(run: Path, out: Path, size: str, variant: str, seed: str, final: readers.Final,
                   sizes: Optional[list[str]]) -> None:
     """The dashboard's own event file for one run (see the module docstring)."""
     from torch.utils.tensorboard import SummaryWriter
@@ -78,29 +76,31 @@ def write_derived(run: Path, out: Path, size: str, variant: str, seed: str, fina
 
     writer = SummaryWriter(str(out), filename_suffix=".rrtrain-dashboard")
     last_step = 0
-    for rec in read_tail(run / "metrics.jsonl", None, only=None):
-        if not isinstance(rec.get("step"), int):
+    for rec in readers.read_tail(readers.metrics_path(run), None, only=None):
+        step = fields.step(rec.get("step"))
+        if step is None:
             continue
-        step, last_step = rec["step"], max(last_step, rec["step"])
+        last_step = max(last_step, step)
         if rec.get("kind") == "diag":
-            for i, g in enumerate(rec.get("gate_mean") or []):
-                if isinstance(g, (int, float)):
+            for i, g in enumerate(_list(rec.get("gate_mean"))):
+                if fields.is_number(g):
                     writer.add_scalar(f"{size}/gate_mean/{i:03d}", g, step)
-            for i, counts in enumerate(rec.get("gate_hist") or []):
-                _gate_histogram(writer, f"gates/{i:03d}", counts, step)
+            for i, counts in enumerate(_list(rec.get("gate_hist"))):
+                if isinstance(counts, list) and all(fields.is_number(k) and k >= 0 for k in counts):
+                    _gate_histogram(writer, f"gates/{i:03d}", counts, step)
             continue
         if rec.get("kind") is not None:
             continue
         for tag, key in SERIES.items():
             value = rec.get(key)
-            if isinstance(value, (int, float)):
+            if fields.is_number(value):
                 writer.add_scalar(f"{size}/{tag}", value, step)
-    flags = [str(f) for f in final.get("flags") or []]
-    metrics = {"hparams/final_val_loss": final.get("final_val_loss"), "hparams/best_val_loss": final.get("best_val_loss"),
+    flags = list(final.flags)
+    metrics = {"hparams/final_val_loss": final.final_val_loss, "hparams/best_val_loss": final.best_val_loss,
                "hparams/n_flags": float(len(flags))}
-    metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-    hp = {"variant": variant, "size": size, "seed": seed, "params": float(final.get("params") or 0),
-          "flags": ",".join(flags) or "none", "status": str(final.get("status") or "running")}
+    metrics = {k: float(v) for k, v in metrics.items() if v is not None}
+    hp = {"variant": variant, "size": size, "seed": seed, "params": final.params or 0.0,
+          "flags": ",".join(flags) or "none", "status": final.status or "running"}
     for summary in hparams(hp, metrics):
         writer.file_writer.add_summary(summary)
     for key, value in metrics.items():
@@ -108,6 +108,10 @@ def write_derived(run: Path, out: Path, size: str, variant: str, seed: str, fina
     if sizes is not None:
         writer.add_custom_scalars(layout(sizes))
     writer.close()
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def build_logdir(sweep_dir: str | os.PathLike[str]) -> tuple[Path, list[str]]:
@@ -132,7 +136,7 @@ def build_logdir(sweep_dir: str | os.PathLike[str]) -> tuple[Path, list[str]]:
         names.append(name)
         out = build / name
         out.mkdir(parents=True)
-        for event in sorted((run / "tb").glob("events.out.tfevents.*")):
+        for event in sorted((run / TENSORBOARD).glob("events.out.tfevents.*")):
             (out / event.name).symlink_to(event.resolve())
         write_derived(run, out, size, variant, seed, final, sizes if len(names) == 1 else None)
     link, tmp_link = home / "logdir", home / f".logdir.{os.getpid()}"
@@ -146,7 +150,7 @@ def build_logdir(sweep_dir: str | os.PathLike[str]) -> tuple[Path, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rrtrain dashboard", description="TensorBoard on loopback over a sweep's runs")
+    parser = CommandParser(prog="rrtrain dashboard", description="TensorBoard on loopback over a sweep's runs")
     parser.add_argument("sweep_dir")
     parser.add_argument("--port", type=int, default=6006)
     args = parser.parse_args(argv)

@@ -24,27 +24,24 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
-import json
 import os
 import re
 import tempfile
 import threading
 import weakref
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
 
 from rrtrain.core.errors import UsageError
 from rrtrain.core.lazy_import import streaming_module
-from rrtrain.training.signals import ignore_stop_signals
+from rrtrain.data.manifest import is_remote, read_manifest
+from rrtrain.core.signals import ignore_stop_signals
 
-MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
 STATE_VERSION = 1
 COLUMN = "tokens"
 SHUFFLE_ALGO = "py1e"
-_REQUIRED = ("format_version", "vocab_size", "eos_id", "seq_len", "dtype", "splits", "fingerprint", "unigram_entropy")
 # Compared on resume: a mismatch is always refused (the data or the randomness differ) ...
 _NEVER_CHANGE = ("fingerprint", "seed", "shuffle", "split")
 # ... or refused unless the caller allows it (the run continues on a different schedule). The world size and
@@ -64,41 +61,6 @@ def _close_live_iterators() -> None:
 
 
 atexit.register(_close_live_iterators)
-
-
-def is_remote(path: str) -> bool:
-    """True for URLs streaming downloads from (s3://, gs://, oci://, hf://, dbfs:/, ...)."""
-    return "://" in path or path.startswith("dbfs:")
-
-
-def read_manifest(path: str) -> dict[str, Any]:
-    """Load and check `manifest.json` of a prepared dataset (a local directory or a remote URL)."""
-    try:
-        if is_remote(path):
-            CloudDownloader = streaming_module("streaming.base.storage.download").CloudDownloader
-
-            with tempfile.TemporaryDirectory() as tmp:
-                local = os.path.join(tmp, MANIFEST)
-                CloudDownloader.direct_download(path.rstrip("/") + "/" + MANIFEST, local)
-                with open(local, encoding="utf-8") as f:
-                    text = f.read()
-        else:
-            with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
-                text = f.read()
-    except FileNotFoundError as err:
-        raise UsageError(f"no {MANIFEST} in '{path}' (is it a directory written by 'rrtrain prep'?)") from err
-    except Exception as err:
-        raise UsageError(f"cannot read {MANIFEST} of '{path}': {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
-    try:
-        manifest = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{MANIFEST} of '{path}' is not valid JSON ({err.msg})") from err
-    missing = [k for k in _REQUIRED if not isinstance(manifest, dict) or k not in manifest]
-    if missing:
-        raise UsageError(f"{MANIFEST} of '{path}' lacks {', '.join(missing)}")
-    if manifest["format_version"] != FORMAT_VERSION:
-        raise UsageError(f"{MANIFEST} of '{path}' has format_version {manifest['format_version']}; this rrtrain reads {FORMAT_VERSION}")
-    return manifest
 
 
 def check_vocab(manifest: dict[str, Any], model_vocab: int) -> None:
@@ -375,7 +337,8 @@ class TrainLoader:
 
     def __init__(self, path: str, *, micro_batch: int, global_batch: int, rank: int, world_size: int,
                  local_rank: int, seed: int, num_canonical_nodes: int = 1, num_workers: int = 0,
-                 cache_dir: str, split: str = "train", shuffle: bool = True) -> None:
+                 cache_dir: str, split: str = "train", shuffle: bool = True,
+                 manifest: Optional[dict[str, Any]] = None) -> None:
         if micro_batch < 1 or world_size < 1 or global_batch < 1:
             raise UsageError("micro_batch, global_batch and world_size must be positive")
         if not 0 <= rank < world_size:
@@ -392,7 +355,7 @@ class TrainLoader:
         self.seed, self.num_canonical_nodes, self.num_workers = seed, num_canonical_nodes, num_workers
         self.shuffle = shuffle
         self.block_size = default_block_size(num_canonical_nodes)
-        self.manifest = read_manifest(path)
+        self.manifest = manifest if manifest is not None else read_manifest(path)  # the resolved run holds it
         with shm_guard(local_rank):
             clean_stale_shm(local_rank)
             opened = _open_split(path, self.manifest, split, os.path.join(cache_dir, "loader"),
@@ -509,7 +472,7 @@ class TrainLoader:
 
 
 def eval_batches(path: str, *, micro_batch: int, n_batches: int, rank: int, world_size: int,
-                 cache_dir: str) -> list[torch.Tensor]:
+                 cache_dir: str, manifest: Optional[dict[str, Any]] = None) -> list[torch.Tensor]:
     """A fixed list of validation micro-batches for this rank, the same on every call.
 
     Eval batch b is val positions [b*E, (b+1)*E) with E = micro_batch * world_size (wrapping
@@ -518,7 +481,7 @@ def eval_batches(path: str, *, micro_batch: int, n_batches: int, rank: int, worl
     """
     if micro_batch < 1 or n_batches < 0 or world_size < 1 or not 0 <= rank < world_size:
         raise UsageError("eval_batches needs micro_batch >= 1, n_batches >= 0 and 0 <= rank < world_size")
-    manifest = read_manifest(path)
+    manifest = manifest if manifest is not None else read_manifest(path)
     with shm_guard():
         clean_stale_shm()
         opened = _open_split(path, manifest, "val", os.path.join(cache_dir, "eval"), batch_size=micro_batch,

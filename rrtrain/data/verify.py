@@ -223,7 +223,7 @@ def verify_run_data(path: str, manifest: dict[str, Any], local_rank: int) -> Non
     read. Remote datasets are not read here: streaming checks each shard's xxh64 as it downloads it into
     the run's cache (`validate_hash`); their token ids are not checked (see docs/data.md)."""
     from rrtrain.core import dist
-    from rrtrain.data.loader import is_remote
+    from rrtrain.data.manifest import is_remote
 
     problem = None
     if local_rank == 0 and not is_remote(path):

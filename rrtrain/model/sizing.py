@@ -2,6 +2,10 @@
 
 Counts are computed from the shape, never by allocating a model: sweeps size 1B and 70B runs on a laptop.
 `tests/unit/test_sizing.py` checks every formula here against a model built on the meta device.
+
+A rule is passed as its registry spec (a resolved run holds it: `rrtrain.resolve`), or by name for callers
+that hold only a name; the registry is imported only then, so the presets and the counts load without torch
+(`rrtrain status` reads a preset's sequence length).
 """
 
 from __future__ import annotations
@@ -11,13 +15,17 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 import yaml
 
-from rrtrain import residuals
 from rrtrain.config import ModelConfig, ResidualConfig
 from rrtrain.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from rrtrain.residuals import RuleSpec
+
+Rule = Union["RuleSpec", str]  # a registry spec, or a rule's name
 
 DEFAULT_VOCAB = 50257
 
@@ -117,21 +125,30 @@ def backbone_params(s: ModelShape) -> int:
     return embed + pos + s.n_layers * per_block
 
 
-def rule_params(s: ModelShape, variant: str, cfg: ResidualConfig) -> int:
+def spec_of(rule: Rule) -> "RuleSpec":
+    """The registry's spec: `rule` itself, or the spec registered under that name."""
+    if not isinstance(rule, str):
+        return rule
+    from rrtrain import residuals
+
+    return residuals.get(rule)
+
+
+def rule_params(s: ModelShape, rule: Rule, cfg: ResidualConfig) -> int:
     """All parameters that belong to the residual rule: norms, gates, stream controllers."""
-    return residuals.get(variant).params(s.d_model, s.n_sublayers, cfg)
+    return spec_of(rule).params(s.d_model, s.n_sublayers, cfg)
 
 
-def count_params(s: ModelShape, variant: str, cfg: ResidualConfig) -> int:
-    return backbone_params(s) + rule_params(s, variant, cfg)
+def count_params(s: ModelShape, rule: Rule, cfg: ResidualConfig) -> int:
+    return backbone_params(s) + rule_params(s, rule, cfg)
 
 
-def gate_params(s: ModelShape, variant: str, cfg: ResidualConfig) -> int:
+def gate_params(s: ModelShape, rule: Rule, cfg: ResidualConfig) -> int:
     """What the rule adds over the standard pre-norm residual at the same shape."""
-    return rule_params(s, variant, cfg) - rule_params(s, "standard", cfg)
+    return rule_params(s, rule, cfg) - rule_params(s, "standard", cfg)
 
 
-def flops_per_token(s: ModelShape, variant: str, cfg: ResidualConfig) -> float:
+def flops_per_token(s: ModelShape, rule: Rule, cfg: ResidualConfig) -> float:
     """Training FLOPs per token: 6 * (non-embedding matmul params + LM head) + attention scores.
 
     6N counts forward (2N) and backward (4N) for every weight matrix a token passes through
@@ -143,7 +160,7 @@ def flops_per_token(s: ModelShape, variant: str, cfg: ResidualConfig) -> float:
     norm gains and scalars are counted with them, a negligible overcount.
     """
     n_matmul = backbone_params(s) - (s.seq_len * s.d_model if s.pos == "learned" else 0)
-    n_matmul += rule_params(s, variant, cfg)
+    n_matmul += rule_params(s, rule, cfg)
     return 6.0 * n_matmul + 12.0 * s.n_layers * s.seq_len * s.d_model
 
 
@@ -155,16 +172,19 @@ def _with(s: ModelShape, **changes: int) -> ModelShape:
     return dataclasses.replace(s, **changes)
 
 
-def match_shape(s: ModelShape, variant: str, cfg: ResidualConfig, target: int, widen: str = "mlp",
+def match_shape(s: ModelShape, rule: Rule, cfg: ResidualConfig, target: int, widen: str = "mlp",
                 tolerance: float = 0.005) -> ModelShape:
-    """Widen `variant` at shape `s` until its count is within `tolerance` of `target`.
+    """Widen `rule` at shape `s` until its count is within `tolerance` of `target`.
 
     widen=mlp: change d_ff only (the paper's "parameter-matched by widening"). widen=model: grow d_model by
     whole heads (head size kept), d_ff = 4 * d_model, as far as it stays at or under the target, then close
     the rest of the gap with d_ff. A variant already larger than the target is narrowed the same way.
     """
+    spec = spec_of(rule)
+    variant = spec.name
+
     def count(shape: ModelShape) -> int:
-        return count_params(shape, variant, cfg)
+        return count_params(shape, spec, cfg)
 
     if widen == "model":
         head = s.head_dim
@@ -206,9 +226,9 @@ def size_variants(m: ModelConfig, variants: list[str], reference: Optional[str] 
     target = count_params(base, reference, cfg) if reference else None
     out: dict[str, SizedModel] = {}
     for name in variants:
-        residuals.get(name)
+        spec = spec_of(name)  # once per rule
         shape = base
         if target is not None and name != reference:
-            shape = match_shape(base, name, cfg, target, widen, tolerance)
-        out[name] = SizedModel(name, shape, count_params(shape, name, cfg), gate_params(shape, name, cfg))
+            shape = match_shape(base, spec, cfg, target, widen, tolerance)
+        out[name] = SizedModel(name, shape, count_params(shape, spec, cfg), gate_params(shape, spec, cfg))
     return out

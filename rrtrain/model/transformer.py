@@ -21,7 +21,7 @@ from torch import nn
 
 from rrtrain import residuals
 from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.residuals import Site, SiteInfo, Stream, StreamInfo
+from rrtrain.residuals import RuleSpec, Site, SiteInfo, Stream, StreamInfo
 from rrtrain.model.sizing import ModelShape, resolve_shape
 
 
@@ -96,14 +96,14 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """Token (+ position) embedding -> rule.expand -> blocks -> rule.readout -> tied LM head."""
 
-    def __init__(self, shape: ModelShape, variant: str, rcfg: ResidualConfig, norm_eps: float = 1e-6,
+    def __init__(self, shape: ModelShape, rule: RuleSpec, rcfg: ResidualConfig, norm_eps: float = 1e-6,
                  init_std: float = 0.02, rope_base: float = 10000.0, seed: Optional[int] = 0) -> None:
-        """Initialised from `seed`; `seed=None` (or a meta build) leaves that to the caller, who initialises
-        the tensors where they end up (rrtrain.parallel.materialize, DeepSpeed's zero.Init)."""
+        """`rule` is the registry's spec, not a name: the run was resolved against the registry once
+        (rrtrain.resolve). Initialised from `seed`; `seed=None` (or a meta build) leaves that to the caller, who
+        initialises the tensors where they end up (rrtrain.parallel.materialize, DeepSpeed's zero.Init)."""
         super().__init__()
-        self.shape, self.variant, self.init_std = shape, variant, init_std
+        self.shape, self.rule, self.variant, self.init_std = shape, rule, rule.name, init_std
         self.rcfg, self.norm_eps, self.rope_base = rcfg, norm_eps, rope_base
-        self.rule = residuals.get(variant)
         self.tok_emb: nn.Embedding
         self.pos_emb: Optional[nn.Embedding]
         self.stream: Stream
@@ -222,9 +222,12 @@ def unit_generator(seed: int, unit: int) -> torch.Generator:
 
 
 def build_model(m: ModelConfig, vocab_size: Optional[int] = None, device: torch.device | str | None = None,
-                shape: Optional[ModelShape] = None, seed: int = 0) -> Transformer:
+                shape: Optional[ModelShape] = None, seed: Optional[int] = 0,
+                rule: Optional[RuleSpec] = None) -> Transformer:
     """Build the model a config describes, initialised from `seed`. `device="meta"` builds without allocating
-    or initialising (training's path: rrtrain.parallel.materialize initialises each rank's shards)."""
+    or initialising (training's path: rrtrain.parallel.materialize initialises each rank's shards).
+    A resolved run passes its `shape` and `rule`; without them they are worked out from `m` here."""
     shape = shape or resolve_shape(m, vocab_size)
+    rule = rule or residuals.get(m.variant)
     with torch.device(device or "cpu"):
-        return Transformer(shape, m.variant, m.residual, m.norm_eps, m.init_std, m.rope_base, seed)
+        return Transformer(shape, rule, m.residual, m.norm_eps, m.init_std, m.rope_base, seed)

@@ -4,14 +4,11 @@ records, each flag written to metrics.jsonl, TensorBoard and final.json, and `mo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-from rrtrain.training.callbacks import Callback
 from rrtrain.config import MonitorConfig
 from rrtrain.monitoring.convergence import DIVERGED, STALLED, LossMonitor
-
-if TYPE_CHECKING:
-    from rrtrain.training.trainer import Trainer
+from rrtrain.training.loop import Callback, Loop
 
 
 class MonitorCallback(Callback):
@@ -24,19 +21,19 @@ class MonitorCallback(Callback):
         self.monitor: Optional[LossMonitor] = None
         self.pending: dict[str, Any] = {}
 
-    def on_start(self, trainer: "Trainer") -> None:
+    def on_start(self, loop: Loop) -> None:
         from rrtrain.data.loader import read_manifest
 
-        entropy = read_manifest(trainer.cfg.data.path).get("unigram_entropy")
-        self.monitor = LossMonitor(self.cfg, entropy, start_step=trainer.warmup)
+        entropy = read_manifest(loop.facts.config.data.path).get("unigram_entropy")
+        self.monitor = LossMonitor(self.cfg, entropy, start_step=loop.facts.warmup_steps)
         self.monitor.load_state_dict(self.pending)
 
-    def on_train_records(self, trainer: "Trainer", records: list[dict[str, Any]]) -> None:
+    def on_train_records(self, loop: Loop, records: list[dict[str, Any]]) -> None:
         for flag in self.monitor.feed(records):
-            trainer.raise_flag(flag.name, flag.step, flag.detail)
+            loop.raise_flag(flag.name, flag.step, flag.detail)
             action = {STALLED: self.cfg.on_stall, DIVERGED: self.cfg.on_diverge}.get(flag.name)
             if action == "stop":
-                trainer.request_stop(flag.name, f"monitor: {flag.name} at step {flag.step}: {flag.detail}")
+                loop.request_stop(flag.name, f"monitor: {flag.name} at step {flag.step}: {flag.detail}")
 
     def raised_flags(self) -> dict[str, dict[str, Any]]:
         return dict(self.monitor.raised) if self.monitor else {}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import json
 import math
 import os
 import statistics
@@ -26,12 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
 from rrtrain.config import MonitorConfig, build
-from rrtrain.monitoring.convergence import DIVERGED, STALLED, LossMonitor, smoothing_span
 from rrtrain.core.errors import UsageError
-from rrtrain.report.collect import run_dirs
+from rrtrain.monitoring.convergence import DIVERGED, STALLED, LossMonitor, smoothing_span
+from rrtrain.rundir import fields, readers
+from rrtrain.rundir.layout import run_dirs
 
 NO_HEARTBEAT, LAGGING, EARLY_STALL = "no_heartbeat", "lagging", "early_stall"
 CANCEL_FLAGS = frozenset({STALLED, DIVERGED, EARLY_STALL})
@@ -48,7 +46,7 @@ class RunVerdict:
     size: Optional[str]
     variant: Optional[str]
     seed: Any
-    status: str  # final.json's status, or "running" when there is none
+    status: str  # final.json's status ("unknown" when it names none), or "running" when there is none
     step: Optional[int] = None
     tokens: Optional[int] = None
     loss: Optional[float] = None  # the mean of the last few training losses
@@ -58,81 +56,26 @@ class RunVerdict:
     _index: Optional[tuple[list[int], list[float]]] = field(default=None, repr=False)  # loss_at's lookup
 
 
-def read_tail(path: Path, tail_bytes: Optional[int] = TAIL_BYTES,
-              only: Optional[tuple[bytes, ...]] = (b'"loss"', b'"flag"')) -> list[dict[str, Any]]:
-    """The JSON objects on the last `tail_bytes` (None: all) of a JSONL file whose line holds one of `only`
-    (None: every line; by default training, evaluation and flag lines: the long diagnostic lines are not parsed).
-    A cut first line and torn lines are skipped, a missing file has none."""
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            cut = tail_bytes is not None and size > tail_bytes
-            fh.seek(size - tail_bytes if cut else 0)
-            data = fh.read()
-    except OSError:
-        return []
-    lines = data.split(b"\n")
-    if cut:
-        lines = lines[1:]
-    lines = [raw for raw in lines if raw.strip() and (only is None or any(key in raw for key in only))]
-    try:  # one parse for the whole tail (several times faster than one per line) ...
-        parsed = json.loads(b"[" + b",".join(lines) + b"]")
-    except (ValueError, UnicodeDecodeError):  # ... unless a line is torn: then line by line, skipping it
-        parsed = []
-        for raw in lines:
-            try:
-                parsed.append(json.loads(raw))
-            except (ValueError, UnicodeDecodeError):
-                continue
-    return [rec for rec in parsed if isinstance(rec, dict)]
-
-
-def read_final(run: Path) -> dict[str, Any]:
-    """The run's final.json, or {} when it has none (still running) or it cannot be read."""
-    return _read_json(run / "final.json")
-
-
-def read_config(run: Path) -> dict[str, Any]:
-    """The run's resolved config.yaml as plain data, or {}."""
-    return _read_yaml(run / "config.yaml")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def read_run(path: Path, root: Path, tail_bytes: int = TAIL_BYTES) -> RunVerdict:
-    final, config = read_final(path), read_config(path)
-    model, train = config.get("model") or {}, config.get("train") or {}
+    final, config = readers.read_final(path), readers.read_config(path)
+    who = readers.identity(final, config)
+    status = "running" if final is None else final.status or "unknown"  # a final.json: the run has ended
     verdict = RunVerdict(path=path, rel=path.relative_to(root).as_posix() if path != root else ".",
-                         size=final.get("size") or model.get("size"), variant=final.get("variant") or model.get("variant"),
-                         seed=final.get("seed", train.get("seed")), status=final.get("status") or "running",
-                         monitor=monitor_of(config))
-    tail = read_tail(path / "metrics.jsonl", tail_bytes)
+                         size=who.size, variant=who.variant, seed=who.seed, status=status, monitor=monitor_of(config))
     last: dict[int, dict[str, Any]] = {}
-    for rec in tail:
+    for rec in readers.read_tail(readers.metrics_path(path), tail_bytes):
+        step = fields.step(rec.get("step"))
         if rec.get("kind") == "flag":
             verdict.flags.setdefault(str(rec.get("flag")), f"raised in the run at step {rec.get('step')}")
-        elif rec.get("kind") is None and isinstance(rec.get("step"), int) and _finite(rec.get("loss")):
-            last[rec["step"]] = rec  # a resumed run re-logs steps: the last line wins
+        elif rec.get("kind") is None and step is not None and _finite(rec.get("loss")):
+            # a resumed run re-logs steps: the last line wins; a step written as 7.0 is stored as 7
+            last[step] = rec if type(rec["step"]) is int else {**rec, "step": step}
     verdict.records = [last[s] for s in sorted(last)]
-    details = final.get("flag_details") or {}
-    for name in final.get("flags") or []:
-        verdict.flags.setdefault(str(name), str(details.get(name, "in final.json")))
+    if final is not None:
+        for name in final.flags:
+            verdict.flags.setdefault(name, final.flag_details.get(name, "in final.json"))
     if verdict.records:
-        verdict.step, verdict.tokens = verdict.records[-1]["step"], verdict.records[-1].get("tokens")
+        verdict.step, verdict.tokens = verdict.records[-1]["step"], fields.integer(verdict.records[-1].get("tokens"))
         verdict.loss = _recent_loss(verdict.records)
     return verdict
 
@@ -159,11 +102,11 @@ def _recent_loss(records: list[dict[str, Any]], n: int = 10) -> float:
 
 def _entropy_and_warmup(path: Path) -> tuple[Optional[float], int]:
     """The run's training data's unigram entropy (from its manifest) and its warmup steps, where findable."""
-    config = read_config(path)
-    data_path = (config.get("data") or {}).get("path")
-    manifest = _read_json(Path(data_path) / "manifest.json") if data_path else {}
+    config = readers.read_config(path)
+    data_path = fields.text(fields.dig(config, "data", "path"))
+    manifest = (readers.read_json_object(Path(data_path) / "manifest.json") if data_path else None) or {}
     entropy = manifest.get("unigram_entropy")
-    warmup = (config.get("train") or {}).get("warmup_steps")
+    warmup = fields.dig(config, "train", "warmup_steps")
     return (float(entropy) if _finite(entropy) else None), (int(warmup) if isinstance(warmup, int) else 0)
 
 
@@ -180,7 +123,7 @@ def early_stall(verdict: RunVerdict, cfg: MonitorConfig) -> Optional[str]:
 def no_heartbeat(verdict: RunVerdict, cfg: MonitorConfig, now: float) -> Optional[str]:
     if verdict.status != "running":
         return None
-    beat = verdict.path / "metrics.jsonl"
+    beat = readers.metrics_path(verdict.path)
     if not beat.exists():
         beat = verdict.path
     idle = now - beat.stat().st_mtime

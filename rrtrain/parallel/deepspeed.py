@@ -2,8 +2,9 @@
 
 A meta-built model (training's path) is first given its weights: at stage 3 it is rebuilt under `zero.Init`
 (partitioned module by module) and initialised unit by unit (`build_partitioned`); stages 1-2 keep a whole copy
-per rank by design, so it is materialised whole (rrtrain/parallel/materialize.py). Then, as everywhere:
-activation checkpointing -> optional torch.compile of each block -> `deepspeed.initialize`.
+per rank by design, so it is materialised whole (rrtrain/parallel/materialize.py). Then, as everywhere
+(rrtrain/parallel/prepare.py): activation checkpointing -> optional torch.compile of each block; then
+`deepspeed.initialize`.
 DeepSpeed owns the optimizer step, so this engine maps the loop's calls onto it:
 
 - `backward(loss / accum, last_micro)`: the loop has already divided by `accum`, so DeepSpeed must not
@@ -14,7 +15,7 @@ DeepSpeed owns the optimizer step, so this engine maps the loop's calls onto it:
   own norm routine before the step (identical on every rank); DeepSpeed clips inside `step()` with
   `gradient_clipping = max_norm`, using the same formula as `torch.nn.utils.clip_grad_norm_`.
 - `step(lr)`: sets the learning rate on our AdamW's parameter groups (weight decay on matrices only,
-  `rrtrain.training.optim.param_groups`) and calls `engine.step()`.
+  `rrtrain.parallel.adamw.param_groups`) and calls `engine.step()`.
 - `skip()`: DeepSpeed's step runs with the AdamW update turned into a no-op, so the reduced gradients are
   freed the usual way and no moment, step count or weight changes; `global_steps` advances with the
   trainer's step and `skipped_steps` counts the skip (DeepSpeed takes its own overflow path, which does the
@@ -54,10 +55,10 @@ from rrtrain.config import Config
 from rrtrain.core.dist import DistInfo
 from rrtrain.core.errors import UsageError
 from rrtrain.model.transformer import Transformer, build_model
-from rrtrain.training.optim import param_groups, set_lr
-from rrtrain.parallel.ac import apply_ac
-from rrtrain.parallel.engine import Engine, is_meta, place
-from rrtrain.parallel.materialize import initialise_units
+from rrtrain.parallel.adamw import build_optimizer, set_lr
+from rrtrain.parallel.engine import Engine
+from rrtrain.parallel.materialize import initialise_units, is_meta, place
+from rrtrain.parallel.prepare import prepare_blocks
 
 #: the tag of every DeepSpeed checkpoint, inside the directory the checkpoint manager hands over
 TAG = "zero"
@@ -159,7 +160,7 @@ def build_partitioned(deepspeed: Any, meta: Transformer, cfg: Config, config: di
 
     deepspeed.init_distributed(dist_backend=dist.get_backend(), verbose=False)  # zero.Init asks deepspeed.comm
     with deepspeed.zero.Init(config_dict_or_path=config):
-        model = build_model(cfg.model, shape=meta.shape, device=device, seed=None)
+        model = build_model(cfg.model, shape=meta.shape, device=device, seed=None, rule=meta.rule)
 
     def write(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         params = [target for target, _ in pairs if hasattr(target, "ds_id")]
@@ -179,7 +180,7 @@ class DeepSpeedEngine(Engine):
     def __init__(self, model: Transformer, cfg: Config, info: DistInfo) -> None:
         deepspeed = import_deepspeed()
         self.device, self.stage = info.device, cfg.parallel.zero_stage
-        p, t = cfg.parallel, cfg.train
+        t = cfg.train
         ensure_process_group(info)
         import torch.distributed as dist
 
@@ -189,12 +190,8 @@ class DeepSpeedEngine(Engine):
         else:  # stages 0-2 keep a whole copy of the parameters on every rank, by design
             place(model, info.device, t.seed)
         self.inner = model
-        apply_ac(model.blocks, p.ac, p.ac_every)
-        if t.compile:
-            for block in model.blocks:
-                block.compile()
-        self.base_opt = _DiscardableAdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2),
-                                          eps=t.adam_eps, fused=True if info.device.type == "cuda" else None)
+        prepare_blocks(model, cfg)
+        self.base_opt = build_optimizer(model, t, fused=info.device.type == "cuda", cls=_DiscardableAdamW)
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=self.base_opt,
                                                                 config=self.config, dist_init_required=False)
         self.ds = self.model

@@ -83,3 +83,16 @@ def materialize(model: Transformer, device: torch.device, seed: int) -> None:
 def copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     for target, full in pairs:
         copy_full(target, full)
+
+
+def is_meta(model: nn.Module) -> bool:
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+def place(model: Transformer, device: torch.device, seed: int) -> None:
+    """A meta-built model (training's path): this rank's tensors on `device`, initialised from `seed`.
+    A model built with its weights (a caller that initialised it itself): moved to `device`."""
+    if is_meta(model):
+        materialize(model, device, seed)
+    else:
+        model.to(device)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -37,16 +36,17 @@ from rrtrain.core import dist
 
 from rrtrain.model import sizing
 from rrtrain.config import Config
+from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
-from rrtrain.resolve import load
+from rrtrain.resolve import load, resolve
 from rrtrain.training.step import grad_accumulation, optimizer_step, set_matmul_precision
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "train" / "tiny.yaml"
 
 
 def parse_args(argv: list[str]) -> tuple[Optional[str], list[str], argparse.Namespace]:
-    parser = argparse.ArgumentParser(prog="rrtrain bench", description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="rrtrain bench", description=__doc__.split("\n")[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("items", nargs="*", metavar="CONFIG | key=value",
                         help=f"a YAML config (default {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[2])}) "
                              "and overrides")
@@ -67,15 +67,6 @@ def parse_args(argv: list[str]) -> tuple[Optional[str], list[str], argparse.Name
     if args.warmup < 0:
         raise UsageError(f"--warmup must not be negative, got {args.warmup}")
     return config, overrides, args
-
-
-def _data_shape(cfg: Config) -> tuple[Optional[int], Optional[int]]:
-    if cfg.data.path is None:
-        return None, None
-    from rrtrain.data.loader import read_manifest
-
-    manifest = read_manifest(cfg.data.path)
-    return manifest["vocab_size"], manifest["seq_len"]
 
 
 def local_state_bytes(engine) -> dict[str, int]:
@@ -107,13 +98,13 @@ def random_batches(shape: sizing.ModelShape, micro_batch: int, accum: int, seed:
 def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo] = None) -> dict[str, Any]:
     """Build the configured model + engine, run warmup + timed optimizer steps on random tokens, measure."""
     from rrtrain.core.hardware import peak_flops, peak_memory_gb
+    from rrtrain.data.manifest import read_manifest
     from rrtrain.parallel import build_training_engine
-    from rrtrain.training.trainer import resolve_model_shape
 
     info = info or dist.setup(cfg.parallel.timeout_s)
     t = cfg.train
-    vocab, seq_len = _data_shape(cfg)
-    shape = resolve_model_shape(cfg, vocab, seq_len)
+    run = resolve(cfg, read_manifest(cfg.data.path) if cfg.data.path is not None else None)
+    shape = run.shape
     accum = grad_accumulation(t, info.world_size)
     set_matmul_precision(cfg.parallel.precision)
     device = info.device
@@ -124,9 +115,9 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
     compiled = resolve_compile(t.compile, device, warmup + steps, announce=info.is_main)
     cfg = replace(cfg, train=replace(t, compile=compiled))
     torch.manual_seed(t.seed)
-    engine = build_training_engine(cfg, shape, info)  # training's own build: meta, shard, materialise
+    engine = build_training_engine(cfg, shape, info, rule=run.rule)  # training's own build: meta, shard, materialise
     peak, peak_source = peak_flops(device, cfg.parallel.precision)  # the CPU probe runs here, before timing
-    fpt = sizing.flops_per_token(shape, cfg.model.variant, cfg.model.residual)
+    fpt = run.flops_per_token
     batches = random_batches(shape, t.micro_batch, accum, t.seed + info.rank, device)
 
     losses, times, cpu_times = [], [], []
@@ -145,7 +136,7 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
     tps = tokens_per_device / mean
     result: dict[str, Any] = {
         "variant": cfg.model.variant, "size": cfg.model.size, "shape": asdict(shape),
-        "params": sizing.count_params(shape, cfg.model.variant, cfg.model.residual),
+        "params": run.params,
         "backend": cfg.parallel.backend, "zero_stage": cfg.parallel.zero_stage if cfg.parallel.backend == "deepspeed"
         else None, "precision": cfg.parallel.precision, "compile": compiled, "ac": cfg.parallel.ac,
         "world_size": info.world_size, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -197,9 +188,3 @@ def main(argv: list[str]) -> int:
     finally:
         dist.teardown()
     return 0
-
-
-if __name__ == "__main__":
-    from rrtrain.cli.main import main as cli_main
-
-    sys.exit(cli_main(["bench", *sys.argv[1:]]))  # the same handling of errors and of the exit as `rrtrain bench`

@@ -8,7 +8,7 @@ one and two blocks: the bytes autograd saves for backward, split into a per-bloc
 (embeddings, readout, LM head and loss). Activations scale exactly with the micro-batch, so one trace
 per shape, variant and dtype serves every micro-batch.
 
-What is held per rank, as the trainer does it (`rrtrain/parallel/engine.py`, `deepspeed.py`):
+What is held per rank, as the trainer does it (`rrtrain/parallel/fsdp.py`, `deepspeed.py`):
 
 * FSDP2, bf16: fp32 master parameters, fp32 gradients and AdamW's two fp32 moments, all sharded
   over `dp_shard` ranks; bf16 compute copies of the unit in use (the root, which FSDP keeps gathered
@@ -35,9 +35,11 @@ from typing import Optional
 import torch
 
 from rrtrain.model import sizing
-from rrtrain.config import ModelConfig
+from rrtrain.config import Config, ModelConfig
 from rrtrain.core.errors import UsageError
 from rrtrain.core.hardware import GPU_MEMORY_GIB, GPU_PEAK_TFLOPS, precision_key
+from rrtrain.residuals import RuleSpec
+from rrtrain.resolve import ResolvedRun, resolve as resolve_run
 
 #: the share of a GPU's memory the plan leaves free for the CUDA context, NCCL buffers and fragmentation
 HEADROOM = 0.10
@@ -65,7 +67,8 @@ class Setup:
     mfu: float = 0.40
     precision: str = "bf16"  # "bf16" (mixed, as on GPUs), "fp32_tf32" (fp32, TF32 matmuls) or "fp32" (CPU tests)
     reshard_after_forward: bool = True
-    shape: Optional[sizing.ModelShape] = None  # the resolved shape when known (a matched sweep run); else the preset's
+    run: Optional[ResolvedRun] = None  # the resolved run when known (a sweep's: matched shape, the dataset's
+    # vocabulary); else `model` is resolved alone (the preset's shape)
 
     @property
     def shard(self) -> int:
@@ -175,10 +178,10 @@ def _fake(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def _build(m: ModelConfig, shape: sizing.ModelShape):
+def _build(m: ModelConfig, shape: sizing.ModelShape, rule: Optional[RuleSpec]):
     from rrtrain.model.transformer import build_model
 
-    return build_model(m, shape=shape, device="cpu")
+    return build_model(m, shape=shape, device="cpu", rule=rule)
 
 
 _CACHE: dict[tuple, object] = {}
@@ -192,13 +195,14 @@ def _cached(kind: str, m: ModelConfig, *key, make):
     return _CACHE[full]
 
 
-def layout(m: ModelConfig, shape: sizing.ModelShape) -> Layout:
-    return _cached("layout", m, shape, make=lambda: _layout(m, shape))
+def layout(m: ModelConfig, shape: sizing.ModelShape, rule: Optional[RuleSpec] = None) -> Layout:
+    """`rule`: the resolved run's spec of `m.variant` (None: looked up by name)."""
+    return _cached("layout", m, shape, make=lambda: _layout(m, shape, rule))
 
 
-def _layout(m: ModelConfig, shape: sizing.ModelShape) -> Layout:
+def _layout(m: ModelConfig, shape: sizing.ModelShape, rule: Optional[RuleSpec]) -> Layout:
     with _fake(torch.float32):
-        model = _build(m, shape)
+        model = _build(m, shape, rule)
         unit_of = {id(p): i for i, b in enumerate(model.blocks) for p in b.parameters()}
         tensors = tuple((tuple(p.shape), unit_of.get(id(p), -1)) for p in model.parameters())
     return Layout(tensors)
@@ -232,14 +236,15 @@ def checkpointed_blocks(n_layers: int, ac: str, ac_every: int) -> int:
     return len(range(0, n_layers, ac_every))
 
 
-def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool) -> tuple[int, int]:
+def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool,
+                 rule: Optional[RuleSpec]) -> tuple[int, int]:
     """(bytes saved for backward, bytes of the last block's input state) for one sequence, loss included.
 
     The last block, not the first: a multi-stream rule's first input is a broadcast view of the embedding.
     """
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    model = _build(m, shape)
+    model = _build(m, shape, rule)
     params = {StorageWeakRef(p.untyped_storage()).cdata for p in model.parameters()}
     saved: dict[int, int] = {}
     block_in: list[int] = []
@@ -264,16 +269,18 @@ def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool) -> tu
     return sum(saved.values()), block_in[0]
 
 
-def activation_profile(m: ModelConfig, shape: sizing.ModelShape, compute: str, autocast: bool) -> ActivationProfile:
+def activation_profile(m: ModelConfig, shape: sizing.ModelShape, compute: str, autocast: bool,
+                       rule: Optional[RuleSpec] = None) -> ActivationProfile:
     """Trace the model, loss included, with one and with two blocks; the difference is one block."""
-    return _cached("acts", m, shape, compute, autocast, make=lambda: _activation_profile(m, shape, compute, autocast))
+    return _cached("acts", m, shape, compute, autocast, make=lambda: _activation_profile(m, shape, compute, autocast, rule))
 
 
-def _activation_profile(m: ModelConfig, shape: sizing.ModelShape, compute: str, autocast: bool) -> ActivationProfile:
+def _activation_profile(m: ModelConfig, shape: sizing.ModelShape, compute: str, autocast: bool,
+                        rule: Optional[RuleSpec]) -> ActivationProfile:
     dtype = torch.bfloat16 if compute == "bf16" and not autocast else torch.float32
     with _fake(dtype):
-        one, _ = _saved_bytes(m, dataclasses.replace(shape, n_layers=1), autocast)
-        two, block_in = _saved_bytes(m, dataclasses.replace(shape, n_layers=2), autocast)
+        one, _ = _saved_bytes(m, dataclasses.replace(shape, n_layers=1), autocast, rule)
+        two, block_in = _saved_bytes(m, dataclasses.replace(shape, n_layers=2), autocast, rule)
     loss_grad = shape.seq_len * shape.vocab_size * (10 if compute == "bf16" else 8)
     return ActivationProfile(fixed=2 * one - two, per_block=two - one, block_input=block_in, loss_grad=loss_grad)
 
@@ -341,16 +348,14 @@ class Plan:
         return sum(i.bytes for i in self.state if i.what.startswith(prefix))
 
 
+def resolve_model(m: ModelConfig) -> ResolvedRun:
+    """A model config alone resolved as a run (`rrtrain plan --size ...`): its rule, the preset's shape, counts."""
+    return resolve_run(Config(model=m))
+
+
 def resolve(m: ModelConfig) -> sizing.ModelShape:
-    from rrtrain import residuals
-
-    if m.variant not in residuals.names():
-        import difflib
-
-        close = difflib.get_close_matches(m.variant, residuals.names(), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise UsageError(f"unknown variant '{m.variant}'{hint}; known: {', '.join(residuals.names())}")
-    return sizing.resolve_shape(m)
+    """The shape of a model config alone, its rule and preset checked."""
+    return resolve_model(m).shape
 
 
 def _adam(local: int, n_tensors: int) -> list[Item]:
@@ -370,7 +375,7 @@ UNSHARDED_GRADS = "unsharded gradients kept across micro-batches (no-sync accumu
 
 
 def _held_fsdp(s: Setup, lay: Layout, rank: int) -> tuple[list[Item], list[Item]]:
-    """FSDP2 as rrtrain/parallel/engine.py applies it: every block a unit, then the root."""
+    """FSDP2 as rrtrain/parallel/fsdp.py applies it: every block a unit, then the root."""
     local = lay.shard_numel(s.shard, rank % s.shard)
     c, cdt = DTYPE_BYTES[storage(s.precision)], storage(s.precision)
     block, root = lay.block_numel(), lay.unit_numel(-1)
@@ -444,23 +449,24 @@ def comm_bytes_per_step(s: Setup, lay: Layout) -> int:
 def plan(s: Setup, rank: int = 0) -> Plan:
     """Memory per rank (rank 0 unless told), communication and time for one run."""
     check(s)
-    shape = s.shape or resolve(s.model)
-    lay = layout(s.model, shape)
+    run = s.run or resolve_model(s.model)
+    shape = run.shape
+    lay = layout(s.model, shape, run.rule)
     state, transient = _held(s, lay, rank)
     autocast = s.backend == "none" and s.precision == "bf16"
-    prof = activation_profile(s.model, shape, storage(s.precision), autocast)
+    prof = activation_profile(s.model, shape, storage(s.precision), autocast, run.rule)
     acts = {mode: s.micro_batch * (prof.saved(shape.n_layers, mode, s.ac_every)
                                    + (prof.per_block if mode != "none" else 0)  # one block recomputed
                                    + prof.loss_grad)
             for mode in AC_MODES}
     peak, capacity = gpu_spec(s.gpu, s.precision)
-    fpt = sizing.flops_per_token(shape, s.model.variant, s.model.residual)
+    fpt = run.flops_per_token
     recompute = checkpointed_blocks(shape.n_layers, s.ac, s.ac_every) / shape.n_layers
     time_s = gpu_hours = None
     if s.tokens is not None:
         time_s = s.tokens * fpt * (1.0 + recompute / 3.0) / (s.gpus * peak * s.mfu)
         gpu_hours = time_s * s.gpus / 3600.0
-    return Plan(setup=s, shape=shape, params=sizing.count_params(shape, s.model.variant, s.model.residual),
+    return Plan(setup=s, shape=shape, params=run.params,
                 state=tuple(state), transient=tuple(transient), activations=acts, capacity=capacity,
                 comm_bytes=comm_bytes_per_step(s, lay), flops_per_token=fpt,
                 tokens_per_step=s.batch * shape.seq_len, time_s=time_s, gpu_hours=gpu_hours,

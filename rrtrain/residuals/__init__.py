@@ -1,25 +1,33 @@
-"""Registry of residual rules by name. The model asks `get(name)` and never branches on a name."""
+"""Registry of residual rules by name. The model asks `get(name)` and never branches on a name.
+
+The built-in rules are the modules listed below; a rule from another package is found through the entry-point
+group `rrtrain.residuals` (docs/residuals.md, "Your own rule"): each entry names a `RuleSpec`, or a module
+with `SPEC` (one rule) or `SPECS` (several). Registering a rule declares its knobs in `model.residual`.
+"""
 
 from __future__ import annotations
 
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, State, Stream, StreamInfo
-from rrtrain.residuals.single import (
-    HighwayConvexSite,
-    HighwaySite,
-    LayerScaleSite,
-    PreNormSite,
-    ReviewConvexSite,
-    ReviewSite,
-    ReZeroSite,
-    SingleStream,
-)
+import warnings
+from importlib.metadata import entry_points
+from types import ModuleType
+from typing import Any
+
+from rrtrain.config import ResidualConfig
+from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, State, Stream, StreamInfo, require
+
+ENTRY_POINT_GROUP = "rrtrain.residuals"
 
 _RULES: dict[str, RuleSpec] = {}
 
 
 def register(spec: RuleSpec) -> RuleSpec:
+    """Add a rule and declare its knobs; a second rule of the same name is refused."""
+    if not isinstance(spec, RuleSpec):
+        raise TypeError(f"a residual rule is registered as a RuleSpec, got {type(spec).__name__}")
     if spec.name in _RULES:
         raise ValueError(f"residual rule '{spec.name}' registered twice")
+    for knobs in spec.knobs:
+        ResidualConfig.declare(knobs)
     _RULES[spec.name] = spec
     return spec
 
@@ -35,30 +43,42 @@ def names() -> list[str]:
     return list(_RULES)
 
 
-def _single(name: str, site: type[PreNormSite], summary: str, **kw) -> RuleSpec:
-    """Register a single-stream rule: its parameters are the final norm plus one site per sublayer."""
+def specs_of(obj: Any) -> list[RuleSpec]:
+    """The rules an entry point (or a built-in module) provides: a RuleSpec, or a module's SPEC / SPECS."""
+    if isinstance(obj, RuleSpec):
+        return [obj]
+    if isinstance(obj, ModuleType):
+        if hasattr(obj, "SPECS"):
+            return list(obj.SPECS)
+        if hasattr(obj, "SPEC"):
+            return [obj.SPEC]
+    raise TypeError(f"expected a RuleSpec or a module with SPEC or SPECS, got {obj!r}")
 
-    def params(d: int, n_sublayers: int, cfg) -> int:
-        return SingleStream.count(d) + n_sublayers * site.count_for(d, cfg)
 
-    return register(RuleSpec(name=name, site=site, stream=SingleStream, params=params, summary=summary, **kw))
+def discover(group: str = ENTRY_POINT_GROUP) -> list[str]:
+    """Register the rules of installed packages; returns their names. A package whose rule cannot be loaded
+    is skipped with a warning naming it, so one broken plugin does not stop every command."""
+    found = []
+    for ep in entry_points(group=group):
+        try:
+            for spec in specs_of(ep.load()):
+                register(spec)
+                found.append(spec.name)
+        except Exception as err:  # third-party code: any failure to import or register it
+            warnings.warn(f"residual rule entry point '{ep.name} = {ep.value}' skipped: "
+                          f"{type(err).__name__}: {err}", stacklevel=2)
+    return found
 
 
-_single("standard", PreNormSite, "h + u (pre-norm residual)")
-_single("review", ReviewSite, "h + r*u, r = sigma(W[RMSN(h); RMSN(u)] + b) (Review Residuals, Eq. 1)", gated=True)
-_single("review_convex", ReviewConvexSite, "(1-r)*h + r*u with Review's gate (fails beyond ~20 layers)",
-        gated=True, convex=True)
-_single("highway", HighwaySite, "h + r*u, r = sigma(W RMSN(h) + b) (state-only gate, additive)", gated=True)
-_single("highway_convex", HighwayConvexSite, "(1-r)*h + r*u, r = sigma(W RMSN(h) + b), carry bias (classic Highway)",
-        gated=True, convex=True)
-_single("rezero", ReZeroSite, "h + alpha*u, scalar alpha = 0 at start (ReZero)")
-_single("layerscale", LayerScaleSite, "h + lambda*u, per-channel lambda, CaiT depth init (LayerScale)")
+# The built-in rules: single-stream (7 rules in one module), multi-stream (gr, hc, mhc), depth-aggregating
+# (attnres), post-norm (deepnorm) and normalisation-free (fixup).
+from rrtrain.residuals import attnres, deepnorm, fixup, gr, hc, mhc, single  # noqa: E402  (after the registry)
 
-# Multi-stream (gr, hc, mhc), depth-aggregating (attnres), post-norm (deepnorm) and normalisation-free (fixup)
-# rules: one module each.
-from rrtrain.residuals import attnres, deepnorm, fixup, gr, hc, mhc  # noqa: E402  (after the registry exists)
+for _module in (single, gr, hc, mhc, attnres, deepnorm, fixup):
+    for _spec in specs_of(_module):
+        register(_spec)
 
-for _spec in (gr.SPEC, hc.SPEC, mhc.SPEC, attnres.SPEC, deepnorm.SPEC, fixup.SPEC):
-    register(_spec)
+discover()
 
-__all__ = ["RuleSpec", "Site", "SiteInfo", "State", "Stream", "StreamInfo", "get", "names", "register"]
+__all__ = ["ENTRY_POINT_GROUP", "RuleSpec", "Site", "SiteInfo", "State", "Stream", "StreamInfo", "discover", "get",
+           "names", "register", "require", "specs_of"]

@@ -13,17 +13,26 @@ readout: one more aggregator (own query, own key norm) over all sources, then th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from rrtrain.config import ResidualConfig
-from rrtrain.model.norm import RMSNorm
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, Stream, StreamInfo
+from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, Stream, StreamInfo, require
+from rrtrain.residuals.norm import RMSNorm
 from rrtrain.residuals.streams import rms_rstd, upcast
 
 Sources = tuple[torch.Tensor, ...]
+
+
+@dataclass
+class AttnResKnobs:
+    attnres_block_size: int = 0  # AttnRes: sublayers per block; 0 = Full AttnRes
+
+    def check(self) -> None:
+        require(self, non_negative=("attnres_block_size",))
 
 
 def depth_attention(sources: Sources, query: torch.Tensor, key_gain: torch.Tensor, eps: float) -> torch.Tensor:
@@ -118,11 +127,7 @@ class AttnResStream(Stream):
         self.norm.reset_parameters()
 
 
-def params(d: int, n_sublayers: int, cfg: ResidualConfig) -> int:
-    return AttnResStream.count(d, cfg) + n_sublayers * AttnResSite.count(d, cfg)
-
-
 SPEC = RuleSpec(
-    name="attnres", site=AttnResSite, stream=AttnResStream, params=params,
+    name="attnres", site=AttnResSite, stream=AttnResStream, knobs=(AttnResKnobs,),
     summary="x = softmax_j(w.RMSN(v_j)) v_j over earlier outputs (Attention Residuals; Full, or Block)",
 )

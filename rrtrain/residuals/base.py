@@ -17,17 +17,23 @@ own initialisation), so the block itself stays unaware of any rule.
 The state is opaque to the transformer block: a tensor (B, T, D) for single-stream rules, (B, T, n, D)
 for multi-stream ones, or a tuple of tensors for depth-aggregating ones. The block only passes it along,
 so a new rule never touches the block.
+
+A rule module declares the rest in one place: its knobs (a dataclass of `model.residual` keys with their
+defaults and a `check()`), the `count(d, cfg)` of its Site and Stream (the analytic parameter count, which
+`rrtrain check-rule` holds against the built modules) and a `RuleSpec`. docs/residuals.md shows a complete
+rule shipped from another package.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch import nn
 
 from rrtrain.config import ResidualConfig
+from rrtrain.core.errors import UsageError
 
 State = Any  # torch.Tensor, or a tuple of tensors for depth-aggregating rules
 
@@ -71,6 +77,11 @@ class Site(nn.Module):
         self.record = False  # set by the trainer on diagnostic steps
         self.stats: dict[str, torch.Tensor] = {}
 
+    @classmethod
+    def count(cls, d: int, cfg: ResidualConfig) -> int:
+        """Parameters of one site at width d, computed without building it (the rule's analytic formula)."""
+        raise NotImplementedError(f"{cls.__qualname__}.count(d, cfg): give the site's parameter count")
+
     def read(self, state: State) -> tuple[torch.Tensor, Any]:
         raise NotImplementedError
 
@@ -103,6 +114,11 @@ class Stream(nn.Module):
         super().__init__()
         self.info = info
 
+    @classmethod
+    def count(cls, d: int, cfg: ResidualConfig) -> int:
+        """Parameters of the stream at width d, computed without building it."""
+        raise NotImplementedError(f"{cls.__qualname__}.count(d, cfg): give the stream's parameter count")
+
     def expand(self, e: torch.Tensor) -> State:
         raise NotImplementedError
 
@@ -117,16 +133,48 @@ class Stream(nn.Module):
         raise NotImplementedError
 
 
-@dataclass(frozen=True)
+Count = Callable[[int, int, ResidualConfig], int]  # (d_model, n_sublayers, cfg) -> all the rule's parameters
+
+
+@dataclass(frozen=True, kw_only=True)
 class RuleSpec:
-    """A registered residual rule: how to build it, and how many parameters it adds, without building it."""
+    """A registered residual rule: how to build it, and how many parameters it adds, without building it.
+
+    `params` defaults to the stream's count plus one site's count per sublayer, each from its `count(d, cfg)`;
+    `knobs` are the dataclasses of `model.residual` keys the rule reads (the registry declares them).
+    """
 
     name: str
     site: Callable[[SiteInfo], Site]
     stream: Callable[[StreamInfo], Stream]
-    params: Callable[[int, int, ResidualConfig], int]  # (d_model, n_sublayers, cfg) -> all rule parameters
     summary: str
+    params: Optional[Count] = None
+    knobs: tuple[type, ...] = ()
     convex: bool = False  # the update replaces part of the state (Highway form): watched for depth stalls
     gated: bool = False  # has input-dependent gates whose statistics are logged
     post_norm: bool = False  # no pre-norm inside the branch (DeepNorm)
     branch_init_gain: Optional[Callable[[int], float]] = None  # n_blocks -> gain on branch weights at init
+
+    def __post_init__(self) -> None:
+        if self.params is None:
+            object.__setattr__(self, "params", _counted(self.site, self.stream))
+
+
+def _counted(site: Any, stream: Any) -> Count:
+    def params(d: int, n_sublayers: int, cfg: ResidualConfig) -> int:
+        return stream.count(d, cfg) + n_sublayers * site.count(d, cfg)
+
+    return params
+
+
+def require(knobs: Any, positive: Iterable[str] = (), non_negative: Iterable[str] = ()) -> None:
+    """A knob class's range checks: a one-line UsageError naming `model.residual.<name>`, as config.py words
+    its own."""
+    for name in positive:
+        value = getattr(knobs, name)
+        if not value > 0:
+            raise UsageError(f"model.residual.{name} must be positive, got {value}")
+    for name in non_negative:
+        value = getattr(knobs, name)
+        if value < 0:
+            raise UsageError(f"model.residual.{name} must not be negative, got {value}")

@@ -14,8 +14,8 @@ from typing import Any, Optional
 import torch
 
 from rrtrain.config import ResidualConfig
-from rrtrain.model.norm import RMSNorm
 from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, Stream
+from rrtrain.residuals.norm import RMSNorm
 from rrtrain.residuals.streams import upcast
 
 
@@ -66,12 +66,8 @@ class PostNormStream(Stream):
         pass
 
 
-def params(d: int, n_sublayers: int, cfg: ResidualConfig) -> int:
-    return PostNormStream.count(d, cfg) + n_sublayers * DeepNormSite.count(d, cfg)
-
-
 SPEC = RuleSpec(
-    name="deepnorm", site=DeepNormSite, stream=PostNormStream, params=params, post_norm=True,
+    name="deepnorm", site=DeepNormSite, stream=PostNormStream, post_norm=True,
     branch_init_gain=deepnorm_beta,
     summary="h <- RMSN(alpha*h + F(h)), alpha = (2N)^1/4, branch init x (8N)^-1/4 (DeepNorm, post-norm)",
 )

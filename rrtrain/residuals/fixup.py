@@ -25,7 +25,8 @@ the stream re-draws the embedding tables it is attached to.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
 
 import torch
 from torch import nn
@@ -33,6 +34,11 @@ from torch import nn
 from rrtrain.config import ResidualConfig
 from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo
 from rrtrain.residuals.single import SingleStream
+
+
+@dataclass
+class FixupKnobs:
+    fixup_variant: Literal["fixup", "tfixup"] = "fixup"  # fixup: Fixup (ICLR 2019); tfixup: T-Fixup (ICML 2020)
 
 
 def fixup_scale(n_sublayers: int) -> float:
@@ -188,10 +194,10 @@ def make_site(info: SiteInfo) -> Site:
 def params(d: int, n_sublayers: int, cfg: ResidualConfig) -> int:
     site = FixupSite if cfg.fixup_variant == "fixup" else TFixupSite
     n_attn, n_mlp = (n_sublayers + 1) // 2, n_sublayers // 2  # sublayer 2b is attention, 2b + 1 the MLP
-    return SingleStream.count(d) + n_attn * site.count("attn") + n_mlp * site.count("mlp")
+    return SingleStream.count(d, cfg) + n_attn * site.count("attn") + n_mlp * site.count("mlp")
 
 
 SPEC = RuleSpec(
-    name="fixup", site=make_site, stream=NormFreeStream, params=params,
+    name="fixup", site=make_site, stream=NormFreeStream, params=params, knobs=(FixupKnobs,),
     summary="h + s*F(h + b), no branch norm, last layer 0, others x L^-1/2 (Fixup); tfixup: T-Fixup scaling",
 )

@@ -15,6 +15,7 @@ controllers would keep the tiled branches identical forever (identical updates, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -22,11 +23,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from rrtrain.config import ResidualConfig
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo
-from rrtrain.residuals.streams import TiledStream, rms_rstd, upcast, write_back
+from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo, require
+from rrtrain.residuals.streams import StreamKnobs, TiledStream, rms_rstd, upcast, write_back
 
 RANK_DIVISOR = 8  # gr_rank = 0 means r = d / 8, the released config (d = 2560, r = 320)
 UP_INJ_STD = 0.02  # W_up and W_inj: the HF / Megatron default initializer_range (§4.4)
+
+
+@dataclass
+class GRKnobs:
+    gr_rank: int = 0  # GR controller rank; 0 = d_model // 8
+
+    def check(self) -> None:
+        require(self, non_negative=("gr_rank",))
 
 
 def gr_rank(d: int, cfg: ResidualConfig) -> int:
@@ -124,11 +133,7 @@ class GRStream(TiledStream):
         self.mixer.reset_parameters(generator)
 
 
-def params(d: int, n_sublayers: int, cfg: ResidualConfig) -> int:
-    return GRStream.count(d, cfg) + n_sublayers * GRSite.count(d, cfg)
-
-
 SPEC = RuleSpec(
-    name="gr", site=GRSite, stream=GRStream, params=params, gated=True,
+    name="gr", site=GRSite, stream=GRStream, knobs=(StreamKnobs, GRKnobs), gated=True,
     summary="n branches; x = mean_i G_i*RMSN(R_i), R_i += 2sigma(.)*y (Gated Residual, Qwen3.8-Flash-Next)",
 )

@@ -13,15 +13,22 @@ readout: Σ_i S_i, then the final RMSNorm (sum → norm ≡ mean → norm).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from rrtrain.config import ResidualConfig
-from rrtrain.model.norm import RMSNorm
 from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo
-from rrtrain.residuals.streams import TiledStream, acc_dtype, combine, rms_rstd, upcast, write_back
+from rrtrain.residuals.norm import RMSNorm
+from rrtrain.residuals.streams import StreamKnobs, TiledStream, acc_dtype, combine, rms_rstd, upcast, write_back
+
+
+@dataclass
+class HCKnobs:
+    hc_dynamic: bool = True  # HC: dynamic (token-dependent) coefficients on top of the static ones
+    hc_scale_init: float = 0.01  # HC: initial s_a = s_b
 
 
 class HCSite(Site):
@@ -107,11 +114,7 @@ class HCStream(TiledStream):
         self.norm.reset_parameters()
 
 
-def params(d: int, n_sublayers: int, cfg: ResidualConfig) -> int:
-    return HCStream.count(d, cfg) + n_sublayers * HCSite.count(d, cfg)
-
-
 SPEC = RuleSpec(
-    name="hc", site=HCSite, stream=HCStream, params=params,
+    name="hc", site=HCSite, stream=HCStream, knobs=(StreamKnobs, HCKnobs),
     summary="n streams; x = sum_i a_i S_i, S' = A^T S + b y (Hyper-Connections; static or dynamic)",
 )

@@ -15,6 +15,7 @@ then the final RMSNorm. All coefficient and Sinkhorn math in fp32.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -22,11 +23,22 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rrtrain.config import ResidualConfig
-from rrtrain.model.norm import RMSNorm
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo
-from rrtrain.residuals.streams import TiledStream, acc_dtype, combine, rms_rstd, upcast, write_back
+from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo, require
+from rrtrain.residuals.norm import RMSNorm
+from rrtrain.residuals.streams import StreamKnobs, TiledStream, acc_dtype, combine, rms_rstd, upcast, write_back
 
 PHI_STD = 1e-4  # Φ and Φ_head init std: the Megatron-derived port of §2.3 (small, not zero: α gets a gradient)
+
+
+@dataclass
+class MHCKnobs:
+    sinkhorn_iters: int = 20  # mHC: Sinkhorn-Knopp iterations (fp32)
+    sinkhorn_eps: float = 1e-6  # mHC: epsilon in the Sinkhorn denominators
+    mhc_alpha_init: float = 0.01  # mHC: initial alpha_pre / alpha_post / alpha_res
+    mhc_offdiag_logit: float = -5.0  # mHC: initial off-diagonal H_res logit (near-identity start)
+
+    def check(self) -> None:
+        require(self, positive=("sinkhorn_iters",))
 
 
 def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
@@ -139,11 +151,7 @@ class MHCStream(TiledStream):
             self.head_scale.fill_(self.info.cfg.mhc_alpha_init)
 
 
-def params(d: int, n_sublayers: int, cfg: ResidualConfig) -> int:
-    return MHCStream.count(d, cfg) + n_sublayers * MHCSite.count(d, cfg)
-
-
 SPEC = RuleSpec(
-    name="mhc", site=MHCSite, stream=MHCStream, params=params, gated=True,
+    name="mhc", site=MHCSite, stream=MHCStream, knobs=(StreamKnobs, MHCKnobs), gated=True,
     summary="n streams; S' = Sinkhorn(H_res) S + 2sigma(.) y, read sigma(.) (manifold-constrained HC)",
 )

@@ -14,15 +14,32 @@ All of them keep the pre-norm inside `read` (u = F(RMSNorm(h))), and differ only
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from rrtrain.config import ResidualConfig
-from rrtrain.model.norm import RMSNorm
-from rrtrain.residuals.base import Site, SiteInfo, Stream, StreamInfo
+from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, Stream, StreamInfo, require
 from rrtrain.residuals.gates import Gate
+from rrtrain.residuals.norm import RMSNorm
+
+
+@dataclass
+class GateKnobs:
+    """The learned gate of review, review_convex, highway and highway_convex."""
+
+    gate_rank: int = 0  # 0: full-rank gate W (Eq. 1 of the paper); k > 0: low-rank in -> k -> d
+    gate_bias: Optional[float] = None  # gate bias at start; None = the rule's default (highway_convex: -2)
+
+    def check(self) -> None:
+        require(self, non_negative=("gate_rank",))
+
+
+@dataclass
+class LayerScaleKnobs:
+    layerscale_init: Optional[float] = None  # None = CaiT's depth rule (0.1 / 1e-5 / 1e-6)
 
 
 class SingleStream(Stream):
@@ -32,8 +49,8 @@ class SingleStream(Stream):
         super().__init__(info)
         self.norm = RMSNorm(info.d_model, info.eps)
 
-    @staticmethod
-    def count(d: int) -> int:
+    @classmethod
+    def count(cls, d: int, cfg: ResidualConfig) -> int:
         return d
 
     def expand(self, e: torch.Tensor) -> torch.Tensor:
@@ -54,8 +71,7 @@ class PreNormSite(Site):
         self.norm = RMSNorm(info.d_model, info.eps)
 
     @classmethod
-    def count_for(cls, d: int, cfg: ResidualConfig) -> int:
-        """Parameters of one site, computed without building it."""
+    def count(cls, d: int, cfg: ResidualConfig) -> int:
         return d
 
     def read(self, state: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -84,7 +100,7 @@ class GatedSite(PreNormSite):
         self.gate = Gate(2 * d if self.reads_update else d, d, info.cfg.gate_rank, bias)
 
     @classmethod
-    def count_for(cls, d: int, cfg: ResidualConfig) -> int:
+    def count(cls, d: int, cfg: ResidualConfig) -> int:
         inputs = 2 * d if cls.reads_update else d
         norms = d * (3 if cls.reads_update else 2)
         return norms + Gate.count(inputs, d, cfg.gate_rank)
@@ -134,7 +150,7 @@ class ReZeroSite(PreNormSite):
         self.reset_parameters()
 
     @classmethod
-    def count_for(cls, d: int, cfg: ResidualConfig) -> int:
+    def count(cls, d: int, cfg: ResidualConfig) -> int:
         return d + 1
 
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
@@ -166,7 +182,7 @@ class LayerScaleSite(PreNormSite):
         self.reset_parameters()
 
     @classmethod
-    def count_for(cls, d: int, cfg: ResidualConfig) -> int:
+    def count(cls, d: int, cfg: ResidualConfig) -> int:
         return 2 * d
 
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
@@ -177,3 +193,24 @@ class LayerScaleSite(PreNormSite):
         init = self.info.cfg.layerscale_init
         with torch.no_grad():
             self.scale.fill_(init if init is not None else layerscale_init(self.info.n_blocks))
+
+
+def _single(name: str, site: type[PreNormSite], summary: str, knobs: tuple[type, ...] = (), **kw: Any) -> RuleSpec:
+    return RuleSpec(name=name, site=site, stream=SingleStream, summary=summary, knobs=knobs, **kw)
+
+
+SPECS = (
+    _single("standard", PreNormSite, "h + u (pre-norm residual)"),
+    _single("review", ReviewSite, "h + r*u, r = sigma(W[RMSN(h); RMSN(u)] + b) (Review Residuals, Eq. 1)",
+            (GateKnobs,), gated=True),
+    _single("review_convex", ReviewConvexSite, "(1-r)*h + r*u with Review's gate (fails beyond ~20 layers)",
+            (GateKnobs,), gated=True, convex=True),
+    _single("highway", HighwaySite, "h + r*u, r = sigma(W RMSN(h) + b) (state-only gate, additive)",
+            (GateKnobs,), gated=True),
+    _single("highway_convex", HighwayConvexSite,
+            "(1-r)*h + r*u, r = sigma(W RMSN(h) + b), carry bias (classic Highway)", (GateKnobs,), gated=True,
+            convex=True),
+    _single("rezero", ReZeroSite, "h + alpha*u, scalar alpha = 0 at start (ReZero)"),
+    _single("layerscale", LayerScaleSite, "h + lambda*u, per-channel lambda, CaiT depth init (LayerScale)",
+            (LayerScaleKnobs,)),
+)

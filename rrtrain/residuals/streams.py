@@ -13,9 +13,21 @@ for backward rather than an fp32 copy of it: the n-fold state is what dominates 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from rrtrain.residuals.base import Stream, StreamInfo
+from rrtrain.residuals.base import Stream, StreamInfo, require
+
+
+@dataclass
+class StreamKnobs:
+    """The knob every multi-stream rule shares (declared once, listed in each of their specs)."""
+
+    streams: int = 4  # n: copies of the residual stream for multi-stream rules (gr, hc, mhc)
+
+    def check(self) -> None:
+        require(self, positive=("streams",))
 
 
 def upcast(x: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
-LOCK_NAME = "run.lock"
+from rrtrain.rundir import fields, layout
+
+LOCK_NAME = layout.LOCK
 LOCKED_EXIT = 73  # EX_CANTCREAT: another copy of this run holds its directory
 HEARTBEAT_S = 10.0
 STALE_S = 60.0
@@ -49,10 +51,13 @@ def _start_time(pid: int) -> Optional[str]:
 
 
 def read(run_dir: str | os.PathLike[str]) -> Optional[dict[str, Any]]:
-    """The lock's content, or None when there is no (readable) lock."""
+    """The lock's content, or None when there is no (readable) lock: a lock that is not a JSON object names no
+    holder."""
     path = Path(run_dir) / LOCK_NAME
     try:
         info = json.loads(path.read_text())
+        if not isinstance(info, dict):
+            return None
         info["heartbeat"] = path.stat().st_mtime
         return info
     except (OSError, ValueError):
@@ -62,8 +67,8 @@ def read(run_dir: str | os.PathLike[str]) -> Optional[dict[str, Any]]:
 def holder_alive(info: dict[str, Any]) -> bool:
     """Whether the process named by a lock still runs (same host: its pid; elsewhere: a fresh heartbeat)."""
     if info.get("host") == socket.gethostname():
-        pid = int(info.get("pid", -1))
-        if pid <= 0:
+        pid = fields.integer(info.get("pid"))
+        if pid is None or pid <= 0:
             return False
         try:
             os.kill(pid, 0)
@@ -73,12 +78,12 @@ def holder_alive(info: dict[str, Any]) -> bool:
             pass
         started = info.get("pid_start")
         return started is None or _start_time(pid) in (None, started)
-    return time.time() - float(info.get("heartbeat", 0)) < STALE_S
+    return time.time() - (fields.number(info.get("heartbeat")) or 0.0) < STALE_S
 
 
 def describe(info: dict[str, Any]) -> str:
     job = f", job {info['job_id']}" if info.get("job_id") else ""
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("started", 0)))
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(fields.number(info.get("started")) or 0))
     return f"host {info.get('host')} pid {info.get('pid')}{job}, since {since}"
 
 

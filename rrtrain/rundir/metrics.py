@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rrtrain.core.io import atomic_write_text
+from rrtrain.rundir import fields, layout
 
 
 class MetricsLogger:
     def __init__(self, run_dir: Path, enabled: bool, resume_step: Optional[int] = None) -> None:
         self.enabled = enabled
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(run_dir) / layout.METRICS
         self.tb = None
         if not enabled:
             return
@@ -30,7 +31,7 @@ class MetricsLogger:
             atomic_write_text(self.path, "")
         from torch.utils.tensorboard import SummaryWriter
 
-        self.tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=None if resume_step is None else resume_step + 1)
+        self.tb = SummaryWriter(str(Path(run_dir) / layout.TENSORBOARD), purge_step=None if resume_step is None else resume_step + 1)
         self.file = self.path.open("a")
 
     def _truncate(self, step: int) -> None:
@@ -42,7 +43,10 @@ class MetricsLogger:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a kill
-            if rec.get("step", 0) <= step:
+            if not isinstance(rec, dict):
+                continue  # not a record: nothing of ours
+            at = fields.step(rec.get("step", 0))
+            if at is not None and at <= step:
                 kept.append(line)
         atomic_write_text(self.path, "".join(k + "\n" for k in kept))
 

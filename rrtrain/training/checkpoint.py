@@ -376,6 +376,9 @@ FREE = {
     "parallel.reshard_after_forward", "train.compile", "data.num_workers", "data.cache_dir", "run.dir",
     "run.lock_wait_s", "train.ckpt_async",
 }
+#: callbacks observe and may stop the run without changing a step (one added on resume starts from its
+#: defaults; a removed one's saved state is left unread; a checkpoint from before the key has none)
+FREE |= {"train.callbacks"}
 #: monitor thresholds and actions judge the trajectory without changing it (a checkpoint from before the
 #: monitor existed has none)
 FREE |= {f"monitor.{key}" for key in ("min_steps", "window", "min_improvement", "entropy_margin", "grad_ratio",

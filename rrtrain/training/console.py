@@ -6,12 +6,9 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Optional, TextIO
+from typing import Any, Optional, TextIO
 
-from rrtrain.training.callbacks import Callback
-
-if TYPE_CHECKING:
-    from rrtrain.training.trainer import Trainer
+from rrtrain.training.loop import Callback, Loop
 
 
 def duration(seconds: float) -> str:
@@ -46,41 +43,42 @@ class Console(Callback):
 
     name, priority = "console", 60
 
-    def __init__(self, out: TextIO | None = None) -> None:
+    def __init__(self, log_every: int, out: TextIO | None = None) -> None:
+        self.log_every = log_every
         self.out = out or sys.stdout
         self.val: Optional[float] = None  # a validation loss not yet shown
         self.t0, self.step0 = time.time(), 0
 
-    def say(self, trainer: "Trainer", text: str) -> None:
-        if trainer.info.is_main:
+    def say(self, loop: Loop, text: str) -> None:
+        if loop.facts.is_main:
             print(text, file=self.out, flush=True)
 
-    def on_start(self, trainer: "Trainer") -> None:
-        cfg, t = trainer.cfg, trainer.cfg.train
-        self.t0, self.step0 = time.time(), trainer.step
-        resumed = f", resumed at step {trainer.step}" if trainer.resumed_at is not None else ""
-        self.say(trainer, f"rrtrain: {cfg.model.variant} {cfg.model.size} seed {t.seed}: {trainer.params:,} params, "
-                 f"{trainer.total_steps} steps x {t.global_batch} seqs x {trainer.shape.seq_len} tokens, "
-                 f"world {trainer.info.world_size} x accum {trainer.accum}{resumed}")
+    def on_start(self, loop: Loop) -> None:
+        f, cfg = loop.facts, loop.facts.config
+        self.t0, self.step0 = time.time(), loop.step
+        resumed = f", resumed at step {loop.step}" if loop.resumed_at is not None else ""
+        self.say(loop, f"rrtrain: {cfg.model.variant} {cfg.model.size} seed {cfg.train.seed}: {f.params:,} params, "
+                 f"{loop.total_steps} steps x {cfg.train.global_batch} seqs x {f.seq_len} tokens, "
+                 f"world {f.world_size} x accum {f.accum}{resumed}")
 
-    def on_train_records(self, trainer: "Trainer", records: list[dict[str, Any]]) -> None:
+    def on_train_records(self, loop: Loop, records: list[dict[str, Any]]) -> None:
         for rec in records:
-            if rec["step"] % trainer.cfg.train.log_every and rec["step"] != trainer.total_steps:
+            if rec["step"] % self.log_every and rec["step"] != loop.total_steps:
                 continue
             done = rec["step"] - self.step0
             spent = time.time() - self.t0
-            eta = spent / done * (trainer.total_steps - rec["step"]) if done > 0 else None
-            self.say(trainer, progress_line(rec, trainer.total_steps, self.val, trainer.wall_s(), eta))
+            eta = spent / done * (loop.total_steps - rec["step"]) if done > 0 else None
+            self.say(loop, progress_line(rec, loop.total_steps, self.val, loop.wall_s(), eta))
             self.val = None
 
-    def on_eval(self, trainer: "Trainer", record: dict[str, Any]) -> None:
+    def on_eval(self, loop: Loop, record: dict[str, Any]) -> None:
         self.val = record["val_loss"]
 
-    def on_flag(self, trainer: "Trainer", flag: dict[str, Any]) -> None:
-        self.say(trainer, f"rrtrain: FLAG {flag['flag']} at step {flag['step']}: {flag['detail']}")
+    def on_flag(self, loop: Loop, flag: dict[str, Any]) -> None:
+        self.say(loop, f"rrtrain: FLAG {flag['flag']} at step {flag['step']}: {flag['detail']}")
 
-    def on_end(self, trainer: "Trainer") -> None:
-        val = _num(trainer.last_val, ".4f") if trainer.last_val is not None else "none"
-        reason = f" ({trainer.reason})" if trainer.reason and trainer.status != "completed" else ""
-        self.say(trainer, f"rrtrain: {trainer.status}{reason} at step {trainer.step}/{trainer.total_steps}, "
-                 f"final val loss {val}, wall {duration(trainer.wall_s())}; {trainer.run_dir / 'final.json'}")
+    def on_end(self, loop: Loop) -> None:
+        val = _num(loop.last_val_loss, ".4f") if loop.last_val_loss is not None else "none"
+        reason = f" ({loop.reason})" if loop.reason and loop.status != "completed" else ""
+        self.say(loop, f"rrtrain: {loop.status}{reason} at step {loop.step}/{loop.total_steps}, "
+                 f"final val loss {val}, wall {duration(loop.wall_s())}; {loop.facts.run_dir / 'final.json'}")

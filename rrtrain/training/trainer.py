@@ -22,40 +22,23 @@ from rrtrain.core import dist
 
 from rrtrain.rundir import lock as runlock
 
+from rrtrain.budget import require as require_budget
 from rrtrain.model import sizing
-from rrtrain.training.callbacks import Callback, due
-from rrtrain.training.checkpoint import CheckpointManager, Published, check_resume, is_disk_full
+from rrtrain.resolve import ResolvedRun, resolve
+from rrtrain.training.checkpoint import CheckpointManager, Published, check_resume
+from rrtrain.training.loop import Callback, RunFacts, due
 from rrtrain.parallel.compile_policy import resolve_compile
 from rrtrain.config import Config
-from rrtrain.core.errors import RunError, UsageError
+from rrtrain.core.errors import UsageError
 from rrtrain.core.hardware import peak_flops
-from rrtrain.core.io import atomic_write_json, atomic_write_text, unwritable_reason
+from rrtrain.core.io import atomic_write_text, unwritable_reason
 from rrtrain.rundir.metrics import MetricsLogger
 from rrtrain.training.optim import lr_at
 from rrtrain.parallel import build_training_engine
-from rrtrain.training.signals import StopFlag
 from rrtrain.training.step import grad_accumulation, optimizer_step, set_matmul_precision
-from rrtrain.monitoring.watchdog import PeerWatch, is_comm_error
-
-EXIT_CODES = {"completed": 0, "failed": 1, "diverged": 3, "stalled": 4, "preempted": 75}
-
-
-def resolve_model_shape(cfg: Config, data_vocab: Optional[int], data_seq_len: Optional[int]) -> sizing.ModelShape:
-    """The model's shape: preset + overrides, the dataset's vocabulary and sequence length unless set,
-    widened to the reference variant's parameter count when `match.reference` is set."""
-    m = cfg.model
-    if data_seq_len is not None and m.seq_len is not None and m.seq_len != data_seq_len:
-        raise UsageError(f"model.seq_len={m.seq_len} but the dataset was packed with seq_len={data_seq_len}")
-    base = sizing.resolve_shape(m, data_vocab)
-    if data_seq_len is not None:
-        base = sizing.ModelShape(**{**asdict(base), "seq_len": data_seq_len})
-    if data_vocab is not None and base.vocab_size < data_vocab:
-        raise UsageError(f"dataset vocabulary {data_vocab} does not fit the model's vocab_size {base.vocab_size}")
-    ref = cfg.match.reference
-    if ref is None or ref == m.variant:
-        return base
-    target = sizing.count_params(base, ref, m.residual)
-    return sizing.match_shape(base, m.variant, m.residual, target, cfg.match.widen, cfg.match.tolerance)
+from rrtrain.rundir.outcome import CANCELLED, EXIT_CODES, decide  # the ending, its status and exit code: one place
+from rrtrain.rundir.readers import read_cancelled
+from rrtrain.rundir import layout, writers
 
 
 class Trainer:
@@ -64,11 +47,13 @@ class Trainer:
         self.info = dist.setup(cfg.parallel.timeout_s)
         self.run_dir = Path(cfg.run.dir)
         self.status, self.reason, self.signal_name = "failed", "", None
-        self.step, self.tokens, self.skipped, self.streak = 0, 0, 0, 0
+        self.step, self.tokens, self.skipped = 0, 0, 0
         self.wall_before, self.best_val, self.last_val = 0.0, math.inf, None
+        self.run: Optional[ResolvedRun] = None  # set up by `setup`: the config resolved against the dataset
         self.shape: Optional[sizing.ModelShape] = None
         self.params = 0
-        self.callbacks: list[Callback] = []
+        self.callbacks: list[Callback] = []  # attached by `fit` once set up: until then no hook is called
+        self.loop: Optional[LoopView] = None  # what the callbacks see of this trainer
         self.pending: list[tuple[dict[str, Any], torch.Tensor]] = []  # steps whose values are still on the device
         self.stopping, self.checkpoint_at_end = False, True  # set by request_stop
         self.resumed_at: Optional[int] = None  # the checkpoint step this process started from
@@ -82,7 +67,7 @@ class Trainer:
     # -- set-up -------------------------------------------------------------------------------
 
     def setup(self) -> None:
-        from rrtrain.data.loader import TrainLoader, check_vocab, eval_batches, read_manifest
+        from rrtrain.data.loader import TrainLoader, eval_batches, read_manifest
         from rrtrain.data.verify import verify_run_data
 
         cfg, info = self.cfg, self.info
@@ -91,27 +76,20 @@ class Trainer:
             raise UsageError("data.path is not set: point it at a directory written by `rrtrain prep`")
         manifest = read_manifest(cfg.data.path)
         verify_run_data(cfg.data.path, manifest, info.local_rank)
-        self.shape = resolve_model_shape(cfg, manifest["vocab_size"], manifest["seq_len"])
-        check_vocab(manifest, self.shape.vocab_size)
+        run = resolve(cfg, manifest)  # the rule's spec, shape, counts and budget: worked out once, there
         self.accum = grad_accumulation(t, info.world_size)
-        self.tokens_per_step = t.global_batch * self.shape.seq_len
-        if t.max_steps is not None:
-            self.total_steps = t.max_steps
-        elif t.tokens is not None:
-            self.total_steps = max(1, t.tokens // self.tokens_per_step)
-        else:
-            raise UsageError("set train.max_steps or train.tokens (the run's budget)")
-        self.warmup = t.warmup_steps if t.warmup_steps is not None else max(1, self.total_steps // 20)
+        b = require_budget(run.budget)
+        self.shape, self.params, self.flops_per_token = run.shape, run.params, run.flops_per_token
+        self.tokens_per_step, self.total_steps, self.warmup = b.tokens_per_step, b.total_steps, b.warmup_steps
 
         set_matmul_precision(cfg.parallel.precision)
         compiled = resolve_compile(t.compile, info.device, self.total_steps, announce=info.is_main)
         cfg = self.cfg = replace(cfg, train=replace(t, compile=compiled))  # resolved, as config.yaml records it
+        self.run = replace(run, cfg=cfg)
         torch.manual_seed(t.seed)  # no weight draws from it (see below); anything else stays a function of the seed
         # on meta: the engine shards it, then materialises and initialises each rank's part from the seed,
         # the same bits at every world size and on every backend (rrtrain/parallel/materialize.py)
-        self.params = sizing.count_params(self.shape, cfg.model.variant, cfg.model.residual)
-        self.engine = build_training_engine(cfg, self.shape, info)
-        self.flops_per_token = sizing.flops_per_token(self.shape, cfg.model.variant, cfg.model.residual)
+        self.engine = build_training_engine(cfg, run.shape, info, rule=run.rule)
         self.peak, self.peak_source = peak_flops(info.device, cfg.parallel.precision)
 
         cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else self.run_dir / "data_cache"
@@ -119,9 +97,10 @@ class Trainer:
             cfg.data.path, micro_batch=t.micro_batch, global_batch=t.global_batch, rank=info.rank,
             world_size=info.world_size, local_rank=info.local_rank, seed=t.seed,
             num_canonical_nodes=cfg.data.num_canonical_nodes, num_workers=cfg.data.num_workers,
-            cache_dir=str(cache / "train"), shuffle=cfg.data.shuffle)
+            cache_dir=str(cache / "train"), shuffle=cfg.data.shuffle, manifest=manifest)
         self.val_batches = eval_batches(cfg.data.path, micro_batch=t.micro_batch, n_batches=cfg.data.eval_batches,
-                                        rank=info.rank, world_size=info.world_size, cache_dir=str(cache / "val"))
+                                        rank=info.rank, world_size=info.world_size, cache_dir=str(cache / "val"),
+                                        manifest=manifest)
         self.fingerprint = manifest.get("fingerprint")
         self.ckpt = CheckpointManager(self.run_dir, t.keep_ckpts, info, asynchronous=t.ckpt_async,
                                       timeout_s=cfg.parallel.timeout_s)
@@ -140,7 +119,7 @@ class Trainer:
         self.loader.load_state_dict(state["loader"], allow_change=self.cfg.train.allow_config_change)
         self.step, self.tokens = state["step"], state["tokens"]
         self.saved_step = self.step  # a run resumed at its last step does not write the same checkpoint again
-        self.skipped, self.streak = state["skipped"], state["streak"]
+        self.skipped = state["skipped"]  # (older checkpoints also hold a "streak": never needed)
         self.wall_before, self.best_val = state["wall_s"], state["best_val_loss"]
         self.last_val = state.get("last_val_loss")
         if accepted and self.info.is_main:
@@ -149,7 +128,7 @@ class Trainer:
 
     def train_state(self) -> dict[str, Any]:
         return {
-            "step": self.step, "tokens": self.tokens, "skipped": self.skipped, "streak": self.streak,
+            "step": self.step, "tokens": self.tokens, "skipped": self.skipped,
             "wall_s": self.wall_s(), "best_val_loss": self.best_val, "last_val_loss": self.last_val,
             "loader": self.loader.state_dict(), "config": self.cfg.to_dict(), "world_size": self.info.world_size,
             "fingerprint": self.fingerprint, "shape": asdict(self.shape) if self.shape else None,
@@ -198,9 +177,7 @@ class Trainer:
                    "tokens": host["tokens"]}
             if skipped:
                 rec["skipped"] = True
-                self.skipped, self.streak = self.skipped + 1, self.streak + 1
-            else:
-                self.streak = 0
+                self.skipped += 1
             records.append(rec)
         self.pending = []
         self.emit("on_train_records", records)
@@ -238,12 +215,13 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------------------
 
-    def fit(self) -> str:
+    def fit(self, callbacks: list[Callback]) -> str:
+        """Train to an ending with `callbacks` (composed by `rrtrain.train`), highest priority first."""
         self.setup()
         resumed = self.resume()
         self.log = MetricsLogger(self.run_dir, self.info.is_main, resume_step=resumed)
-        stop = StopFlag().install()
-        self.callbacks = default_callbacks(self.cfg, stop)
+        self.loop = LoopView(self, self.facts())
+        self.callbacks = sorted(callbacks, key=lambda c: -c.priority)
         self.load_callback_states(self.resumed_callbacks)
         if self.info.is_main:
             atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
@@ -266,20 +244,36 @@ class Trainer:
             if self.checkpoint_at_end:
                 self.save_checkpoint()
         finally:
-            stop.restore()
             self.log.close()
             self.loader.close()  # stop loader workers before the process group goes
         return self.status
 
+    def facts(self) -> RunFacts:
+        info = self.info
+        return RunFacts(config=self.cfg, run_dir=self.run_dir, rank=info.rank, world_size=info.world_size,
+                        is_main=info.is_main, device=info.device, params=self.params, seq_len=self.shape.seq_len,
+                        tokens_per_step=self.tokens_per_step, accum=self.accum, warmup_steps=self.warmup,
+                        flops_per_token=self.flops_per_token, peak_flops=self.peak)
+
     def emit(self, hook: str, *args: Any) -> None:
         """Call `hook` on every callback, highest priority first."""
         for callback in self.callbacks:
-            getattr(callback, hook)(self, *args)
+            getattr(callback, hook)(self.loop, *args)
 
-    def request_stop(self, status: str, reason: str, checkpoint: bool = True) -> None:
+    def request_stop(self, status: str, reason: str, checkpoint: bool = True, signal: Optional[str] = None) -> None:
         """End the run at this step boundary (the first request wins); `checkpoint` saves the state first."""
         if not self.stopping:
             self.stopping, self.status, self.reason, self.checkpoint_at_end = True, status, reason, checkpoint
+            self.signal_name = signal
+
+    def any_rank(self, flag: bool) -> bool:
+        """Collective: whether `flag` is set on any rank. The same all-reduce says whether the checkpoint in
+        flight is written on every rank; it is then published (waiting for nothing)."""
+        mine = [1.0 if flag else 0.0, 1.0 if self.ckpt.writing() else 0.0]
+        raised, writing = dist.all_reduce(torch.tensor(mine, device=self.info.device), "max").tolist()
+        if self.ckpt.in_flight is not None and not writing:
+            self.finish_checkpoint()
+        return raised > 0
 
     def raise_flag(self, name: str, step: int, detail: str) -> None:
         self.emit("on_flag", {"kind": "flag", "step": step, "flag": name, "detail": detail})
@@ -318,26 +312,40 @@ class Trainer:
                 callback.load_state_dict(states[callback.name])
 
     def write_final(self) -> bool:
-        """Rank 0 writes final.json; False (after saying why) when it cannot be written, e.g. on a full disk."""
+        """Rank 0 writes final.json; False (after saying why) when it cannot be written, e.g. on a full disk.
+
+        Every rank settles the ending first (`rrtrain.rundir.outcome.decide`), so all exit alike: a run that
+        `rrtrain sweep --cancel-flagged` stopped (its cancelled.json was written before the signal) ends as
+        what it was flagged, and final.json says so, and why, when it is written."""
+        ending = decide(self.status, self.reason, read_cancelled(self.run_dir))
+        self.status, self.reason = ending.status, ending.reason
         if not self.info.is_main:
             return True
         cfg = self.cfg
+        raised = self.raised_flags()
+        flags, details = self.flags(), {k: v["detail"] for k, v in raised.items()}
+        marker = ending.cancelled
+        if marker is not None:
+            flags += [] if CANCELLED in flags else [CANCELLED]
+            details[CANCELLED] = marker.reason
         final = {
             "status": self.status, "step": self.step, "tokens": self.tokens,
             "final_val_loss": self.last_val,
             "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
             "params": self.params, "variant": cfg.model.variant, "size": cfg.model.size, "seed": cfg.train.seed,
-            "wall_s": round(self.wall_s(), 3), "flags": self.flags(), "flag_steps": {k: v["step"] for k, v in self.raised_flags().items()},
-            "flag_details": {k: v["detail"] for k, v in self.raised_flags().items()},
-            "exit_code": EXIT_CODES[self.status],
+            "wall_s": round(self.wall_s(), 3), "flags": flags, "flag_steps": {k: v["step"] for k, v in raised.items()},
+            "flag_details": details,
+            "exit_code": ending.exit_code,
             "nonfinite_skipped": self.skipped, "reason": self.reason, "signal": self.signal_name,
+            "cancelled": None if marker is None else {"reason": marker.reason, "flags": list(marker.flags),
+                                                      "time": marker.time},
             "world_size": self.info.world_size, "backend": cfg.parallel.backend,
             "shape": asdict(self.shape) if self.shape else None,
         }
         try:
-            atomic_write_json(self.run_dir / "final.json", final)
+            writers.write_final(self.run_dir, final)
         except OSError as err:
-            print(f"rrtrain train: error: cannot write {self.run_dir / 'final.json'} ({err.strerror or err}); "
+            print(f"rrtrain train: error: cannot write {self.run_dir / layout.FINAL} ({err.strerror or err}); "
                   f"the run ended {self.status}", file=sys.stderr, flush=True)
             return False
         finally:
@@ -365,49 +373,58 @@ class Trainer:
         return out
 
 
-def default_callbacks(cfg: Config, stop: StopFlag) -> list[Callback]:
-    """Everything the loop does besides the step, highest priority first."""
-    from rrtrain.training.callbacks import Checkpointer, Evaluator, MetricsWriter, NonfiniteGuard, StopSignal, Throughput
 
-    from rrtrain.training.console import Console
-    from rrtrain.monitoring.callback import MonitorCallback
+class LoopView:
+    """The `rrtrain.training.loop.Loop` a trainer hands its callbacks: its progress, read-only, and its
+    requests; nothing else of the trainer is reachable from a callback."""
 
-    callbacks = [Throughput(), MetricsWriter(), NonfiniteGuard(), MonitorCallback(cfg.monitor), Console(), Evaluator(),
-                 Checkpointer(), StopSignal(stop)]
-    return sorted(callbacks, key=lambda c: -c.priority)
+    def __init__(self, trainer: Trainer, facts: RunFacts) -> None:
+        self._trainer, self.facts, self.metrics = trainer, facts, trainer.log
 
+    @property
+    def step(self) -> int:
+        return self._trainer.step
 
-def run(cfg: Config) -> int:
-    """Run one training job to any ending; always leaves final.json; returns the process exit code.
+    @property
+    def total_steps(self) -> int:
+        return self._trainer.total_steps
 
-    A second copy of a run whose directory is locked by a live process writes nothing and returns 73."""
-    try:
-        trainer = Trainer(cfg)
-    except runlock.RunLocked as err:
-        print(f"rrtrain: {err}", file=sys.stderr, flush=True)
-        return runlock.LOCKED_EXIT
-    watch = PeerWatch.start(trainer.info, cfg.parallel.timeout_s, on_lost=trainer.fail_final)
-    try:
-        trainer.fit()
-    except (UsageError, RunError) as err:
-        trainer.fail_final(str(err))
-        trainer.emit("on_end")
-        raise
-    except BaseException as err:
-        lost = watch.lost() if watch is not None and is_comm_error(err) else None
-        trainer.fail_final(lost or f"{type(err).__name__}: {err}".splitlines()[0])
-        trainer.emit("on_end")
-        if lost:  # a rank died or hung (no launcher tore the group down): name it, not gloo's symptom
-            raise RunError(lost) from None
-        if is_disk_full(err):  # e.g. metrics.jsonl on a full disk: one line, not a traceback
-            raise RunError(f"no space left on the device ({trainer.reason}); free space and start the run "
-                           "again to resume from its last checkpoint") from None
-        raise
-    finally:
-        if watch is not None:
-            watch.stop()
-    written = trainer.write_final()
-    trainer.emit("on_end")
-    dist.barrier()
-    dist.teardown()
-    return EXIT_CODES[trainer.status] if written else EXIT_CODES["failed"]
+    @property
+    def tokens(self) -> int:
+        return self._trainer.tokens
+
+    @property
+    def resumed_at(self) -> Optional[int]:
+        return self._trainer.resumed_at
+
+    @property
+    def status(self) -> str:
+        return self._trainer.status
+
+    @property
+    def reason(self) -> str:
+        return self._trainer.reason
+
+    @property
+    def last_val_loss(self) -> Optional[float]:
+        return self._trainer.last_val
+
+    def wall_s(self) -> float:
+        return self._trainer.wall_s()
+
+    def request_stop(self, status: str, reason: str, checkpoint: bool = True, signal: Optional[str] = None) -> None:
+        if status not in EXIT_CODES:  # final.json's status and the exit code follow from it
+            raise ValueError(f"request_stop: status must be one of {sorted(EXIT_CODES)}, got {status!r}")
+        self._trainer.request_stop(status, reason, checkpoint, signal)
+
+    def raise_flag(self, name: str, step: int, detail: str) -> None:
+        self._trainer.raise_flag(name, step, detail)
+
+    def run_eval(self) -> float:
+        return self._trainer.run_eval()
+
+    def save_checkpoint(self, background: bool = False) -> None:
+        self._trainer.save_checkpoint(background)
+
+    def any_rank(self, flag: bool) -> bool:
+        return self._trainer.any_rank(flag)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from rrtrain.config import ModelConfig, ResidualConfig
 from rrtrain.model.transformer import build_model
-from rrtrain.model.norm import inv_rms
+from rrtrain.residuals.norm import inv_rms
 from rrtrain.residuals.single import GatedSite
 from unit.test_gate_oracle import oracle_write
 

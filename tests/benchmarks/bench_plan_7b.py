@@ -20,7 +20,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from rrtrain.config import ModelConfig, TrainConfig
 from rrtrain.model.transformer import build_model
-from rrtrain.training.optim import build_optimizer
+from rrtrain.parallel.adamw import build_optimizer
 from rrtrain.planning.plan import Setup, plan
 
 WORLD, SEQ, MICRO = 64, 32, 1

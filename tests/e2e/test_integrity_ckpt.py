@@ -5,20 +5,35 @@ intact checkpoint left the run refuses to start afresh. Budget: about 40 s."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+
+import pytest
 
 from trainutil import final, losses, records, train
 
 ARGS = ("train.max_steps=8", "train.ckpt_every=2", "train.eval_every=3", "train.log_every=1", "train.keep_ckpts=3")
 
 
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, stories_data) -> Path:
+    """One completed ARGS run; each test damages or restarts a copy of it (one launch fewer per test)."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    train(run, stories_data, *ARGS)
+    return run
+
+
+def copy_of(run: Path, dest: Path) -> Path:
+    shutil.copytree(run, dest, symlinks=True)
+    return dest
+
+
 def largest_file(ckpt: Path) -> Path:
     return max((f for f in ckpt.rglob("*") if f.is_file() and f.name != "train_state.json"), key=lambda f: f.stat().st_size)
 
 
-def test_resume_passes_over_damaged_checkpoints(tmp_path, stories_data):
-    run = tmp_path / "run"
-    train(run, stories_data, *ARGS)
+def test_resume_passes_over_damaged_checkpoints(tmp_path, stories_data, finished_run):
+    run = copy_of(finished_run, tmp_path / "run")
     ref_losses, ref_val = losses(run), final(run)["final_val_loss"]
     ckpts = run / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000004", "step_00000006", "step_00000008"]
@@ -52,11 +67,10 @@ def test_no_intact_checkpoint_refuses_to_start_afresh(tmp_path, stories_data):
     assert final(run)["status"] == "failed" and "no usable checkpoint" in final(run)["reason"]
 
 
-def test_a_finished_run_started_again_keeps_its_checkpoint(tmp_path, stories_data):
+def test_a_finished_run_started_again_keeps_its_checkpoint(tmp_path, stories_data, finished_run):
     """A job started again after its run completed (a requeue, a resubmitted sweep) resumes at the last step,
     evaluates again and ends: it does not write that step's checkpoint a second time (at rr-1b, gigabytes)."""
-    run = tmp_path / "run"
-    train(run, stories_data, *ARGS)
+    run = copy_of(finished_run, tmp_path / "run")
     last = run / "checkpoints" / "step_00000008"
     before = (last.stat().st_ino, (last / "train_state.json").stat().st_mtime_ns)
     proc = train(run, stories_data, *ARGS)

@@ -39,10 +39,21 @@ def run_out_of_space_at_step_6_then_resume(run: Path, data: Path, args: tuple[st
         assert "resumed at step 4" in proc.stdout, proc.stdout
 
 
-def test_full_disk_during_a_checkpoint_then_exact_resume(tmp_path, stories_data):
-    ref = tmp_path / "ref"
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, stories_data) -> Path:
+    """The uninterrupted ARGS run: the losses to match, and the size of one of its checkpoints."""
+    ref = tmp_path_factory.mktemp("disk") / "ref"
     train(ref, stories_data, *ARGS)
-    size = sum(f.stat().st_size for f in (ref / "checkpoints" / "step_00000008").rglob("*") if f.is_file())
+    return ref
+
+
+def checkpoint_bytes(run: Path, step: int) -> int:
+    return sum(f.stat().st_size for f in (run / "checkpoints" / f"step_{step:08d}").rglob("*") if f.is_file())
+
+
+def test_full_disk_during_a_checkpoint_then_exact_resume(tmp_path, stories_data, reference):
+    ref = reference
+    size = checkpoint_bytes(ref, 8)
     run = tmp_path / "run"
     run_out_of_space_at_step_6_then_resume(run, stories_data, ARGS, size, failed_at=6)
     steps = [r["step"] for r in records(run) if "loss" in r]
@@ -51,13 +62,11 @@ def test_full_disk_during_a_checkpoint_then_exact_resume(tmp_path, stories_data)
     assert final(run)["status"] == "completed" and final(run)["final_val_loss"] == final(ref)["final_val_loss"]
 
 
-def test_full_disk_during_an_async_checkpoint(tmp_path, stories_data):
+def test_full_disk_during_an_async_checkpoint(tmp_path, stories_data, reference):
     """The background write of step 6 runs out of space; the run learns it when it next waits for the write (at
     its end: the stop check comes every 10 steps) and ends exactly as a synchronous save would have."""
     args = (*ARGS, "train.ckpt_async=true")
-    probe = tmp_path / "probe"  # one step: a checkpoint as large as every other of this run
-    train(probe, stories_data, "train.max_steps=1")
-    size = sum(f.stat().st_size for f in (probe / "checkpoints" / "step_00000001").rglob("*") if f.is_file())
+    size = checkpoint_bytes(reference, 8)  # as large as every other checkpoint of this run
     run = tmp_path / "run"
     run_out_of_space_at_step_6_then_resume(run, stories_data, args, size, failed_at=8)
     assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, 9))

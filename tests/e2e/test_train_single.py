@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import threading
 import time
@@ -22,9 +23,17 @@ FAST = ["train.max_steps=12", "train.log_every=1", "train.eval_every=0", "train.
         "train.global_batch=8", "train.micro_batch=4", "train.warmup_steps=3"]
 
 
-def test_activation_checkpointing_gives_the_same_losses(tmp_path, stories_data):
-    runs = {}
-    for ac in ("none", "full", "selective"):
+@pytest.fixture(scope="module")
+def fast_run(tmp_path_factory, stories_data) -> Path:
+    """One completed FAST run (parallel.ac=none, ac_every=2: the defaults), read or copied by the tests below."""
+    run = tmp_path_factory.mktemp("fast") / "run"
+    train(run, stories_data, *FAST)
+    return run
+
+
+def test_activation_checkpointing_gives_the_same_losses(tmp_path, stories_data, fast_run):
+    runs = {"none": losses(fast_run)}  # FAST with the defaults: parallel.ac=none, parallel.ac_every=2
+    for ac in ("full", "selective"):
         train(tmp_path / ac, stories_data, *FAST, f"parallel.ac={ac}", "parallel.ac_every=2")
         runs[ac] = losses(tmp_path / ac)
     assert len(runs["none"]) == 12
@@ -69,9 +78,9 @@ def test_consecutive_nans_halt_as_diverged(tmp_path, stories_data):
     assert final(halt)["status"] == "diverged" and final(halt)["step"] == 4
 
 
-def test_changed_configuration_refuses_to_resume(tmp_path, stories_data):
+def test_changed_configuration_refuses_to_resume(tmp_path, stories_data, fast_run):
     run = tmp_path / "run"
-    train(run, stories_data, *FAST)
+    shutil.copytree(fast_run, run, symlinks=True)  # a completed FAST run
     proc = train(run, stories_data, *FAST, "train.global_batch=16", expect=2)
     assert "train.global_batch: 8 -> 16" in proc.stderr and "allow_config_change" in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

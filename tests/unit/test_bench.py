@@ -73,6 +73,7 @@ def test_bench_times_the_training_step(capsys, monkeypatch, tmp_path, stories_da
     """Bench and a one-step training run call the one `rrtrain.training.step.optimizer_step`; from the same weights
     and the same micro-batches they leave bitwise-equal parameters (so bench cannot drift from training)."""
     from rrtrain.planning import bench
+    from rrtrain import train
     from rrtrain.training import step, trainer
     from rrtrain.resolve import load
 
@@ -95,7 +96,7 @@ def test_bench_times_the_training_step(capsys, monkeypatch, tmp_path, stories_da
     same = [f"data.path={stories_data}", "train.global_batch=4", "train.micro_batch=2", "train.compile=false"]
     cfg = load(TINY, [*same, f"run.dir={tmp_path / 'run'}", "train.max_steps=1", "train.warmup_steps=1",
                       "data.eval_batches=1"])
-    assert trainer.run(cfg) == 0  # one warm-up step: step 1 runs at train.lr, as bench steps
+    assert train.run(cfg) == 0  # one warm-up step: step 1 runs at train.lr, as bench steps
     assert len(consumed) == 2  # accumulation 2
     monkeypatch.setattr(bench, "random_batches", lambda *a: consumed)
     r = bench_json(capsys, TINY, *same, "--steps", "1", "--warmup", "0")

@@ -173,3 +173,15 @@ def test_unknown_variant_stops_train_and_bench_before_any_work(capsys, tmp_path,
     assert line == (f"rrtrain {command}: error: model.variant: unknown residual rule 'reviw' (did you mean 'review'?); "
                     f"known: {', '.join(residuals.names())}")
     assert not run.exists()
+
+
+# every subcommand that parses flags does it with rrtrain.core.args.CommandParser: argparse's own errors are one line too
+FLAG_COMMANDS = {"prep": ["--source", "synthetic:stories", "--out", "x"], "params": ["--size", "tiny"], "bench": [],
+                 "plan": [], "report": ["sweep"], "demo": [], "sweep": ["sweep.yaml"], "status": ["sweep"],
+                 "dashboard": ["sweep"]}
+
+
+@pytest.mark.parametrize("command", sorted(FLAG_COMMANDS))
+def test_an_unknown_flag_is_one_line_and_exit_2(capsys, command):
+    line = usage_error(capsys, [command, *FLAG_COMMANDS[command], "--no-such-flag"])
+    assert line == f"rrtrain {command}: error: unrecognized arguments: --no-such-flag"

@@ -1,8 +1,14 @@
-"""Import layers: `rrtrain.config` is the bottom layer, below the residual-rule registry and `rrtrain.model.sizing`.
+"""Import layers: every package of the tree has a rank, and imports only go down (or stay in the package).
 
-Both import the config's dataclasses; the checks that need them live in `rrtrain.resolve`, one layer up.
-A static pass over every module's imports (function-local ones included, `TYPE_CHECKING` blocks excluded)
-finds any import circle through those modules; a fresh interpreter shows what `import rrtrain.config` loads.
+The layers, bottom to top: core -> data -> data_prep -> config -> residuals -> model -> resolve
+-> {parallel, rundir} -> training -> monitoring -> rrtrain.train -> {planning, report, dashboard} -> cli;
+`launchers` sits above rrtrain (which reaches it from `rrtrain.cli` only). `rrtrain.data` (the prepared
+dataset's format, its verification and the loader) stands on core alone, and `data_prep` writes that format,
+so it stands on data and core.
+A static pass over every module's imports (function-local ones and `TYPE_CHECKING` blocks included)
+checks every edge against the table and finds every circle, the two old ones included
+(trainer <-> callbacks <-> console <-> monitor, parallel.engine <-> parallel.deepspeed). A fresh
+interpreter shows what `import rrtrain.config` and `import launchers.status_cli` load.
 """
 
 from __future__ import annotations
@@ -12,10 +18,37 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from trainutil import PY, REPO, env
 
-PACKAGE = REPO / "rrtrain"
-BOTTOM = ("rrtrain.config", "rrtrain.model.sizing", "rrtrain.residuals")  # the layers that formed the circle
+ROOTS = ("rrtrain", "launchers", "data_prep")  # the packages whose modules the pass reads
+
+#: package (or module) -> rank; a module may import modules of a lower or equal rank, or of its own package
+LAYERS: dict[str, int] = {
+    "rrtrain": 0,  # the package's __init__: a version string
+    "rrtrain.core": 0,
+    "rrtrain.data": 1,
+    "data_prep": 2,
+    "rrtrain.config": 3,
+    "rrtrain.budget": 3,  # steps and tokens from the train section: torch-free, for `rrtrain status` too
+    "rrtrain.residuals": 4,
+    "rrtrain.model": 5,
+    "rrtrain.resolve": 6,
+    "rrtrain.parallel": 7,
+    "rrtrain.rundir": 7,
+    "rrtrain.training": 8,
+    "rrtrain.monitoring": 9,
+    "rrtrain.train": 10,
+    "rrtrain.planning": 11,
+    "rrtrain.report": 11,
+    "rrtrain.dashboard": 11,
+    "rrtrain.cli": 12,
+    "rrtrain.__main__": 12,
+    "launchers": 13,
+}
+#: the one way up: the CLI dispatcher and its subcommands reach the launchers (sweep, status, cancel)
+UPWARD_ALLOWED = {("rrtrain.cli", "launchers")}
 
 
 def module_name(path: Path) -> str:
@@ -24,19 +57,12 @@ def module_name(path: Path) -> str:
 
 
 def imported_modules(path: Path, modules: set[str]) -> set[str]:
-    """The rrtrain modules `path` imports anywhere in its body (outside `if TYPE_CHECKING:`)."""
+    """The modules of `modules` that `path` imports anywhere in its body, `if TYPE_CHECKING:` blocks included:
+    a type named from a higher layer is a dependency on it (the trainer circle ran through such imports)."""
     names: set[str] = set()
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
 
     class Visitor(ast.NodeVisitor):
-        def visit_If(self, node: ast.If) -> None:
-            test = node.test
-            if getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING":
-                for child in node.orelse:
-                    self.visit(child)
-            else:
-                self.generic_visit(node)
-
         def visit_Import(self, node: ast.Import) -> None:
             names.update(alias.name for alias in node.names)
 
@@ -57,28 +83,112 @@ def imported_modules(path: Path, modules: set[str]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
-    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    paths = {module_name(p): p for root in ROOTS for p in (REPO / root).rglob("*.py")}
     return {name: imported_modules(path, set(paths)) for name, path in paths.items()}
 
 
-def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        for nxt in graph[todo.pop()] - seen:
-            seen.add(nxt)
-            todo.append(nxt)
-    return seen
+def layer_of(module: str) -> str | None:
+    """The most specific entry of LAYERS that `module` is, or lies inside."""
+    owners = [key for key in LAYERS if module == key or module.startswith(key + ".")]
+    return max(owners, key=len) if owners else None
 
 
-def test_no_import_circle_through_config_sizing_or_the_registry():
+def upward_edges(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that climbs: to a higher rank, outside the importer's own package and UPWARD_ALLOWED."""
+    bad = []
+    for src in sorted(graph):
+        for dst in sorted(graph[src]):
+            a, b = layer_of(src), layer_of(dst)
+            if a == b or (a, b) in UPWARD_ALLOWED or LAYERS[b] <= LAYERS[a]:
+                continue
+            bad.append(f"{src} ({a}, rank {LAYERS[a]}) -> {dst} ({b}, rank {LAYERS[b]})")
+    return bad
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # recursion depth is bounded by the module count (~150)
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def describe_circles(graph: dict[str, set[str]], found: list[list[str]]) -> str:
+    lines = []
+    for component in found:
+        inside = set(component)
+        edges = [f"{a} -> {b}" for a in component for b in sorted(graph[a] & inside)]
+        lines.append(f"circle of {len(component)}: " + "; ".join(edges))
+    return "\n".join(lines)
+
+
+def test_the_checks_catch_a_climbing_import_and_a_circle():
+    """The checkers themselves, on a made-up graph: one upward edge, one circle, one allowed climb."""
+    graph = {"rrtrain.config": {"rrtrain.model.sizing"}, "rrtrain.model.sizing": {"rrtrain.config"},
+             "rrtrain.cli.main": {"launchers.sweep_cli"}, "launchers.sweep_cli": {"rrtrain.core.errors"},
+             "rrtrain.core.errors": set()}
+    assert upward_edges(graph) == ["rrtrain.config (rrtrain.config, rank 3) -> rrtrain.model.sizing "
+                                   "(rrtrain.model, rank 5)"]
+    assert circles(graph) == [["rrtrain.config", "rrtrain.model.sizing"]]
+    assert "rrtrain.config -> rrtrain.model.sizing" in describe_circles(graph, circles(graph))
+
+
+def test_every_module_has_a_layer():
+    graph = import_graph()
+    assert {"rrtrain.training.trainer", "rrtrain.parallel.engine", "launchers.status_cli", "data_prep.cli"} <= set(graph)
+    unplaced = sorted(m for m in graph if layer_of(m) is None)
+    if unplaced:
+        pytest.fail(f"modules outside every layer (add their package to LAYERS): {unplaced}", pytrace=False)
+
+
+def test_imports_only_go_down_the_layers():
+    """rrtrain imports launchers only from rrtrain/cli/; data_prep imports rrtrain.core only."""
     graph = import_graph()
     assert "rrtrain.residuals.base" in graph["rrtrain.residuals"]  # the pass does see imports
+    bad = upward_edges(graph)
+    if bad:
+        pytest.fail(f"{len(bad)} imports climb the layers (importer (layer, rank) -> imported):\n" + "\n".join(bad),
+                    pytrace=False)
+
+
+def test_no_import_circle_anywhere():
+    """Both old circles included: trainer/callbacks/console/monitor, and parallel.engine/parallel.deepspeed."""
+    graph = import_graph()
+    found = circles(graph)
+    if found:
+        pytest.fail(f"{len(found)} import circles:\n" + describe_circles(graph, found), pytrace=False)
+
+
+def test_config_is_the_bottom_layer_on_errors_alone():
+    graph = import_graph()
     assert "rrtrain.config" in graph["rrtrain.residuals.base"] and "rrtrain.config" in graph["rrtrain.model.sizing"]
-    circles = {}
-    for name in graph:
-        if name.startswith(BOTTOM) and name in reachable(graph, name):
-            circles[name] = sorted(m for m in reachable(graph, name) if name in reachable(graph, m))
-    assert not circles, f"import circles: {circles}"
     assert graph["rrtrain.config"] <= {"rrtrain.core.errors"}  # the bottom layer stands on errors alone
 
 

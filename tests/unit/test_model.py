@@ -16,7 +16,7 @@ import rrtrain.model.transformer
 from rrtrain import residuals
 from rrtrain.config import ModelConfig, ResidualConfig
 from rrtrain.model.transformer import build_model
-from rrtrain.model.norm import RMSNorm
+from rrtrain.residuals.norm import RMSNorm
 from rrtrain.parallel.materialize import materialize
 from rrtrain.residuals import RuleSpec, Site, Stream
 

@@ -12,7 +12,8 @@ import numpy as np
 import yaml
 
 from rrtrain.config import MonitorConfig
-from rrtrain.monitoring.sweep_flags import EARLY_STALL, LAGGING, NO_HEARTBEAT, judge_sweep, read_tail, to_cancel
+from rrtrain.monitoring.sweep_flags import EARLY_STALL, LAGGING, NO_HEARTBEAT, judge_sweep, to_cancel
+from rrtrain.rundir.readers import read_tail
 
 H = 3.1
 TOKENS_PER_STEP = 512

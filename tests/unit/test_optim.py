@@ -8,7 +8,8 @@ import pytest
 
 from rrtrain.config import ModelConfig, ResidualConfig
 from rrtrain.model.transformer import build_model
-from rrtrain.training.optim import lr_at, no_decay_names, param_groups
+from rrtrain.parallel.adamw import no_decay_names, param_groups
+from rrtrain.training.optim import lr_at
 
 
 def test_warmup_then_cosine_to_floor():

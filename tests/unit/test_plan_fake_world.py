@@ -17,7 +17,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from rrtrain.config import ModelConfig, TrainConfig
 from rrtrain.model.transformer import build_model
-from rrtrain.training.optim import build_optimizer
+from rrtrain.parallel.adamw import build_optimizer
 from rrtrain.planning.plan import Setup, plan
 
 WORLD = 512
@@ -29,7 +29,7 @@ def local_bytes(tensors) -> int:
 
 
 def simulate(m: ModelConfig, rank: int, step: bool) -> dict[str, int]:
-    """Shard as rrtrain/parallel/engine.py does (bf16 compute, fp32 reduction); with `step`, run one
+    """Shard as rrtrain/parallel/fsdp.py does (bf16 compute, fp32 reduction); with `step`, run one
     forward/backward and one AdamW step on fake tensors."""
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=WORLD)
     try:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -211,40 +214,91 @@ from rrtrain.core.errors import UsageError
 def make():
     return D.TrainLoader(sys.argv[1], micro_batch=2, global_batch=2, rank=0, world_size=1, local_rank=0, seed=0,
                          cache_dir=sys.argv[2])
+machine_lock, D.SHM_LOCK = D.SHM_LOCK, sys.argv[3]  # the test holds the machine's lock until the control is done
 D._shm_cleaned = True  # control: without the clean-up, streaming refuses the cache dir
 try:
     make()
     control = "opened"
 except UsageError as err:
     control = str(err)
-D._shm_cleaned = False
-print(json.dumps({"control": control, "ids": next(iter(make()))[:, 0].tolist()}))
+print(json.dumps({"control": control}), flush=True)
+D.SHM_LOCK, D._shm_cleaned = machine_lock, False
+print(json.dumps({"ids": next(iter(make()))[:, 0].tolist()}))
 """
+
+
+def _registered_dirs(locals_name: str) -> list[str]:
+    """The local dirs a streaming `NNNNNN_locals` segment registers (streaming packs an int32 byte count,
+    then the dirs and the prefix joined by NUL); [] when the segment is gone or unreadable."""
+    try:
+        data = open(os.path.join("/dev/shm", locals_name), "rb").read()
+        size = int.from_bytes(data[:4], "little")
+        return data[4:size].decode().split("\0")[:-1]
+    except (OSError, UnicodeDecodeError):
+        return []
+
+
+def _registers(locals_name: str, cache) -> bool:
+    return any(d.startswith(str(cache) + os.sep) for d in _registered_dirs(locals_name))
+
+
+def _segments_of(cache, names) -> set[str]:
+    """Of `names` (in /dev/shm), those of the streaming prefixes whose `_locals` registers a dir under `cache`:
+    what our own runs made, whatever else on the machine uses streaming meanwhile."""
+    ours = {n[:6] for n in names if n.endswith("_locals") and _registers(n, cache)}
+    return {n for n in names if re.match(r"^\d{6}_", n) and n[:6] in ours}
+
+
+def _still_ours(leaked: set[str], cache) -> set[str]:
+    """The `leaked` segments still in /dev/shm, less those whose prefix another run has registered since."""
+    left = leaked & set(os.listdir("/dev/shm"))
+    taken = {n[:6] for n in left if n.endswith("_locals") and not _registers(n, cache)}
+    return {n for n in left if n[:6] not in taken}
 
 
 def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
     """A job SIGKILLed while reading leaks /dev/shm segments registered to its cache dir. Its requeued
-    successor (same cache dir, fresh TMPDIR as on Slurm) must start, and the leaked segments must go."""
+    successor (same cache dir, fresh TMPDIR as on Slurm) must start, and the leaked segments must go.
+
+    Only the segments registered to this test's cache dir count. The test holds the machine's streaming
+    lock (`SHM_LOCK`) from the crash to the control, so no other rrtrain process on the machine cleans the
+    leak (or registers a prefix) in between; the control takes a private lock."""
+    from rrtrain.data.loader import SHM_LOCK
+
     data = tmp_path / "zdata"
     write_id_dataset(data, 64, compression="zstd")  # compressed: read through a local cache, like a remote
     cache = tmp_path / "cache"
     tmp_a, tmp_b = tmp_path / "tmp_a", tmp_path / "tmp_b"
     tmp_a.mkdir()
     tmp_b.mkdir()
-    before = set(os.listdir("/dev/shm"))
-    crash = subprocess.run([sys.executable, "-c", _CRASH, str(data), str(cache / "loader")], cwd=REPO,
-                           capture_output=True, text=True, timeout=300, start_new_session=True,
-                           env={**os.environ, "TMPDIR": str(tmp_a)})
-    assert crash.returncode == -signal.SIGKILL, crash.stderr
-    leaked = set(os.listdir("/dev/shm")) - before
-    assert any(n.endswith("_locals") for n in leaked), "nothing leaked; the test would prove nothing"
-    probe = subprocess.run([sys.executable, "-c", _PROBE, str(data), str(cache)], cwd=REPO, capture_output=True,
-                           text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_b)})
-    assert probe.returncode == 0, probe.stderr[-2000:]
-    got = json.loads(probe.stdout.strip().splitlines()[-1])
+    with open(SHM_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        crash = subprocess.run([sys.executable, "-c", _CRASH, str(data), str(cache / "loader")], cwd=REPO,
+                               capture_output=True, text=True, timeout=300, start_new_session=True,
+                               env={**os.environ, "TMPDIR": str(tmp_a)})
+        assert crash.returncode == -signal.SIGKILL, crash.stderr
+        leaked = _segments_of(cache, os.listdir("/dev/shm"))
+        assert any(n.endswith("_locals") for n in leaked), "nothing leaked; the test would prove nothing"
+        with open(tmp_path / "probe.err", "w") as err_file:
+            probe = subprocess.Popen([sys.executable, "-c", _PROBE, str(data), str(cache), str(tmp_path / "own.lock")],
+                                     cwd=REPO, stdout=subprocess.PIPE, stderr=err_file, text=True,
+                                     env={**os.environ, "TMPDIR": str(tmp_b)})
+        watchdog = threading.Timer(300, probe.kill)  # a hung control must not hold the machine's lock for good
+        watchdog.start()
+        try:
+            first = probe.stdout.readline()  # the control's line; then release the lock for the real start
+        finally:
+            watchdog.cancel()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    try:
+        out = probe.communicate(timeout=300)[0]
+    finally:
+        probe.kill()
+    assert probe.returncode == 0, (tmp_path / "probe.err").read_text()[-2000:]
+    got = {**json.loads(first), **json.loads(out.strip().splitlines()[-1])}
     assert "Reused local directory" in got["control"]
     assert len(got["ids"]) == 2
-    assert not leaked & set(os.listdir("/dev/shm"))
+    assert not _still_ours(leaked, cache)
 
 
 @pytest.mark.parametrize("compression", [None, "zstd"])

@@ -129,7 +129,7 @@ def test_scalar_biases_sit_before_each_layer_and_the_activation():
 
 
 def test_scalars_are_not_weight_decayed():
-    from rrtrain.training.optim import no_decay_names
+    from rrtrain.parallel.adamw import no_decay_names
 
     net = model(blocks=2)
     skip = no_decay_names(net)

@@ -14,6 +14,8 @@ import pytest
 
 from launchers import cancel, record, status_cli
 from rrtrain.rundir import lock as runlock
+from rrtrain.rundir.outcome import cancelled_status
+from rrtrain.rundir.readers import Cancelled, read_cancelled
 from test_monitor_sweep import H, curve, descending, write_run
 
 
@@ -66,8 +68,8 @@ def test_status_shows_sweep_flags_and_cancel_stops_exactly_the_stalled_run(tmp_p
             assert procs[rid].poll() is None, f"{rid} was stopped but is not flagged"
         rec = record.load(sweep)
         assert list(rec["cancellations"][-1]["runs"]) == ["tiny-review_convex-s0"]
-        marker = cancel.read_marker(sweep / "tiny-review_convex-s0")
-        assert marker is not None and "early_stall" in marker["flags"]
+        marker = read_cancelled(sweep / "tiny-review_convex-s0")
+        assert marker is not None and "early_stall" in marker.flags
 
         rows = {r["id"]: r for r in status_cli.collect(sweep)["runs"]}
         row = rows["tiny-review_convex-s0"]
@@ -104,4 +106,4 @@ def test_cancel_flagged_needs_a_sweep_directory(tmp_path):
 @pytest.mark.parametrize("flags,state", [(["stalled"], "stalled"), (["early_stall"], "stalled"),
                                          (["diverged"], "diverged")])
 def test_a_cancelled_run_ends_as_what_it_was_flagged(flags, state):
-    assert cancel.cancelled_state({"flags": flags}) == state
+    assert cancelled_status(Cancelled(reason="", flags=tuple(flags))) == state

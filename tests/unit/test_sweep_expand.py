@@ -14,7 +14,7 @@ from launchers.render import render
 from rrtrain.config import Config, build
 from rrtrain.core.errors import UsageError
 from rrtrain.model.sizing import count_params
-from rrtrain.training.trainer import resolve_model_shape
+from rrtrain.resolve import resolve_model_shape
 
 BASE = {"name": "t", "config": "tiny.yaml", "data": "/data/x", "variants": ["review", "highway", "standard"],
         "match": "review", "overrides": {"train": {"log_every": 1}},
@@ -134,7 +134,7 @@ def test_rendered_scripts_pass_bash_n_and_quote(tmp_path):
     assert len(manifest) == 6 and manifest[0].split("\t")[0] == "tiny-review-s0"
     multi = Path(scripts[2]["script"]).read_text()
     assert "#SBATCH --nodes=2" in multi and "#SBATCH --partition=gpu" in multi and "#SBATCH --exclusive" in multi
-    assert "GPUS_PER_NODE=8" in multi and "--kill-on-bad-exit=1" in multi
+    assert "GPUS_PER_NODE=8" in multi and 'srun --wait="$STEP_GRACE_S"' in multi
     with pytest.raises(UsageError, match="python path"):
         render(out, "t", runs, "/opt/my python/bin/python", str(out / "code"), configs)
 

@@ -17,6 +17,7 @@ from launchers.sweep_cli import to_submit
 from launchers.expand import Run
 from launchers.spec import Resources
 from rrtrain.rundir import lock as runlock
+from rrtrain.rundir.readers import parse_final
 from trainutil import PY
 
 CONFIG = {"train": {"max_steps": 1000, "tokens": None, "global_batch": 8}, "model": {"size": "tiny", "seq_len": None},
@@ -83,16 +84,16 @@ def test_classify():
     alive = {"host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
     dead = {"host": socket.gethostname(), "pid": 2**22 + 12345, "heartbeat": time.time()}
     far_stale = {"host": "elsewhere", "pid": 1, "heartbeat": time.time() - 3600}
-    done = {"status": "completed"}
+    done = parse_final({"status": "completed"})
     assert runstate.classify(done, alive, None, True, True) == "running"  # a resumed run: the lock wins
-    assert runstate.classify({"status": "preempted"}, None, "PENDING", True, True) == "pending"  # requeued
-    assert runstate.classify({"status": "preempted"}, None, None, True, True) == "preempted"
+    assert runstate.classify(parse_final({"status": "preempted"}), None, "PENDING", True, True) == "pending"  # requeued
+    assert runstate.classify(parse_final({"status": "preempted"}), None, None, True, True) == "preempted"
     assert runstate.classify(None, None, "RUNNING", False, True) == "running"
     assert runstate.classify(None, dead, None, True, True) == "failed"
     assert runstate.classify(None, far_stale, None, True, True) == "failed"
     assert runstate.classify(None, None, None, False, True) == "unknown"
     assert runstate.classify(None, None, None, False, False) == "pending"
-    assert runstate.classify({"status": "diverged"}, None, None, True, True) == "diverged"
+    assert runstate.classify(parse_final({"status": "diverged"}), None, None, True, True) == "diverged"
 
 
 def test_resubmission_picks_failed_and_preempted_only(tmp_path):

@@ -1,4 +1,5 @@
-"""RMSNorm, the one normalisation every part of the model and every residual rule uses."""
+"""RMSNorm, the one normalisation of the model: every residual rule owns its norms (the block has none), so it
+lives with the rules, below the model."""
 
 from __future__ import annotations
 

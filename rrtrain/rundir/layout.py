@@ -1,0 +1,57 @@
+"""Every name in a run directory, in one place, and how runs are found under a sweep directory.
+
+A run directory (DESIGN.md, "Command-line contract") holds:
+
+- `config.yaml`     the resolved config the run trained with (rank 0, at the start);
+- `metrics.jsonl`   one JSON object per line: training, evaluation, diagnostic, flag and checkpoint records;
+- `tb/`             the TensorBoard mirror of `metrics.jsonl`;
+- `checkpoints/`    published checkpoints (`stepN/`) and the `latest` pointer;
+- `data_cache/`     the loader's shard cache, unless `data.cache_dir` puts it elsewhere;
+- `final.json`      written once, when the run ends for any reason: status, reason, progress, flags;
+- `run.lock`        names the live writer (host, pid, job); its mtime is the writer's heartbeat;
+- `cancelled.json`  written by `rrtrain sweep --cancel-flagged` before it stops the run: why, which flags, when;
+- `ranks/`          where each rank of a distributed run ran (`rrtrain.rundir.ranks`).
+
+Any directory holding `final.json` or `metrics.jsonl`, at any depth, is a run; one with `metrics.jsonl` and no
+`final.json` is still going (or died without a word).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Optional
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tb"
+CHECKPOINTS = "checkpoints"
+DATA_CACHE = "data_cache"
+FINAL = "final.json"
+LOCK = "run.lock"
+CANCELLED = "cancelled.json"
+
+#: the files whose presence makes a directory a run
+RUN_FILES = frozenset({FINAL, METRICS})
+#: directory names never searched for runs: large, and never holding one
+NOT_RUNS = frozenset({CHECKPOINTS, TENSORBOARD, DATA_CACHE, "__pycache__", ".git"})
+
+
+def is_run_dir(filenames: Iterable[str]) -> bool:
+    """Whether a directory listing is that of a run."""
+    return not RUN_FILES.isdisjoint(filenames)
+
+
+def run_dirs(sweep_dir: str | os.PathLike[str], skip: Optional[list[Path]] = None) -> list[Path]:
+    """Every run directory under `sweep_dir` (any depth, `sweep_dir` itself included), sorted.
+
+    `skip` lists directories not to search (e.g. the report's own output directory)."""
+    root = Path(sweep_dir)
+    skipped = {p.resolve() for p in (skip or [])}
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if d not in NOT_RUNS and (here / d).resolve() not in skipped)
+        if is_run_dir(filenames):
+            found.append(here)
+    return sorted(found)

@@ -1,0 +1,46 @@
+"""How a run ended: the one place that decides a run's status, its reason and its exit code.
+
+The trainer knows how its loop stopped (completed, failed, diverged, stalled, or preempted: stopped by a
+signal at a step boundary); `rrtrain sweep --cancel-flagged` writes `cancelled.json` before it signals the run.
+`decide` joins the two, so a cancelled run's final.json says `stalled` (or `diverged`) and why when the run
+writes it. `rrtrain status` asks the same function about a cancelled run that could not write (killed hard).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from rrtrain.rundir.readers import Cancelled
+
+EXIT_CODES = {"completed": 0, "failed": 1, "diverged": 3, "stalled": 4, "preempted": 75}
+#: endings a resubmission leaves alone, and that a cancellation marker does not change
+ENDED_FOR_GOOD = ("completed", "diverged", "stalled")
+#: the flag a cancelled run carries (final.json `flags`, `rrtrain status`)
+CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str
+    reason: str
+    cancelled: Optional[Cancelled] = None  # the cancellation that decided it, if one did
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES.get(self.status, EXIT_CODES["failed"])
+
+
+def cancelled_status(marker: Cancelled) -> str:
+    """The state a cancelled run ends in: diverged when that was a reason, else stalled."""
+    return "diverged" if "diverged" in marker.flags else "stalled"
+
+
+def decide(status: str, reason: str, marker: Optional[Cancelled]) -> Outcome:
+    """The run's ending from how it stopped (`status`, `reason`) and its cancellation, if any. A cancellation
+    turns any ending that is not for good (preempted by the cancel's own signal, failed while stopping, or no
+    word at all) into what the run was flagged; a run that completed, stalled or diverged by itself keeps it."""
+    if marker is None or status in ENDED_FOR_GOOD:
+        return Outcome(status, reason)
+    why = f"cancelled as flagged ({marker.reason or 'no reason recorded'})" + (f"; {reason}" if reason else "")
+    return Outcome(cancelled_status(marker), why, marker)

@@ -1,0 +1,32 @@
+"""Writes into a run directory. Each file is replaced atomically (written aside, renamed), so a reader finds
+the old content or the new, never half of it. `metrics.jsonl` and TensorBoard: `rrtrain.rundir.metrics`;
+`run.lock`: `rrtrain.rundir.lock`."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from rrtrain.core.io import atomic_write_json, atomic_write_text
+from rrtrain.rundir import layout
+
+
+def write_config(run_dir: str | os.PathLike[str], config: dict[str, Any]) -> None:
+    """config.yaml: the resolved config, as the run trains with it."""
+    import yaml
+
+    atomic_write_text(Path(run_dir) / layout.CONFIG, yaml.safe_dump(config, sort_keys=False))
+
+
+def write_final(run_dir: str | os.PathLike[str], final: dict[str, Any]) -> Path:
+    """final.json, once, when the run ends; raises OSError (a full disk) for the caller to report."""
+    path = Path(run_dir) / layout.FINAL
+    atomic_write_json(path, final)
+    return path
+
+
+def write_cancelled(run_dir: str | os.PathLike[str], reason: str, flags: list[str]) -> None:
+    """cancelled.json, before the run is signalled: the run reads it to say why it ended."""
+    atomic_write_json(Path(run_dir) / layout.CANCELLED, {"reason": reason, "flags": sorted(flags), "time": time.time()})
