@@ -44,10 +44,28 @@ def setup(timeout_s: int) -> DistInfo:
         device = torch.device("cpu")
     if "RANK" in os.environ and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=device if device.type == "cuda" else None)
+        try:
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
+                                    device_id=device if device.type == "cuda" else None)
+        except RuntimeError as err:
+            _explain_interface(err)
+            raise
         _group_started = True
     return DistInfo(rank, world, local_rank, device)
+
+
+def _explain_interface(err: RuntimeError) -> None:
+    """gloo refuses an interface name the host lacks with a C++ assertion; say which setting to change."""
+    value = os.environ.get("GLOO_SOCKET_IFNAME")
+    if value and "Unable to find address for" in str(err):
+        import socket
+
+        from rrtrain.core.errors import UsageError
+
+        have = ", ".join(sorted(n for _, n in socket.if_nameindex()))
+        raise UsageError(f"GLOO_SOCKET_IFNAME={value}: no such network interface on {socket.gethostname()} "
+                         f"(it has {have}); set GLOO_SOCKET_IFNAME to the interface the nodes reach each other "
+                         "on, or unset it") from None
 
 
 def started_group() -> bool:

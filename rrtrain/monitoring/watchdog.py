@@ -24,6 +24,7 @@ import torch.distributed as dist
 from rrtrain.core.dist import DistInfo
 
 PREFIX = "rrtrain/heartbeat/"
+HOST_PREFIX = "rrtrain/host/"  # each rank's hostname, set once: a lost rank is named with its host
 DONE = "done"
 
 
@@ -38,6 +39,7 @@ class PeerWatch:
         self.peers = [r for r in range(info.world_size) if r != info.rank]
         now = time.monotonic()
         self.seen: dict[int, tuple[str, float]] = {r: ("", now) for r in self.peers}  # value, when it last changed
+        self.hosts: dict[int, str] = {}  # peers' hostnames, read once each
         self.store_lost_at: Optional[float] = None
         self.beats = 0
         self._stop = threading.Event()
@@ -52,6 +54,7 @@ class PeerWatch:
             return None
         try:
             watch = cls(info, timeout_s, on_lost)
+            watch.store.set(f"{HOST_PREFIX}{info.rank}", socket.gethostname())
             watch.beat()
         except Exception as err:  # no store to reach: train on, only without naming lost ranks
             print(f"rrtrain: warning: no heartbeat through the rendezvous store ({str(err).splitlines()[0]}); "
@@ -83,6 +86,10 @@ class PeerWatch:
             keys = [f"{PREFIX}{r}" for r in self.peers]
             present = [r for r, k in zip(self.peers, keys) if self.store.check([k])]
             values = self.store.multi_get([f"{PREFIX}{r}" for r in present]) if present else []
+            for r in present:
+                if r not in self.hosts and self.store.check([f"{HOST_PREFIX}{r}"]):
+                    host = self.store.get(f"{HOST_PREFIX}{r}")
+                    self.hosts[r] = host.decode() if isinstance(host, bytes) else str(host)
             self.store_lost_at = None
         except Exception:  # the store does not answer: the process hosting it is gone
             if self.store_lost_at is None:
@@ -131,8 +138,9 @@ class PeerWatch:
         s = "s" if len(gone) > 1 else ""
         how = ("its rendezvous store stopped answering" if gone == [0] and self.store_lost_at is not None
                else f"no heartbeat for {quiet_s:.0f} s")
-        return (f"rank{s} {who} of {self.info.world_size} stopped responding ({how}; the process died or hung); "
-                f"rank {self.info.rank} is ending the run")
+        where = "; ".join(f"rank {r} ran on {self.hosts[r]}" for r in gone if r in self.hosts)
+        return (f"rank{s} {who} of {self.info.world_size} stopped responding ({how}; the process died or hung"
+                f"{'; ' + where if where else ''}); rank {self.info.rank} is ending the run")
 
     def lost(self) -> Optional[str]:
         """After a failed collective: the message naming the silent ranks, or None if all still beat.
