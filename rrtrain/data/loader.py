@@ -22,11 +22,7 @@ position, which makes resume exact at any micro-step and any epoch boundary.
 from __future__ import annotations
 
 import atexit
-import contextlib
-import fcntl
 import os
-import re
-import tempfile
 import threading
 import weakref
 from typing import Any, Iterator, Optional
@@ -38,6 +34,7 @@ from rrtrain.core.errors import UsageError
 from rrtrain.core.lazy_import import streaming_module
 from rrtrain.data.manifest import is_remote, read_manifest
 from rrtrain.core.signals import ignore_stop_signals
+from rrtrain.data.shm import clean_stale_shm, shm_guard
 
 STATE_VERSION = 1
 COLUMN = "tokens"
@@ -48,8 +45,6 @@ _NEVER_CHANGE = ("fingerprint", "seed", "shuffle", "split")
 # micro-batch may change freely: a step's samples depend on neither.
 _CHANGE_IF_ALLOWED = ("global_batch", "num_canonical_nodes", "shuffle_block_size")
 
-_shm_lock = threading.Lock()
-_shm_cleaned = False
 # Live iterators, closed at exit before multiprocessing's own atexit hook runs: that hook terminates
 # daemonic DataLoader workers with SIGTERM, which the workers ignore, and would then wait forever.
 _LIVE_ITERATORS: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -67,87 +62,6 @@ def check_vocab(manifest: dict[str, Any], model_vocab: int) -> None:
     """Refuse a dataset whose token ids would index past the model's embedding."""
     if manifest["vocab_size"] > model_vocab:
         raise UsageError(f"dataset vocabulary {manifest['vocab_size']} does not fit the model's vocab_size {model_vocab}")
-
-
-#: one process per machine at a time makes or probes streaming's shared-memory names (see `shm_guard`)
-SHM_LOCK = "/dev/shm/rrtrain-streaming.lock" if os.path.isdir("/dev/shm") else os.path.join(tempfile.gettempdir(),
-                                                                                          "rrtrain-streaming.lock")
-
-
-@contextlib.contextmanager
-def shm_guard(local_rank: int = 0) -> Iterator[None]:
-    """Serialise, per machine, what creates or probes streaming's shared-memory names.
-
-    `clean_stale_shared_memory` probes each name by creating it, and `StreamingDataset` registers the first
-    free prefix: two runs starting together on one machine (a sweep's parallel runs, a job array) collide
-    there with `FileExistsError: '/000064_locals'`. The local leader holds a file lock in /dev/shm; the other
-    local ranks of its run wait at a barrier until it has it, so their look-ups run under it too. Every rank
-    of a run must enter together (as streaming's own barriers require already)."""
-    leader = int(os.environ.get("LOCAL_RANK", local_rank)) == 0
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    handle = open(SHM_LOCK, "a") if leader else None
-    try:
-        if handle is not None:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        if distributed:
-            torch.distributed.barrier()
-        yield
-        if distributed:
-            torch.distributed.barrier()
-    finally:
-        if handle is not None:
-            handle.close()  # releases the lock
-
-
-def unlink_stale_beyond_gaps(shm_dir: str = "/dev/shm") -> int:
-    """Unlink every streaming shared-memory name in `shm_dir`; returns how many.
-
-    Streaming's `clean_stale_shared_memory` walks prefixes 0, 1, 2, ... and stops at the first free one, so
-    the names of runs killed while a lower prefix was free stay for good; every later `StreamingDataset` opens
-    all of them and keeps them open (hundreds of leaked runs exhaust a process's file descriptors). This removes
-    what streaming's cleaner would, beyond its first gap too. Call it where streaming's cleaner runs: on the
-    local leader, under `shm_guard`."""
-    constant = streaming_module("streaming.base.constant")
-    pattern = re.compile(r"^\d{6}_(" + "|".join(map(re.escape, constant.SHM_TO_CLEAN)) + ")$")
-    try:
-        names = [n for n in os.listdir(shm_dir) if pattern.match(n)]
-    except OSError:
-        return 0  # no /dev/shm (not Linux): streaming's own cleaner is all there is
-    removed = 0
-    for name in names:
-        try:
-            os.unlink(os.path.join(shm_dir, name))
-            removed += 1
-        except OSError:
-            pass  # gone meanwhile, or not ours to remove
-    return removed
-
-
-def clean_stale_shm(local_rank: int = 0) -> None:
-    """Remove shared memory leaked by crashed streaming runs, once per process, before any dataset.
-
-    Calls `streaming.base.util.clean_stale_shared_memory()`, which unlinks on local rank 0 and
-    then waits at a barrier when torch.distributed is up, so every rank must call this together.
-    Streaming reads the local rank from $LOCAL_RANK; launchers that do not set it (srun) get ours,
-    so that only one process per node unlinks.
-    """
-    global _shm_cleaned
-    with _shm_lock:
-        if _shm_cleaned:
-            return
-        clean_stale_shared_memory = streaming_module("streaming.base.util").clean_stale_shared_memory
-
-        had_env = "LOCAL_RANK" in os.environ
-        if not had_env:
-            os.environ["LOCAL_RANK"] = str(local_rank)
-        try:
-            if int(os.environ["LOCAL_RANK"]) == 0:
-                unlink_stale_beyond_gaps()
-            clean_stale_shared_memory()
-        finally:
-            if not had_env:
-                del os.environ["LOCAL_RANK"]
-        _shm_cleaned = True
 
 
 # One StreamingDataset per (dataset, split, local dir) per process. Streaming's constructor opens every

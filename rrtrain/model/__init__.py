@@ -1,1 +1,1 @@
-"""The transformer and what describes it: the block (which knows no residual rule), norms, shapes and parameter counts."""
+"""The transformer and what describes it: the block (which knows no residual rule), shapes, parameter and FLOP counts."""

@@ -18,13 +18,12 @@ class MonitorCallback(Callback):
 
     def __init__(self, cfg: MonitorConfig) -> None:
         self.cfg = cfg
+        self.exact_records = "stop" in (cfg.on_stall, cfg.on_diverge)
         self.monitor: Optional[LossMonitor] = None
         self.pending: dict[str, Any] = {}
 
     def on_start(self, loop: Loop) -> None:
-        from rrtrain.data.loader import read_manifest
-
-        entropy = read_manifest(loop.facts.config.data.path).get("unigram_entropy")
+        entropy = (loop.facts.run.manifest or {}).get("unigram_entropy")
         self.monitor = LossMonitor(self.cfg, entropy, start_step=loop.facts.warmup_steps)
         self.monitor.load_state_dict(self.pending)
 

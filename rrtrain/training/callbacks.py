@@ -71,6 +71,7 @@ class NonfiniteGuard(Callback):
 
     def __init__(self, on_nonfinite: str, max_nonfinite: int) -> None:
         self.limit = 1 if on_nonfinite == "halt" else max_nonfinite
+        self.exact_records = on_nonfinite == "halt"
         self.streak = 0
 
     def on_train_records(self, loop: Loop, records: list[dict[str, Any]]) -> None:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 if TYPE_CHECKING:
     from rrtrain.config import Config
+    from rrtrain.resolve import ResolvedRun
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class RunFacts:
     """What is fixed once the run is set up (the config as resolved, the model's size, the ranks)."""
 
     config: "Config"  # read it, do not change it
+    run: "ResolvedRun"  # the config resolved against the dataset: the rule's spec, shape, budget, manifest
     run_dir: Path
     rank: int
     world_size: int
@@ -125,6 +127,9 @@ class Callback:
 
     name = "callback"  # the key of its state in train_state.json: unique in a run
     priority = 0  # higher runs first; the built-ins use 30 to 100
+    #: True when a record may make this callback stop the run at that record's own step: the loop then
+    #: delivers records every step (one host sync a step) instead of in batches
+    exact_records = False
 
     def on_start(self, loop: Loop) -> None: ...
 

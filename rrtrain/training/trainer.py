@@ -158,11 +158,10 @@ class Trainer:
     def records_due(self) -> bool:
         """Steps after which the pending records reach the host: the log cadence, the steps where evaluation,
         a checkpoint or the stop check follow (they see every record up to their step), and the last step.
-        Every step when a record can end the run at its own step (`train.on_nonfinite=halt`, `monitor.on_stall`
-        or `monitor.on_diverge` = stop): such a stop is exact, at the price of one host sync per step."""
-        t, m, step = self.cfg.train, self.cfg.monitor, self.step
-        exact_stops = t.on_nonfinite == "halt" or m.on_stall == "stop" or m.on_diverge == "stop"
-        return (exact_stops or step % t.log_every == 0 or step >= self.total_steps or step % t.stop_check_every == 0
+        Every step when a callback may end the run at a record's own step (`Callback.exact_records`, e.g.
+        `train.on_nonfinite=halt`, `monitor.on_stall: stop`): such a stop is exact, at one host sync per step."""
+        t, step = self.cfg.train, self.step
+        return (any(c.exact_records for c in self.callbacks) or step % t.log_every == 0 or step >= self.total_steps or step % t.stop_check_every == 0
                 or due(step, t.eval_every, self.total_steps) or due(step, t.ckpt_every, self.total_steps))
 
     def flush_records(self) -> None:
@@ -250,10 +249,10 @@ class Trainer:
 
     def facts(self) -> RunFacts:
         info = self.info
-        return RunFacts(config=self.cfg, run_dir=self.run_dir, rank=info.rank, world_size=info.world_size,
-                        is_main=info.is_main, device=info.device, params=self.params, seq_len=self.shape.seq_len,
-                        tokens_per_step=self.tokens_per_step, accum=self.accum, warmup_steps=self.warmup,
-                        flops_per_token=self.flops_per_token, peak_flops=self.peak)
+        return RunFacts(config=self.cfg, run=self.run, run_dir=self.run_dir, rank=info.rank,
+                        world_size=info.world_size, is_main=info.is_main, device=info.device, params=self.params,
+                        seq_len=self.shape.seq_len, tokens_per_step=self.tokens_per_step, accum=self.accum,
+                        warmup_steps=self.warmup, flops_per_token=self.flops_per_token, peak_flops=self.peak)
 
     def emit(self, hook: str, *args: Any) -> None:
         """Call `hook` on every callback, highest priority first."""

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Start a real one-node Slurm cluster on this machine, as root: for tests (tests/slurm/) and laptops.
+# Start a real Slurm cluster on this machine, as root: for tests (tests/slurm/) and laptops.
 #
-#   slurm/local/start.sh          # installs Debian's slurmctld/slurmd/slurm-client/munge when missing
-#   slurm/local/stop.sh           # stops what this script started and removes its files
+#   slurm/local/start.sh             # one node: this machine (installs slurmctld/slurmd/slurm-client/munge when missing)
+#   slurm/local/start.sh --nodes N   # N nodes, each a host of its own (network, UTS and mount namespaces; nodes.sh)
+#   slurm/local/stop.sh              # stops what this script started and removes its files, namespaces and links
+#   slurm/local/on-node.sh I CMD...  # runs CMD on node I of a multi-node cluster (as if logged in there)
 #
-# Idempotent: when the cluster this script started is already up and answering, it is reused.
+# Idempotent: when the cluster this script started is already up with the same number of nodes and answering,
+# it is reused (a node whose slurmd died is started again); a cluster of another size is stopped first.
+# With N > 1 the controller listens on the bridge address 198.18.0.1 and node I is rrnodeI at 198.18.0.(10+I),
+# one partition `debug` over all of them; every node is declared with all of this machine's CPUs (they share
+# them) and 1/N of its memory. Submit from this machine (sbatch, squeue, scancel, scontrol); srun works inside
+# jobs. A failed start stops what it started.
 # Everything lives in one state directory ($RRTRAIN_SLURM_DIR, default /var/tmp/rrtrain-slurm): slurm.conf,
 # logs, pid files, spool and controller state. /etc/slurm/slurm.conf is a symlink to our slurm.conf (made
 # only when that path is free or already ours), so sbatch/squeue/submitit work without SLURM_CONF; the
@@ -21,21 +28,46 @@ set -euo pipefail
 STATE=${RRTRAIN_SLURM_DIR:-/var/tmp/rrtrain-slurm}
 CONF=$STATE/slurm.conf
 ETC_CONF=/etc/slurm/slurm.conf
-NODE=$(hostname -s)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CTLD=$(hostname -s)
 WAIT_S=${RRTRAIN_SLURM_WAIT_S:-60}
 
 say() { echo "slurm/local/start.sh: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
+NODES=1
+while (($#)); do
+    case $1 in
+        --nodes) NODES=${2:-}; shift 2 || die "--nodes needs a number" ;;
+        --nodes=*) NODES=${1#--nodes=}; shift ;;
+        -h | --help) sed -n '2,/^set -euo/{/^set/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+        *) say "error: unknown argument '$1' (usage: start.sh [--nodes N])"; exit 2 ;;
+    esac
+done
+[[ $NODES =~ ^[0-9]+$ ]] && ((NODES >= 1 && NODES <= 32)) || { say "error: --nodes wants 1 to 32, not '$NODES'"; exit 2; }
+
 [[ $(id -u) -eq 0 ]] || die "run as root (it installs packages and starts daemons)"
+# shellcheck source=nodes.sh
+source "$HERE/nodes.sh"
 
 alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-node_idle() {
-    # The node is schedulable once sinfo reports it idle (or already running jobs of an earlier start).
+node_names() {  # the cluster's node names, one a line
+    local i
+    if ((NODES == 1)); then echo "$CTLD"; return; fi
+    for ((i = 1; i <= NODES; i++)); do node_name "$i"; done
+}
+
+node_idle() {  # node_idle NAME
+    # A node is schedulable once sinfo reports it idle (or already running jobs of an earlier start).
     local state
-    state=$(SLURM_CONF=$CONF sinfo -h -n "$NODE" -o '%t' 2>/dev/null | head -n1)
+    state=$(SLURM_CONF=$CONF sinfo -h -n "$1" -o '%t' 2>/dev/null | head -n1)
     [[ $state == idle || $state == mix || $state == alloc || $state == comp ]]
+}
+
+all_idle() {
+    local n
+    for n in $(node_names); do node_idle "$n" || return 1; done
 }
 
 install_packages() {
@@ -87,10 +119,30 @@ write_conf() {
     # Leave 10% of the memory (and at least 512 MB) to the system and the daemons.
     mem_mb=$(awk '/^MemTotal:/ { m = int($2 / 1024); r = int(m * 0.9); if (m - r < 512) r = m - 512; print r }' /proc/meminfo)
     mkdir -p "$STATE/spool" "$STATE/ctld" "$STATE/log"
+    local ctld_addr=127.0.0.1 slurmd_files nodes_lines i
+    if ((NODES == 1)); then
+        slurmd_files="SlurmdSpoolDir=$STATE/spool
+SlurmdPidFile=$STATE/slurmd.pid
+SlurmdLogFile=$STATE/log/slurmd.log"
+        nodes_lines="NodeName=$CTLD NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN"
+    else
+        ctld_addr=$CTLD_ADDR
+        mem_mb=$((mem_mb / NODES))
+        # %n: the node's name (one slurmd per node on this machine); its memory is not checked against the
+        # machine's (config_overrides): the nodes share the machine.
+        slurmd_files="SlurmdSpoolDir=$STATE/spool/%n
+SlurmdPidFile=$STATE/slurmd-%n.pid
+SlurmdLogFile=$STATE/log/slurmd-%n.log
+SlurmdParameters=config_overrides"
+        nodes_lines=""
+        for ((i = 1; i <= NODES; i++)); do
+            nodes_lines+="NodeName=$(node_name "$i") NodeAddr=$(node_addr "$i") CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN"$'\n'
+        done
+    fi
     cat >"$CONF.tmp" <<CONF
-# Written by slurm/local/start.sh; removed by slurm/local/stop.sh. One node, one partition, no accounting.
+# Written by slurm/local/start.sh; removed by slurm/local/stop.sh. $NODES node(s), one partition, no accounting.
 ClusterName=rrtrain-local
-SlurmctldHost=$NODE(127.0.0.1)
+SlurmctldHost=$CTLD($ctld_addr)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -120,18 +172,17 @@ SlurmdTimeout=30
 Waittime=0
 SchedulerParameters=sched_interval=2,bf_interval=2
 StateSaveLocation=$STATE/ctld
-SlurmdSpoolDir=$STATE/spool
 SlurmctldPidFile=$STATE/slurmctld.pid
-SlurmdPidFile=$STATE/slurmd.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
-SlurmdLogFile=$STATE/log/slurmd.log
+$slurmd_files
 SlurmctldDebug=info
 SlurmdDebug=info
 # Without a default, a job that asks for no memory is given the whole node and runs alone.
 DefMemPerCPU=$((mem_mb / cpus))
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
-PartitionName=debug Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+$nodes_lines
+PartitionName=debug Nodes=$(node_names | paste -sd, -) Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
+    echo "$NODES" >"$STATE/nodes"
     mv "$CONF.tmp" "$CONF"
     mkdir -p /etc/slurm
     if [[ -L $ETC_CONF && $(readlink "$ETC_CONF") == "$CONF" ]]; then
@@ -143,32 +194,70 @@ CONF
     fi
 }
 
+slurmds_alive() {
+    local i
+    if ((NODES == 1)); then alive "$STATE/slurmd.pid"; return; fi
+    for ((i = 1; i <= NODES; i++)); do alive "$(node_pidfile "$i")" || return 1; done
+}
+
+start_slurmds() {  # every slurmd not running: the machine's own (one node), or one per node in its namespaces
+    local i
+    if ((NODES == 1)); then slurmd -c -f "$CONF"; return; fi
+    make_bridge
+    for ((i = 1; i <= NODES; i++)); do
+        alive "$(node_pidfile "$i")" && continue
+        make_netns "$i"
+        start_node_slurmd "$i"
+    done
+}
+
+wait_idle() {
+    local deadline=$((SECONDS + WAIT_S))
+    until all_idle; do
+        if ((SECONDS > deadline)); then
+            tail -n 20 "$STATE"/log/*.log >&2 || true
+            die "nodes $(node_names | paste -sd, -) not all idle in ${WAIT_S} s (logs in $STATE/log)"
+        fi
+        sleep 0.5
+    done
+}
+
 mkdir -p "$STATE"
-if alive "$STATE/slurmctld.pid" && alive "$STATE/slurmd.pid" && node_idle; then
-    say "already running (state in $STATE)"
-    echo "SLURM_CONF=$CONF"
-    exit 0
+running_nodes=$(cat "$STATE/nodes" 2>/dev/null || echo 1)
+if alive "$STATE/slurmctld.pid" && [[ $running_nodes != "$NODES" ]]; then
+    say "a $running_nodes-node cluster is running: stopping it for $NODES nodes"
+    bash "$HERE/stop.sh"
+    mkdir -p "$STATE"
+elif alive "$STATE/slurmctld.pid" && [[ -f $CONF ]]; then
+    export SLURM_CONF=$CONF
+    if ! slurmds_alive; then
+        say "starting the slurmd of nodes that are down"
+        start_slurmds
+        scontrol update NodeName="$(node_names | paste -sd, -)" State=RESUME >/dev/null 2>&1 || true
+        wait_idle
+    fi
+    if all_idle; then
+        say "already running (state in $STATE)"
+        echo "SLURM_CONF=$CONF"
+        exit 0
+    fi
 fi
 
 install_packages
 start_munge
 # Start fresh: a half-started earlier attempt is stopped first (its state directory is kept).
-for d in slurmd slurmctld; do
-    if alive "$STATE/$d.pid"; then kill "$(cat "$STATE/$d.pid")"; sleep 1; fi
+for pidfile in "$STATE"/slurmd*.pid "$STATE/slurmctld.pid"; do
+    if alive "$pidfile"; then kill "$(cat "$pidfile")"; sleep 1; fi
 done
+# A start that fails part-way leaves nothing behind (no namespace, daemon or link); the packages stay.
+trap 'status=$?; if ((status != 0)); then say "start failed: stopping what it started"; bash "$HERE/stop.sh" || true; fi' EXIT
 write_conf
 export SLURM_CONF=$CONF
-# -c: forget jobs of an earlier cluster; -i: ignore stale state. Both daemons daemonise themselves.
+((NODES > 1)) && write_hosts "$NODES" "$CTLD"
+# -c: forget jobs of an earlier cluster; -i: ignore stale state. The daemons daemonise themselves.
 slurmctld -c -i -f "$CONF"
-slurmd -c -f "$CONF"
-
-deadline=$((SECONDS + WAIT_S))
-until node_idle; do
-    if ((SECONDS > deadline)); then
-        tail -n 20 "$STATE/log/slurmctld.log" "$STATE/log/slurmd.log" >&2 || true
-        die "node $NODE did not become idle in ${WAIT_S} s (logs in $STATE/log)"
-    fi
-    sleep 0.5
-done
-say "cluster up: node $NODE, partition debug, $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) CPUs (state in $STATE)"
+start_slurmds
+wait_idle
+trap - EXIT
+say "cluster up: $NODES node(s) $(node_names | paste -sd, -), partition debug, $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) CPUs each (state in $STATE)"
 echo "SLURM_CONF=$CONF"

@@ -1,4 +1,4 @@
-"""Helpers for the tests that run jobs on the local Slurm cluster (slurm/local/start.sh). There is no
+"""Helpers for the tests that run jobs on the local Slurm cluster (slurm/local/start.sh --nodes 2). There is no
 accounting (no sacct) on that cluster: a job's state comes from squeue, which keeps finished jobs for
 MinJobAge (300 s) after they end."""
 
@@ -11,6 +11,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 START = REPO / "slurm" / "local" / "start.sh"
 STOP = REPO / "slurm" / "local" / "stop.sh"
+ON_NODE = REPO / "slurm" / "local" / "on-node.sh"
+NODES = 2  # the session's cluster (conftest.py): every test here shares it
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
           "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
 

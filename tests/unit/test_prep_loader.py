@@ -210,19 +210,20 @@ os.killpg(0, signal.SIGKILL)  # the whole job dies, multiprocessing's resource t
 _PROBE = """
 import json, sys
 import rrtrain.data.loader as D
+import rrtrain.data.shm as S
 from rrtrain.core.errors import UsageError
 def make():
     return D.TrainLoader(sys.argv[1], micro_batch=2, global_batch=2, rank=0, world_size=1, local_rank=0, seed=0,
                          cache_dir=sys.argv[2])
-machine_lock, D.SHM_LOCK = D.SHM_LOCK, sys.argv[3]  # the test holds the machine's lock until the control is done
-D._shm_cleaned = True  # control: without the clean-up, streaming refuses the cache dir
+machine_lock, S.SHM_LOCK = S.SHM_LOCK, sys.argv[3]  # the test holds the machine's lock until the control is done
+S._shm_cleaned = True  # control: without the clean-up, streaming refuses the cache dir
 try:
     make()
     control = "opened"
 except UsageError as err:
     control = str(err)
 print(json.dumps({"control": control}), flush=True)
-D.SHM_LOCK, D._shm_cleaned = machine_lock, False
+S.SHM_LOCK, S._shm_cleaned = machine_lock, False
 print(json.dumps({"ids": next(iter(make()))[:, 0].tolist()}))
 """
 
@@ -263,7 +264,7 @@ def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
     Only the segments registered to this test's cache dir count. The test holds the machine's streaming
     lock (`SHM_LOCK`) from the crash to the control, so no other rrtrain process on the machine cleans the
     leak (or registers a prefix) in between; the control takes a private lock."""
-    from rrtrain.data.loader import SHM_LOCK
+    from rrtrain.data.shm import SHM_LOCK
 
     data = tmp_path / "zdata"
     write_id_dataset(data, 64, compression="zstd")  # compressed: read through a local cache, like a remote

@@ -1,5 +1,5 @@
 """Runs that open their datasets at the same moment on one machine (a sweep's parallel runs, a job array) do not
-collide in streaming's shared-memory names (`rrtrain.data.loader.shm_guard`). Without the guard, 2-3 of 6 such
+collide in streaming's shared-memory names (`rrtrain.data.shm.shm_guard`). Without the guard, 2-3 of 6 such
 processes failed with `FileExistsError: '/0001xx_locals'` on this machine."""
 
 from __future__ import annotations
@@ -31,12 +31,35 @@ def test_loaders_started_together_do_not_collide(stories_data, tmp_path):
 def test_stale_names_beyond_a_gap_are_unlinked(tmp_path):
     """Streaming's cleaner stops at the first free prefix; ours removes leaked names above gaps too, and only
     streaming's names."""
-    from rrtrain.data.loader import unlink_stale_beyond_gaps
+    from rrtrain.data.shm import unlink_stale
 
     for name in ("000007_locals", "000007_barrier", "000012_shard_states", "000012_cache_usage"):
         (tmp_path / name).write_bytes(b"x")
     for keep in ("rrtrain-streaming.lock", "000003_not_streaming", "psm_1234"):
         (tmp_path / keep).write_bytes(b"x")
-    assert unlink_stale_beyond_gaps(str(tmp_path)) == 4
+    assert unlink_stale(str(tmp_path)) == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["000003_not_streaming", "psm_1234",
                                                           "rrtrain-streaming.lock"]
+
+
+def test_a_live_runs_segments_are_kept(tmp_path):
+    """A segment that a live process maps stays: the next run's clean-up must not pull it from under a run
+    still training (its later workers attach by name, and the next dataset would take its prefix)."""
+    import mmap
+
+    from rrtrain.data.shm import in_use, unlink_stale
+
+    mapped = []
+    for name in ("000041_locals", "000041_barrier", "000042_locals", "000042_barrier"):
+        with open(tmp_path / name, "w+b") as f:
+            f.write(b"x" * 64)
+            f.flush()
+            if name != "000042_barrier":  # 42 is dead: only its _locals is mapped, as every reader maps them
+                mapped.append(mmap.mmap(f.fileno(), 64))
+    try:
+        assert {"000041_barrier", "000042_locals"} <= in_use(str(tmp_path))
+        assert unlink_stale(str(tmp_path)) == 2
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["000041_barrier", "000041_locals"]
+    finally:
+        for m in mapped:
+            m.close()

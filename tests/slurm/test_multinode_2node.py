@@ -1,0 +1,105 @@
+"""One run across two nodes of the local cluster (two hosts, each its own address, hostname, /tmp and /dev/shm),
+two ranks per node, by both launch paths: slurm/multinode.sbatch (one torchrun agent per node, a c10d
+rendezvous on the first node at the job's own port) and `rrtrain sweep --executor slurm` (submitit: one srun
+task per rank). Every rank records its host (RUN/ranks/): both hosts appear, ranks 0-1 on the first node and
+2-3 on the second; under HSDP (dp_shard=2 x dp_replicate=2) each shard group is therefore one node's ranks and
+the replicas cross nodes; the losses equal those of the same config on 4 ranks of one machine within the FSDP
+parity bound (tests/distributed/test_fsdp.py). One sweep config serves all three runs."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rrtrain.config import load_config
+from rrtrain.parallel.mesh import mesh_shape
+from rrtrain.rundir import ranks
+from slurmutil import NODES, REPO, cancel, job_logs, rrtrain, sbatch, submitted_jobs, sweep_file, wait_done
+from trainutil import PY, env, final, losses, max_rel_diff, train_cmd
+
+pytestmark = pytest.mark.distributed
+
+BOUND = 1e-4  # tests/distributed/test_fsdp.py's parity bound
+STEPS = 6
+RUN = "tiny-review-s0"
+OVERRIDES = {"parallel.backend": "fsdp", "parallel.dp_shard": 2, "parallel.dp_replicate": 2, "train.micro_batch": 2}
+RESOURCES = {"nodes": NODES, "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 1, "time_min": 10}
+
+
+@pytest.fixture(scope="module")
+def two_node_sweep(shared_root: Path, stories_data: Path) -> Path:
+    """The sweep's directory, its run's config written (a dry run); nothing submitted yet."""
+    root = shared_root / "two-node"
+    root.mkdir()
+    spec = sweep_file(root / "sweep.yaml", stories_data, variants=["review"], steps=STEPS, resources=RESOURCES,
+                      overrides=OVERRIDES)
+    proc = rrtrain("sweep", str(spec), "--out", str(root / "sweep"), "--dry-run", env=env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root
+
+
+@pytest.fixture(scope="module")
+def one_machine(two_node_sweep: Path, stories_data: Path) -> dict[int, float]:
+    """The reference: the same config on 4 ranks of this machine."""
+    run = two_node_sweep / "one-machine"
+    cmd = train_cmd(run, stories_data, [], nproc=4, config=str(config_of(two_node_sweep)))
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return losses(run)
+
+
+def config_of(root: Path) -> Path:
+    return root / "sweep" / "configs" / f"{RUN}.yaml"
+
+
+def check_spans_two_nodes(run: Path, job: str, reference: dict[int, float]) -> None:
+    fin = final(run)
+    assert fin["status"] == "completed" and fin["world_size"] == 4 and fin["step"] == STEPS, fin
+    by_rank = {r["rank"]: r for r in ranks.read(run)}
+    assert {k: v["host"] for k, v in by_rank.items()} == {0: "rrnode1", 1: "rrnode1", 2: "rrnode2", 3: "rrnode2"}
+    assert [by_rank[k]["local_rank"] for k in range(4)] == [0, 1, 0, 1]
+    assert {v["job_id"].split("_")[0] for v in by_rank.values()} == {job.split("_")[0]}
+    replicate, shard = 2, 2  # the config's mesh (test_hsdp_mesh_of_the_sweep_config_is_2_by_2)
+    # DeviceMesh (replicate, shard) is row-major: shard group g holds ranks g*shard .. g*shard+shard-1
+    for group in range(replicate):
+        members = range(group * shard, (group + 1) * shard)
+        assert len({by_rank[r]["host"] for r in members}) == 1, f"shard group {list(members)} spans nodes"
+    assert len({by_rank[g * shard]["host"] for g in range(replicate)}) == replicate, "replicas cross nodes"
+    assert sorted(losses(run)) == list(range(1, STEPS + 1))
+    assert max_rel_diff(reference, losses(run)) < BOUND
+
+
+def test_hsdp_mesh_of_the_sweep_config_is_2_by_2(two_node_sweep):
+    assert mesh_shape(load_config(str(config_of(two_node_sweep)), []).parallel, 4) == (2, 2)
+
+
+def test_multinode_sbatch_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep, one_machine, stories_data):
+    run, log = two_node_sweep / "sbatch-run", two_node_sweep / "sbatch.log"
+    e = env()
+    e.update(RRTRAIN_PYTHON=PY, RRTRAIN_RUN_DIR=str(run), RRTRAIN_NPROC_PER_NODE="2")
+    job = sbatch(REPO / "slurm" / "multinode.sbatch", f"--nodes={NODES}", "--ntasks-per-node=1",
+                 "--cpus-per-task=2", "--mem=3G", "--time=10", f"--output={log}", "--job-name=rr-2node",
+                 args=(str(config_of(two_node_sweep)), f"run.dir={run}"), env=e)
+    try:
+        states = wait_done(job, timeout=400)
+    finally:
+        cancel(job)
+    text = log.read_text() if log.exists() else ""
+    assert states == {job: "COMPLETED"}, text[-4000:]
+    assert f"{NODES} nodes x 2, rendezvous rrnode1:{20000 + int(job) % 10000}" in text, text[:2000]
+    check_spans_two_nodes(run, job, one_machine)
+
+
+def test_sweep_executor_slurm_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep, one_machine):
+    out = two_node_sweep / "sweep"
+    proc = rrtrain("sweep", str(two_node_sweep / "sweep.yaml"), "--out", str(out), "--executor", "slurm", env=env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job = submitted_jobs(out)[-1][RUN]
+    try:
+        states = wait_done(job, timeout=400)
+    finally:
+        cancel(job)
+    assert set(states.values()) == {"COMPLETED"}, job_logs(out)
+    check_spans_two_nodes(out / RUN, job, one_machine)

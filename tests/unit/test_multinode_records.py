@@ -1,0 +1,56 @@
+"""What a multi-node run records about where it ran (issue 25), without a cluster: each rank's host file
+(rrtrain/rundir/ranks.py), the watchdog naming a lost rank's host, and a GLOO_SOCKET_IFNAME the host lacks
+refused in one line naming the setting. The cluster tests (tests/slurm/test_multinode_2node.py,
+test_node_faults.py, test_rendezvous_errors.py) run the same across two nodes."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from rrtrain.core import dist
+from rrtrain.core.errors import UsageError
+from rrtrain.monitoring.watchdog import PeerWatch
+from rrtrain.rundir import ranks
+
+
+def test_each_rank_of_a_distributed_run_records_its_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("GROUP_RANK", "1")
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    monkeypatch.delenv("SLURM_ARRAY_TASK_ID", raising=False)
+    ranks.record(tmp_path, rank=3, local_rank=1, world_size=4)
+    rec = json.loads((tmp_path / "ranks" / "rank3.json").read_text())
+    assert {k: rec[k] for k in ("rank", "local_rank", "world_size", "node_rank", "host", "job_id", "restart")} == {
+        "rank": 3, "local_rank": 1, "world_size": 4, "node_rank": 1, "host": socket.gethostname(), "job_id": "42",
+        "restart": 2}
+    assert ranks.hosts(tmp_path) == {3: socket.gethostname()} and ranks.hosts(tmp_path, world_size=2) == {}
+
+
+def test_one_process_records_nothing_and_an_unwritable_directory_is_a_warning(tmp_path, capsys):
+    ranks.record(tmp_path, rank=0, local_rank=0, world_size=1)
+    assert not (tmp_path / "ranks").exists()
+    blocker = tmp_path / "ranks"
+    blocker.write_text("a file where the directory belongs")
+    ranks.record(tmp_path, rank=1, local_rank=1, world_size=2)
+    assert "cannot record rank 1's host" in capsys.readouterr().err
+
+
+def test_the_watchdog_names_a_lost_rank_with_its_host():
+    watch = object.__new__(PeerWatch)
+    watch.info = dist.DistInfo(rank=0, world_size=2, local_rank=0, device=None)
+    watch.hosts, watch.store_lost_at = {1: "rrnode2"}, None
+    message = watch.message([1], 16)
+    assert message.startswith("rank 1 of 2 stopped responding (no heartbeat for 16 s")
+    assert "rank 1 ran on rrnode2" in message
+
+
+def test_a_gloo_interface_the_host_lacks_is_one_line_naming_the_setting(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "bogus0")
+    err = RuntimeError("[enforce fail at device.cc:84] ifa != nullptr. Unable to find address for: bogus0")
+    with pytest.raises(UsageError, match=r"^GLOO_SOCKET_IFNAME=bogus0: no such network interface on .* \(it has"):
+        dist._explain_interface(err)
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    dist._explain_interface(err)  # not set: nothing to explain, the caller re-raises gloo's error
