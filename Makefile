@@ -17,8 +17,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rrtrain demo --out runs/demo
 
+# Two workers: most tests run one single-threaded process; the Slurm tests stay together on one (tests/conftest.py).
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(PY) -m pytest -q -s -p no:cacheprovider tests/benchmarks

@@ -20,3 +20,14 @@ from trainutil import prep_stories  # noqa: E402
 def stories_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A byte-level synthetic-stories dataset (seq_len 64), prepared once per test session."""
     return prep_stories(tmp_path_factory.mktemp("data") / "stories")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `make test` (pytest-xdist, two workers) the Slurm tests share one local cluster: they form one
+    group, run by one worker in order, and come first, so that their long chain of scheduler waits overlaps
+    the rest of the suite on the other worker."""
+    slurm = [item for item in items if "tests/slurm/" in item.nodeid.replace("\\", "/")]
+    for item in slurm:
+        item.add_marker(pytest.mark.xdist_group("slurm"))
+    others = [item for item in items if item not in slurm]
+    items[:] = slurm + others

@@ -82,8 +82,10 @@ install_packages() {
     # and we start the daemons ourselves below, so forbid it.
     local policy=/usr/sbin/policy-rc.d made_policy=0
     if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod +x "$policy"; made_policy=1; fi
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # one apt-get at a time on this machine (a test suite may install chromium meanwhile): a shared lock file
+    local apt=(flock /var/lock/rrtrain-apt.lock env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600)
+    "${apt[@]}" update -qq
+    "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     ((made_policy)) && rm -f "$policy"
     return 0
 }

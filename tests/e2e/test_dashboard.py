@@ -17,6 +17,7 @@ import pytest
 from trainutil import PY, REPO, env, free_port, kill_group, losses, records, train
 
 CHROMIUM = "/usr/bin/chromium"
+APT_LOCK = "/var/lock/rrtrain-apt.lock"  # shared with slurm/local/start.sh
 FAST = ["train.max_steps=6", "train.log_every=1", "train.eval_every=3", "train.diag_every=3", "train.global_batch=4",
         "train.micro_batch=4", "train.warmup_steps=1"]
 SMALL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ff=64"]
@@ -36,7 +37,8 @@ def chromium() -> str:
     if not Path(CHROMIUM).exists():
         if shutil.which("apt-get") is None or os.geteuid() != 0:
             _need("chromium is missing and cannot be installed here (no apt-get or not root)")
-        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        apt = ["flock", APT_LOCK, "apt-get", "-o", "DPkg::Lock::Timeout=600"]  # one apt-get at a time (start.sh too)
+        for cmd in ([*apt, "update", "-qq"], [*apt, "install", "-y", "-qq", "chromium"]):
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
             if proc.returncode:
