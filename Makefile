@@ -19,7 +19,7 @@ demo: $(STAMP)
 
 # Two workers: most tests run one single-threaded process; the Slurm tests stay together on one (tests/conftest.py).
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=20
 
 bench: $(STAMP)
 	$(PY) -m pytest -q -s -p no:cacheprovider tests/benchmarks
