@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launchers.scheduler import ACTIVE, WAITING
-from rrtrain.rundir import fields, readers
+from rrtrain.rundir import fields, ranks, readers
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.outcome import CANCELLED, ENDED_FOR_GOOD, decide
 from rrtrain.rundir.readers import Cancelled, Final
@@ -91,6 +91,6 @@ def run_row(run_id: str, entry: dict, scheduler: Optional[str], submitted: bool)
         "id": run_id, "variant": entry["variant"], "size": entry["size"], "seed": entry["seed"],
         "scheduler": scheduler, "state": state, "step": step, "total_steps": total_steps(entry["config"]),
         "tokens": tokens, "loss": fields.number(train.get("loss")) if train else None, "val_loss": val_loss,
-        "tokens_per_s": tps, "flags": flags, "flag_details": details,
+        "tokens_per_s": tps, "flags": flags, "flag_details": details, "nodes": ranks.nodes(run_dir),
         "dir": str(run_dir),
     }

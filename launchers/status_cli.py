@@ -81,14 +81,18 @@ def _num(v: Any, fmt: str) -> str:
 
 
 def table(status: dict[str, Any]) -> str:
+    """The status as a table; a `nodes` column (the hosts a distributed run's ranks ran on) when any has one."""
+    spans = any(r.get("nodes") for r in status["runs"])
     lines = [f"sweep {status['sweep']} ({status['dir']})",
              f"{'run':<28} {'variant':<14} {'size':<9} {'seed':>4} {'sched':<10} {'state':<10} "
-             f"{'step':>15} {'tokens':>13} {'loss':>8} {'val':>8} {'tok/s':>9}  flags"]
+             f"{'step':>15} {'tokens':>13} {'loss':>8} {'val':>8} {'tok/s':>9}  " + ("nodes  " if spans else "")
+             + "flags"]
     for r in status["runs"]:
         step = f"{_num(r['step'], 'd')}/{_num(r['total_steps'], 'd')}"
+        where = f"{','.join(r.get('nodes') or []) or '-'}  " if spans else ""
         lines.append(f"{r['id']:<28} {r['variant']:<14} {r['size']:<9} {r['seed']:>4} {r['scheduler'] or '-':<10} "
                      f"{r['state']:<10} {step:>15} {_num(r['tokens'], ',d'):>13} {_num(r['loss'], '.4f'):>8} "
-                     f"{_num(r['val_loss'], '.4f'):>8} {_num(r['tokens_per_s'], ',.0f'):>9}  "
+                     f"{_num(r['val_loss'], '.4f'):>8} {_num(r['tokens_per_s'], ',.0f'):>9}  {where}"
                      f"{','.join(r['flags']) or ''}")
     lines.append("  ".join(f"{s}: {n}" for s, n in status["counts"].items()) + f"  (total {len(status['runs'])})")
     return "\n".join(lines)

@@ -30,6 +30,7 @@ DATA_CACHE = "data_cache"
 FINAL = "final.json"
 LOCK = "run.lock"
 CANCELLED = "cancelled.json"
+RANKS = "ranks"
 
 #: the files whose presence makes a directory a run
 RUN_FILES = frozenset({FINAL, METRICS})

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from rrtrain.core.io import atomic_write_text
-
-RANKS = "ranks"
+from rrtrain.rundir import fields
+from rrtrain.rundir.layout import RANKS
 
 
 def describe(rank: int, local_rank: int, world_size: int, env: Mapping[str, str] = os.environ) -> dict[str, Any]:
@@ -45,14 +45,31 @@ def record(run_dir: str | os.PathLike[str], rank: int, local_rank: int, world_si
 
 
 def read(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The rank files of a run, by rank (unreadable ones left out)."""
+    """The rank files of a run, by rank; a file that is unreadable, not an object, or without an integer
+    `rank` and a text `host` is left out (anyone may have written it)."""
     found: list[dict[str, Any]] = []
     for path in sorted((Path(run_dir) / RANKS).glob("rank*.json")):
         try:
-            found.append(json.loads(path.read_text()))
+            rec = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-    return sorted(found, key=lambda r: r.get("rank", 0))
+        if isinstance(rec, dict) and fields.step(rec.get("rank")) is not None and fields.text(rec.get("host")):
+            found.append({**rec, "rank": fields.step(rec["rank"])})
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def nodes(run_dir: str | os.PathLike[str]) -> list[str]:
+    """The hosts of the run's latest start (the rank files of its most recent layout), in rank order, each
+    once; [] for a run of one process."""
+    recs = read(run_dir)
+    if not recs:
+        return []
+    latest = max(recs, key=lambda r: fields.number(r.get("started")) or 0.0)
+    hosts: list[str] = []
+    for r in recs:
+        if r.get("world_size") == latest.get("world_size") and r["host"] not in hosts:
+            hosts.append(r["host"])
+    return hosts
 
 
 def hosts(run_dir: str | os.PathLike[str], world_size: Optional[int] = None) -> dict[int, str]:

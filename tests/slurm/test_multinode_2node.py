@@ -8,6 +8,7 @@ parity bound (tests/distributed/test_fsdp.py). One sweep config serves all three
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -103,3 +104,6 @@ def test_sweep_executor_slurm_two_nodes_two_ranks_each(slurm_cluster, two_node_s
         cancel(job)
     assert set(states.values()) == {"COMPLETED"}, job_logs(out)
     check_spans_two_nodes(out / RUN, job, one_machine)
+    status = rrtrain("status", str(out), "--json", env=env())
+    assert status.returncode == 0, status.stderr
+    assert [r["nodes"] for r in json.loads(status.stdout)["runs"] if r["id"] == RUN] == [["rrnode1", "rrnode2"]]

@@ -56,15 +56,20 @@ def submit(run: Path, log: Path, data: Path, nodes: int) -> str:
                   args=(TINY, f"data.path={data}", f"run.dir={run}", *ARGS), env=e)
 
 
+def wait_past_kill_step(run: Path, job: str, log: Path) -> None:
+    """Until the running job has logged step KILL_AFTER (its log in the message if it ends first)."""
+    deadline = time.time() + 300
+    while max(losses(run), default=0) < KILL_AFTER:
+        assert time.time() < deadline and squeue(job).get(job) in {"PENDING", "CONFIGURING", "RUNNING"}, \
+            log.read_text()[-3000:]
+        time.sleep(0.2)
+
+
 def test_sigkill_of_one_node_fails_the_job_and_it_resumes_on_one_node(slurm_cluster, tmp_path, stories_data):
     run = tmp_path / "run"
     job = submit(run, tmp_path / "first.log", stories_data, nodes=NODES)
     try:
-        deadline = time.time() + 300
-        while max(losses(run), default=0) < KILL_AFTER:
-            assert time.time() < deadline and squeue(job).get(job) in {"PENDING", "CONFIGURING", "RUNNING"}, \
-                (tmp_path / "first.log").read_text()[-3000:]
-            time.sleep(0.2)
+        wait_past_kill_step(run, job, tmp_path / "first.log")
         victims = ranks_of("rrnode2")
         assert victims, "no rank found on rrnode2"
         subprocess.run(["kill", "-9", *map(str, victims)], check=True, timeout=30)
@@ -109,11 +114,7 @@ def test_a_node_that_dies_with_its_slurmd_fails_the_job_and_comes_back(slurm_clu
     run = tmp_path / "run"
     job = submit(run, tmp_path / "first.log", stories_data, nodes=NODES)
     try:
-        deadline = time.time() + 300
-        while max(losses(run), default=0) < KILL_AFTER:
-            assert time.time() < deadline and squeue(job).get(job) in {"PENDING", "CONFIGURING", "RUNNING"}, \
-                (tmp_path / "first.log").read_text()[-3000:]
-            time.sleep(0.2)
+        wait_past_kill_step(run, job, tmp_path / "first.log")
         everything = subprocess.run(["ip", "netns", "pids", "rrnode2"], capture_output=True, text=True).stdout.split()
         subprocess.run(["kill", "-9", *everything], timeout=30)
         killed_at = time.time()

@@ -54,3 +54,29 @@ def test_a_gloo_interface_the_host_lacks_is_one_line_naming_the_setting(monkeypa
         dist._explain_interface(err)
     monkeypatch.delenv("GLOO_SOCKET_IFNAME")
     dist._explain_interface(err)  # not set: nothing to explain, the caller re-raises gloo's error
+
+
+def test_status_names_the_nodes_of_the_latest_start_and_ignores_hostile_rank_files(tmp_path):
+    """`rrtrain status` shows where a distributed run's ranks ran (its last start's layout): a 2-node run
+    resumed on one node shows one host; rank files that are garbage or of the wrong shape are left out."""
+    from launchers import status_cli
+    from launchers.runstate import run_row
+
+    (tmp_path / "ranks").mkdir()
+    for rank, host, world, started in ((0, "n1", 4, 1.0), (1, "n1", 4, 1.0), (2, "n2", 4, 1.0), (3, "n2", 4, 1.0)):
+        (tmp_path / "ranks" / f"rank{rank}.json").write_text(json.dumps(
+            {"rank": rank, "host": host, "world_size": world, "started": started}))
+    assert ranks.nodes(tmp_path) == ["n1", "n2"]
+    for rank in (0, 1):  # the resume on one node rewrites the ranks it has
+        (tmp_path / "ranks" / f"rank{rank}.json").write_text(json.dumps(
+            {"rank": rank, "host": "n3", "world_size": 2, "started": 9.0}))
+    (tmp_path / "ranks" / "rank7.json").write_text("[1, 2]")
+    (tmp_path / "ranks" / "rank8.json").write_text('{"rank": "8", "host": "evil"}')
+    (tmp_path / "ranks" / "rank9.json").write_bytes(b"\xff\xfe")
+    assert ranks.nodes(tmp_path) == ["n3"]
+    entry = {"dir": str(tmp_path), "variant": "review", "size": "tiny", "seed": 0,
+             "config": {"train": {"max_steps": 10}, "model": {}}}
+    row = run_row("tiny-review-s0", entry, None, submitted=True)
+    assert row["nodes"] == ["n3"]
+    text = status_cli.table({"sweep": "s", "dir": str(tmp_path), "runs": [row], "counts": {}})
+    assert "nodes" in text.splitlines()[1] and " n3 " in text.splitlines()[2]
