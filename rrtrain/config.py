@@ -147,7 +147,7 @@ class DataConfig:
     num_canonical_nodes: int = 1  # pinned so the sample order is the same on any number of nodes
     num_workers: int = 0
     shuffle: bool = True
-    cache_dir: Optional[str] = None  # local cache for remote data; None = a fresh dir inside the run dir
+    cache_dir: Optional[str] = None  # local cache for remote/compressed data, one per node; None = RUN/data_cache/HOST
     eval_batches: int = 4  # fixed validation micro-batches per rank per evaluation
 
 

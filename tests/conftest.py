@@ -22,11 +22,15 @@ def stories_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return prep_stories(tmp_path_factory.mktemp("data") / "stories")
 
 
+SLURM_TESTS = Path(__file__).resolve().parent / "slurm"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under `make test` (pytest-xdist, two workers) the Slurm tests share one local cluster: they form one
     group, run by one worker in order, and come first, so that their long chain of scheduler waits overlaps
     the rest of the suite on the other worker."""
-    slurm = [item for item in items if "tests/slurm/" in item.nodeid.replace("\\", "/")]
+    slurm = [item for item in items if Path(item.path).resolve().is_relative_to(SLURM_TESTS)]
     for item in slurm:
         item.add_marker(pytest.mark.xdist_group("slurm"))
     others = [item for item in items if item not in slurm]

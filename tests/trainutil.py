@@ -26,10 +26,11 @@ def env() -> dict[str, str]:
     return e
 
 
-def prep_stories(out: Path, num_docs: int = 400, seq_len: int = 64, seed: int = 0) -> Path:
-    """A small byte-level dataset from the built-in synthetic stories."""
+def prep_stories(out: Path, num_docs: int = 400, seq_len: int = 64, seed: int = 0, compression: str = "none") -> Path:
+    """A small byte-level dataset from the built-in synthetic stories (zstd: read through each node's cache)."""
     cmd = [PY, "-m", "rrtrain", "prep", "--source", "synthetic:stories", "--tokenizer", "byte",
-           "--seq-len", str(seq_len), "--num-docs", str(num_docs), "--out", str(out), "--seed", str(seed)]
+           "--seq-len", str(seq_len), "--num-docs", str(num_docs), "--out", str(out), "--seed", str(seed),
+           "--compression", compression]
     subprocess.run(cmd, check=True, cwd=REPO, env=env(), capture_output=True, timeout=300)
     return out
 

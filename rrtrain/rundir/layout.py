@@ -6,7 +6,7 @@ A run directory (DESIGN.md, "Command-line contract") holds:
 - `metrics.jsonl`   one JSON object per line: training, evaluation, diagnostic, flag and checkpoint records;
 - `tb/`             the TensorBoard mirror of `metrics.jsonl`;
 - `checkpoints/`    published checkpoints (`stepN/`) and the `latest` pointer;
-- `data_cache/`     the loader's shard cache, unless `data.cache_dir` puts it elsewhere;
+- `data_cache/HOST/` the loader's shard cache, one per node, unless `data.cache_dir` puts it elsewhere;
 - `final.json`      written once, when the run ends for any reason: status, reason, progress, flags;
 - `run.lock`        names the live writer (host, pid, job); its mtime is the writer's heartbeat;
 - `cancelled.json`  written by `rrtrain sweep --cancel-flagged` before it stops the run: why, which flags, when;

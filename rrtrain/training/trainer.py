@@ -9,6 +9,7 @@ directory holds a checkpoint resumes it exactly.
 from __future__ import annotations
 
 import math
+import socket
 import sys
 import time
 from dataclasses import asdict, replace
@@ -92,7 +93,10 @@ class Trainer:
         self.engine = build_training_engine(cfg, run.shape, info, rule=run.rule)
         self.peak, self.peak_source = peak_flops(info.device, cfg.parallel.precision)
 
-        cache = Path(cfg.data.cache_dir) if cfg.data.cache_dir else self.run_dir / "data_cache"
+        # one cache per node: the ranks of a node share it through that node's streaming state (its /dev/shm),
+        # which another node cannot see, so two nodes must never fill one directory
+        cache = (Path(cfg.data.cache_dir) if cfg.data.cache_dir
+                 else self.run_dir / layout.DATA_CACHE / socket.gethostname())
         self.loader = TrainLoader(
             cfg.data.path, micro_batch=t.micro_batch, global_batch=t.global_batch, rank=info.rank,
             world_size=info.world_size, local_rank=info.local_rank, seed=t.seed,

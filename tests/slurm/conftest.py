@@ -9,6 +9,7 @@ temporary directories. So here `tmp_path` and `stories_data` live on the machine
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -43,7 +44,22 @@ def _running() -> bool:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[Path]:
+def cluster_session() -> Iterator[None]:
+    """This session's hold on the machine's one local cluster: a second pytest session (or a second xdist
+    worker, were the Slurm tests not kept on one) would restart and stop it under the first one's jobs."""
+    STATE.mkdir(parents=True, exist_ok=True)
+    with open(STATE / "session.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pytest.fail(f"another test session holds the local Slurm cluster ({STATE / 'session.lock'}); the "
+                        "Slurm tests run in one session (and on one xdist worker: tests/conftest.py) at a time",
+                        pytrace=False)
+        yield
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(cluster_session: None) -> Iterator[Path]:
     """The cluster's slurm.conf; SLURM_CONF is exported for the session so every subprocess finds it."""
     if os.geteuid() != 0:
         _unavailable("slurm/local/start.sh needs root")

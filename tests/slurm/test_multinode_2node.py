@@ -18,7 +18,7 @@ from rrtrain.config import load_config
 from rrtrain.parallel.mesh import mesh_shape
 from rrtrain.rundir import ranks
 from slurmutil import NODES, REPO, cancel, job_logs, rrtrain, sbatch, submitted_jobs, sweep_file, wait_done
-from trainutil import PY, env, final, losses, max_rel_diff, train_cmd
+from trainutil import PY, env, final, losses, max_rel_diff, prep_stories, train_cmd
 
 pytestmark = pytest.mark.distributed
 
@@ -30,11 +30,18 @@ RESOURCES = {"nodes": NODES, "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 
 
 
 @pytest.fixture(scope="module")
-def two_node_sweep(shared_root: Path, stories_data: Path) -> Path:
+def zstd_data(shared_root: Path) -> Path:
+    """A compressed dataset: read through a local cache, which each node must keep for itself (its ranks
+    coordinate through that node's shared memory, which the other node cannot see)."""
+    return prep_stories(shared_root / "two-node-zstd", compression="zstd")
+
+
+@pytest.fixture(scope="module")
+def two_node_sweep(shared_root: Path, zstd_data: Path) -> Path:
     """The sweep's directory, its run's config written (a dry run); nothing submitted yet."""
     root = shared_root / "two-node"
     root.mkdir()
-    spec = sweep_file(root / "sweep.yaml", stories_data, variants=["review"], steps=STEPS, resources=RESOURCES,
+    spec = sweep_file(root / "sweep.yaml", zstd_data, variants=["review"], steps=STEPS, resources=RESOURCES,
                       overrides=OVERRIDES)
     proc = rrtrain("sweep", str(spec), "--out", str(root / "sweep"), "--dry-run", env=env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -42,10 +49,10 @@ def two_node_sweep(shared_root: Path, stories_data: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def one_machine(two_node_sweep: Path, stories_data: Path) -> dict[int, float]:
+def one_machine(two_node_sweep: Path, zstd_data: Path) -> dict[int, float]:
     """The reference: the same config on 4 ranks of this machine."""
     run = two_node_sweep / "one-machine"
-    cmd = train_cmd(run, stories_data, [], nproc=4, config=str(config_of(two_node_sweep)))
+    cmd = train_cmd(run, zstd_data, [], nproc=4, config=str(config_of(two_node_sweep)))
     proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return losses(run)
@@ -70,13 +77,15 @@ def check_spans_two_nodes(run: Path, job: str, reference: dict[int, float]) -> N
     assert len({by_rank[g * shard]["host"] for g in range(replicate)}) == replicate, "replicas cross nodes"
     assert sorted(losses(run)) == list(range(1, STEPS + 1))
     assert max_rel_diff(reference, losses(run)) < BOUND
+    caches = sorted(p.name for p in (run / "data_cache").iterdir())
+    assert caches == ["rrnode1", "rrnode2"], f"one loader cache per node, not {caches}"
 
 
 def test_hsdp_mesh_of_the_sweep_config_is_2_by_2(two_node_sweep):
     assert mesh_shape(load_config(str(config_of(two_node_sweep)), []).parallel, 4) == (2, 2)
 
 
-def test_multinode_sbatch_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep, one_machine, stories_data):
+def test_multinode_sbatch_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep, one_machine):
     run, log = two_node_sweep / "sbatch-run", two_node_sweep / "sbatch.log"
     e = env()
     e.update(RRTRAIN_PYTHON=PY, RRTRAIN_RUN_DIR=str(run), RRTRAIN_NPROC_PER_NODE="2")
