@@ -12,7 +12,6 @@ from typing import IO, Callable, Optional
 from launchers.expand import Run
 from launchers.render import train_argv
 
-
 #: seconds between two calls of `on_poll` (the cancellation of flagged runs) while runs are going
 POLL_EVERY_S = 10.0
 

@@ -21,7 +21,6 @@ from launchers.scheduler import squeue_states
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 
-
 #: how much of each metrics.jsonl the sweep-level flags read: the plateau test's window with room to spare
 STATUS_TAIL_BYTES = 128 * 1024
 

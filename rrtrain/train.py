@@ -16,8 +16,8 @@ from rrtrain.resolve import load
 
 if TYPE_CHECKING:  # the training stack loads when a run starts, not for `--help`
     from rrtrain.config import Config
-    from rrtrain.training.loop import Callback
     from rrtrain.core.signals import StopFlag
+    from rrtrain.training.loop import Callback
 
 
 def main(argv: list[str]) -> int:
@@ -31,8 +31,14 @@ def main(argv: list[str]) -> int:
 def default_callbacks(cfg: "Config", stop: "StopFlag") -> list["Callback"]:
     """Everything the loop does besides the step: this module composes it, so the trainer knows none of it."""
     from rrtrain.monitoring.callback import MonitorCallback
-    from rrtrain.training.callbacks import (Checkpointer, Evaluator, MetricsWriter, NonfiniteGuard, StopSignal,
-                                            Throughput)
+    from rrtrain.training.callbacks import (
+        Checkpointer,
+        Evaluator,
+        MetricsWriter,
+        NonfiniteGuard,
+        StopSignal,
+        Throughput,
+    )
     from rrtrain.training.console import Console
 
     t = cfg.train
@@ -89,8 +95,8 @@ def run(cfg: "Config") -> int:
     from rrtrain.core.signals import StopFlag
     from rrtrain.monitoring.watchdog import PeerWatch, is_comm_error
     from rrtrain.rundir import lock as runlock
-    from rrtrain.rundir.outcome import EXIT_CODES
     from rrtrain.rundir import ranks
+    from rrtrain.rundir.outcome import EXIT_CODES
     from rrtrain.training.checkpoint import is_disk_full
     from rrtrain.training.trainer import Trainer
 

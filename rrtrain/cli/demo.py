@@ -160,8 +160,8 @@ def report_table(report_md: Path) -> str:
 def summarize(out: Path, status: dict[str, Any]) -> None:
     """The report's table, the flagged runs (`rrtrain status`'s flags: the runs' own and the sweep-level ones)
     with their reasons, where the plots and the TensorBoard logdir are."""
-    from rrtrain.dashboard.tensorboard import build_logdir
     from rrtrain.cli import report as report_cli
+    from rrtrain.dashboard.tensorboard import build_logdir
 
     report = out / "report"
     report_cli.main([str(out), "--out", str(report)])

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from rrtrain.model import sizing
 from rrtrain.config import Config, apply_overrides, build, validate
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
+from rrtrain.model import sizing
 from rrtrain.resolve import check_model, check_rule
 
 

@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from rrtrain.planning import plan as planner
-from rrtrain.model import sizing
 from rrtrain.config import ModelConfig, apply_overrides, build
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
+from rrtrain.model import sizing
+from rrtrain.planning import plan as planner
 
 GIB = 2**30
 

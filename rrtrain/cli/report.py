@@ -113,9 +113,9 @@ def main(argv: list[str]) -> int:
     choose_variants(sorted({r.variant for r in runs if r.variant}), opts.reference, opts.baselines)
 
     # the heavy imports (scipy, matplotlib) only once the input is known to be good
+    from rrtrain.core.io import atomic_write_text as write_text
     from rrtrain.report import plots, render
     from rrtrain.report.analysis import analyze
-    from rrtrain.core.io import atomic_write_text as write_text
 
     analysis = analyze(runs, opts)
     out.mkdir(parents=True, exist_ok=True)

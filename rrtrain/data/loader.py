@@ -32,8 +32,8 @@ import torch
 
 from rrtrain.core.errors import UsageError
 from rrtrain.core.lazy_import import streaming_module
-from rrtrain.data.manifest import is_remote, read_manifest
 from rrtrain.core.signals import ignore_stop_signals
+from rrtrain.data.manifest import is_remote, read_manifest
 from rrtrain.data.shm import clean_stale_shm, shm_guard
 
 STATE_VERSION = 1

@@ -21,8 +21,8 @@ from torch import nn
 
 from rrtrain import residuals
 from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.residuals import RuleSpec, Site, SiteInfo, Stream, StreamInfo
 from rrtrain.model.sizing import ModelShape, resolve_shape
+from rrtrain.residuals import RuleSpec, Site, SiteInfo, Stream, StreamInfo
 
 
 class Rotary(nn.Module):

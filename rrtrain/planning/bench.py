@@ -32,12 +32,11 @@ from typing import Any, Optional
 
 import torch
 
-from rrtrain.core import dist
-
-from rrtrain.model import sizing
 from rrtrain.config import Config
+from rrtrain.core import dist
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
+from rrtrain.model import sizing
 from rrtrain.resolve import load, resolve
 from rrtrain.training.step import grad_accumulation, optimizer_step, set_matmul_precision
 

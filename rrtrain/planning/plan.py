@@ -34,12 +34,13 @@ from typing import Optional
 
 import torch
 
-from rrtrain.model import sizing
 from rrtrain.config import Config, ModelConfig
 from rrtrain.core.errors import UsageError
 from rrtrain.core.hardware import GPU_MEMORY_GIB, GPU_PEAK_TFLOPS, precision_key
+from rrtrain.model import sizing
 from rrtrain.residuals import RuleSpec
-from rrtrain.resolve import ResolvedRun, resolve as resolve_run
+from rrtrain.resolve import ResolvedRun
+from rrtrain.resolve import resolve as resolve_run
 
 #: the share of a GPU's memory the plan leaves free for the CUDA context, NCCL buffers and fragmentation
 HEADROOM = 0.10

@@ -24,6 +24,7 @@ from rrtrain.report.collect import Run
 from rrtrain.report.options import Options, choose_variants
 from rrtrain.report.spikes import SpikeScore, spike_score
 
+
 @dataclass
 class RunRow:
     """A run with the report's verdict on it: whether it is in the means, and why not."""

@@ -14,8 +14,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from rrtrain.report.analysis import Analysis
 from rrtrain.core.io import atomic_path
+from rrtrain.report.analysis import Analysis
 from rrtrain.report.collect import is_convex
 
 SERIES = "series"

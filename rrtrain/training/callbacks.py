@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from rrtrain.core.hardware import peak_memory_gb
-from rrtrain.training.loop import Callback, Loop, due
 from rrtrain.core.signals import StopFlag
+from rrtrain.training.loop import Callback, Loop, due
 
 DIAG_KEYS = ("block_grad_norm", "gate_mean", "gate_std", "gate_hist")
 

@@ -11,8 +11,8 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
-from rrtrain.core import dist
 from rrtrain.config import TrainConfig
+from rrtrain.core import dist
 from rrtrain.core.dist import DistInfo
 from rrtrain.core.errors import UsageError
 

@@ -19,27 +19,25 @@ from typing import Any, Optional
 import torch
 import yaml
 
-from rrtrain.core import dist
-
-from rrtrain.rundir import lock as runlock
-
 from rrtrain.budget import require as require_budget
-from rrtrain.model import sizing
-from rrtrain.resolve import ResolvedRun, resolve
-from rrtrain.training.checkpoint import CheckpointManager, Published, check_resume
-from rrtrain.training.loop import Callback, RunFacts, due
-from rrtrain.parallel.compile_policy import resolve_compile
 from rrtrain.config import Config
+from rrtrain.core import dist
 from rrtrain.core.errors import UsageError
 from rrtrain.core.hardware import peak_flops
 from rrtrain.core.io import atomic_write_text, unwritable_reason
-from rrtrain.rundir.metrics import MetricsLogger
-from rrtrain.training.optim import lr_at
+from rrtrain.model import sizing
 from rrtrain.parallel import build_training_engine
-from rrtrain.training.step import grad_accumulation, optimizer_step, set_matmul_precision
+from rrtrain.parallel.compile_policy import resolve_compile
+from rrtrain.resolve import ResolvedRun, resolve
+from rrtrain.rundir import layout, writers
+from rrtrain.rundir import lock as runlock
+from rrtrain.rundir.metrics import MetricsLogger
 from rrtrain.rundir.outcome import CANCELLED, EXIT_CODES, decide  # the ending, its status and exit code: one place
 from rrtrain.rundir.readers import read_cancelled
-from rrtrain.rundir import layout, writers
+from rrtrain.training.checkpoint import CheckpointManager, Published, check_resume
+from rrtrain.training.loop import Callback, RunFacts, due
+from rrtrain.training.optim import lr_at
+from rrtrain.training.step import grad_accumulation, optimizer_step, set_matmul_precision
 
 
 class Trainer:
