@@ -8,7 +8,9 @@
 #   namespace has a default route and the machine does not forward, so nothing routes off the machine;
 # - a UTS namespace (hostname rrnodeI) and a mount namespace holding a tmpfs on /tmp and on /dev/shm and
 #   the cluster's hosts file bound over /etc/hosts; everything else (the project, run directories, the
-#   state directory, munge's socket) is the machine's file system, shared as on a cluster.
+#   state directory, munge's socket) is the machine's file system, shared as on a cluster. A project that
+#   lies under /tmp (a CI checkout), and any path in RRTRAIN_SLURM_SHARED_PATHS (colon-separated), is bound
+#   into the node's /tmp at its own path, so it stays shared.
 # The UTS and mount namespaces live as long as a process of the node does (its slurmd, or a job step): a
 # node whose processes all ended is gone with its mounts, and starting it again is a reboot (a fresh /tmp).
 # shellcheck shell=bash
@@ -60,17 +62,37 @@ make_netns() {  # make_netns I: node I's network namespace and its veth pair (ke
     ip -n "$ns" link set eth0 up
 }
 
+shared_under_tmp() {  # the shared paths that a node's private /tmp would hide, one a line
+    local p extra=${RRTRAIN_SLURM_SHARED_PATHS:-}
+    for p in "$PROJECT" ${extra//:/ }; do
+        p=$(realpath -m "$p")
+        [[ $p == /tmp/?* ]] && echo "$p"
+    done
+    return 0
+}
+
 start_node_slurmd() {  # start_node_slurmd I: slurmd of node I, in its namespaces (it daemonises itself)
-    local name
+    local name stage
     name=$(node_name "$1")
-    mkdir -p "$STATE/spool/$name"
+    stage=$STATE/host-tmp-$name  # a mount point inside the node only: the machine's /tmp, while it is bound
+    mkdir -p "$STATE/spool/$name" "$stage"
+    # The project (and RRTRAIN_SLURM_SHARED_PATHS) stay on the shared file system at their own paths, also
+    # where they lie under /tmp (a CI checkout): each is bound from the machine's /tmp into the node's own.
     nsenter --net="/run/netns/$name" unshare --uts --mount --propagation private -- bash -c '
         set -e
-        hostname "$1"
-        mount -t tmpfs -o mode=1777 "tmp-$1" /tmp
-        mount -t tmpfs -o mode=1777 "shm-$1" /dev/shm
-        mount --bind "$2" /etc/hosts
-        exec slurmd -c -f "$3" -N "$1"' node "$name" "$STATE/hosts" "$CONF"
+        name=$1 hosts=$2 conf=$3 stage=$4
+        shift 4
+        hostname "$name"
+        mount --bind /tmp "$stage"
+        mount -t tmpfs -o mode=1777 "tmp-$name" /tmp
+        for path in "$@"; do
+            mkdir -p "$path"
+            mount --bind "$stage/${path#/tmp/}" "$path"
+        done
+        umount "$stage"
+        mount -t tmpfs -o mode=1777 "shm-$name" /dev/shm
+        mount --bind "$hosts" /etc/hosts
+        exec slurmd -c -f "$conf" -N "$name"' node "$name" "$STATE/hosts" "$CONF" "$stage" $(shared_under_tmp)
 }
 
 node_pid() {  # node_pid I: a live process of node I (its slurmd), to enter its namespaces; empty when none

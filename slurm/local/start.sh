@@ -29,6 +29,7 @@ STATE=${RRTRAIN_SLURM_DIR:-/var/tmp/rrtrain-slurm}
 CONF=$STATE/slurm.conf
 ETC_CONF=/etc/slurm/slurm.conf
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PROJECT=$(cd "$HERE/../.." && pwd)  # the checkout: on the shared file system of every node
 CTLD=$(hostname -s)
 WAIT_S=${RRTRAIN_SLURM_WAIT_S:-60}
 
@@ -207,7 +208,11 @@ start_slurmds() {  # every slurmd not running: the machine's own (one node), or 
     if ((NODES == 1)); then slurmd -c -f "$CONF"; return; fi
     make_bridge
     for ((i = 1; i <= NODES; i++)); do
-        alive "$(node_pidfile "$i")" && continue
+        if alive "$(node_pidfile "$i")"; then  # started earlier, maybe from another checkout
+            nsenter --target "$(node_pid "$i")" --mount test -e "$HERE/start.sh" ||
+                die "node $(node_name "$i") runs without this checkout ($PROJECT) on its file system: run stop.sh first"
+            continue
+        fi
         make_netns "$i"
         start_node_slurmd "$i"
     done
