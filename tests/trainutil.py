@@ -71,7 +71,9 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: flo
     path = run_dir / "metrics.jsonl"
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"the run ended (exit {proc.returncode}) before step {step}:\n{proc.stdout.read()[-4000:]}")
+            err = proc.stderr.read()[-4000:] if proc.stderr else ""
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before step {step}:\n"
+                                 f"{proc.stdout.read()[-4000:]}\n{err}")
         seen = max((s for s in losses(run_dir)), default=0) if path.exists() else 0
         if seen >= step:
             return seen
