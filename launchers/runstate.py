@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launchers.scheduler import ACTIVE, WAITING
+from rrtrain import budget
 from rrtrain.rundir import fields, ranks, readers
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.outcome import CANCELLED, ENDED_FOR_GOOD, decide
@@ -29,17 +30,17 @@ def _manifest_seq_len(data_path: str) -> Optional[int]:
 def total_steps(config: dict) -> Optional[int]:
     """The run's step budget, as the trainer computes it (max_steps wins over tokens)."""
     t, m = config["train"], config["model"]
-    if t.get("max_steps") is not None:
-        return int(t["max_steps"])
-    if t.get("tokens") is None:
-        return None
-    seq = m.get("seq_len") or (config["data"].get("path") and _manifest_seq_len(config["data"]["path"]))
+    max_steps, tokens = fields.integer(t.get("max_steps")), fields.integer(t.get("tokens"))
+    if max_steps is not None or tokens is None:
+        return budget.total_steps(max_steps, None, 1)
+    seq = fields.integer(m.get("seq_len")) or (config["data"].get("path") and _manifest_seq_len(config["data"]["path"]))
     if not seq:
         from rrtrain.model.sizing import presets
 
         preset = presets().get(m["size"])
         seq = preset.seq_len if preset else None
-    return max(1, int(t["tokens"]) // (int(t["global_batch"]) * int(seq))) if seq else None
+    batch = fields.integer(t.get("global_batch"))
+    return budget.total_steps(None, tokens, batch * int(seq)) if seq and batch and batch > 0 else None
 
 
 def classify(final: Optional[Final], lock: Optional[dict], scheduler: Optional[str], started: bool,
