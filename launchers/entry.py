@@ -10,6 +10,7 @@ into an exception, so a failed run is never recorded as a success and a preempte
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,10 @@ class RunJob:
         if env.num_tasks > 1:
             # the torch.distributed env from the scheduler's tasks; devices stay as Slurm gave them (cuda:LOCAL_RANK)
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        term = TermWatch().install() if env.global_rank != 0 else None  # the trainer's own while it trains
         code = train(Path(self.sweep_dir), run_id)
         if code == PREEMPTED_EXIT and wants_requeue(Path(self.sweep_dir), run_id):
-            requeue(env, run_id)
+            requeue(env, run_id, term)
         return outcome(Path(self.sweep_dir), run_id, code)
 
     def checkpoint(self, run_id: str) -> Any:
@@ -91,13 +93,43 @@ def outcome(sweep_dir: Path, run_id: str, code: int) -> dict[str, Any]:
     return final.raw if final else {}
 
 
-def requeue(env: Any, run_id: str) -> None:
+class TermWatch:
+    """SIGTERM on a rank other than 0, outside training (the trainer installs its own handlers over this one and
+    puts it back): Slurm's end of the job step when rank 0 requeues the job. submitit's handler only logs it, so
+    the task would sit out KillWait until the KILL while the requeued job waits for it; once the rank only waits
+    for the requeue, a TERM, seen already or to come, ends the task at once."""
+
+    def __init__(self) -> None:
+        self.seen = self.leaving = False
+
+    def install(self) -> "TermWatch":
+        signal.signal(signal.SIGTERM, self._on_term)
+        return self
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        if self.leaving:
+            self._leave()
+
+    def leave_on_term(self) -> None:
+        self.leaving = True  # first: a TERM from here on leaves in the handler
+        if self.seen:
+            self._leave()
+
+    @staticmethod
+    def _leave() -> None:
+        print("rrtrain: SIGTERM while rank 0 requeues the job: this task ends", file=sys.stderr, flush=True)
+        raise SystemExit(PREEMPTED_EXIT)
+
+
+def requeue(env: Any, run_id: str, term: TermWatch | None = None) -> None:
     """Hand a preempted run back to submitit's checkpoint-and-requeue handler; never returns normally."""
     from submitit.core.job_environment import SignalHandler
 
     sig = env._usr_sig()
     handler = signal.getsignal(sig)
     if env.global_rank != 0:
+        (term or TermWatch().install()).leave_on_term()
         time.sleep(REQUEUE_GRACE_S)  # rank 0 requeues; that ends this task too
         raise RunFailed(f"run {run_id} was preempted and not requeued within {REQUEUE_GRACE_S:g} s")
     if not isinstance(getattr(handler, "__self__", None), SignalHandler):

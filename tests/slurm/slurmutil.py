@@ -13,6 +13,10 @@ START = REPO / "slurm" / "local" / "start.sh"
 STOP = REPO / "slurm" / "local" / "stop.sh"
 ON_NODE = REPO / "slurm" / "local" / "on-node.sh"
 NODES = 2  # the session's cluster (conftest.py): every test here shares it
+#: monitor thresholds under which any run counts as stalled within a few steps: its loss must halve every 4
+#: steps (min_improvement 0.9) and "near the unigram entropy" covers every loss (margin 100 nats)
+STALL_AT_ONCE = {"monitor.min_steps": 5, "monitor.window": 4, "monitor.min_improvement": 0.9,
+                 "monitor.entropy_margin": 100.0}
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
           "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
 
@@ -132,6 +136,20 @@ def elapsed_s(job: str) -> int:
     for part in clock.split(":"):
         seconds = seconds * 60 + int(part)
     return seconds + 86400 * int(days or 0)
+
+
+def node_processes(ns: str, needle: str) -> list[int]:
+    """The processes of a node (its network namespace) whose command line contains `needle`."""
+    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30).stdout.split()
+    found = []
+    for pid in map(int, out):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmd:
+            found.append(pid)
+    return found
 
 
 def set_time_limit(job: str, minutes: int) -> None:

@@ -8,14 +8,11 @@ import json
 import time
 from pathlib import Path
 
-from slurmutil import cancel, job_logs, rrtrain, squeue, status, submitted_jobs, sweep_file, wait_done, wait_state
+from slurmutil import (STALL_AT_ONCE, cancel, job_logs, rrtrain, squeue, status, submitted_jobs, sweep_file, wait_done,
+                       wait_state)
 from trainutil import env, records
 
 FLAGGED, HEALTHY = "tiny-standard-s0", "tiny-review-s0"
-#: thresholds under which any run counts as stalled within a few steps: its loss must halve every 4 steps
-#: (min_improvement 0.9) and "near the unigram entropy" covers every loss (margin 100 nats)
-STALL_AT_ONCE = {"monitor.min_steps": 5, "monitor.window": 4, "monitor.min_improvement": 0.9,
-                 "monitor.entropy_margin": 100.0}
 
 
 def wait_for_flag(run_dir: Path, flag: str, timeout: float = 240) -> None:

@@ -4,12 +4,18 @@ rendezvous on the first node at the job's own port) and `rrtrain sweep --executo
 task per rank). Every rank records its host (RUN/ranks/): both hosts appear, ranks 0-1 on the first node and
 2-3 on the second; under HSDP (dp_shard=2 x dp_replicate=2) each shard group is therefore one node's ranks and
 the replicas cross nodes; the losses equal those of the same config on 4 ranks of one machine within the FSDP
-parity bound (tests/distributed/test_fsdp.py). One sweep config serves all three runs."""
+parity bound (tests/distributed/test_fsdp.py).
+
+The time-limit warning of a 2-node submitit job (USR2 to every task on both nodes) makes all four ranks
+checkpoint at one step boundary; rank 0 requeues the job through submitit, and the run resumes on both nodes
+and ends with the uninterrupted submitit run's losses, bit for bit, each step recorded once. One sweep config
+serves all four runs."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -17,15 +23,18 @@ import pytest
 from rrtrain.config import load_config
 from rrtrain.parallel.mesh import mesh_shape
 from rrtrain.rundir import ranks
-from slurmutil import NODES, REPO, cancel, job_logs, rrtrain, sbatch, submitted_jobs, sweep_file, wait_done
-from trainutil import PY, env, final, losses, max_rel_diff, prep_stories, train_cmd
+from slurmutil import (ACTIVE, NODES, REPO, cancel, job_logs, restarts, rrtrain, sbatch, squeue, submitted_jobs,
+                       sweep_file, wait_done)
+from trainutil import PY, env, final, losses, max_rel_diff, prep_stories, records, train_cmd
 
 pytestmark = pytest.mark.distributed
 
 BOUND = 1e-4  # tests/distributed/test_fsdp.py's parity bound
-STEPS = 6
+STEPS = 16
 RUN = "tiny-review-s0"
-OVERRIDES = {"parallel.backend": "fsdp", "parallel.dp_shard": 2, "parallel.dp_replicate": 2, "train.micro_batch": 2}
+# a stop is agreed on every 2 steps (the default 10 would let the requeued run stop only at step 10 or 20)
+OVERRIDES = {"parallel.backend": "fsdp", "parallel.dp_shard": 2, "parallel.dp_replicate": 2, "train.micro_batch": 2,
+             "train.stop_check_every": 2}
 RESOURCES = {"nodes": NODES, "tasks_per_node": 2, "cpus_per_task": 1, "mem_gb": 1, "time_min": 10}
 
 
@@ -102,7 +111,9 @@ def test_multinode_sbatch_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep
     check_spans_two_nodes(run, job, one_machine)
 
 
-def test_sweep_executor_slurm_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep, one_machine):
+@pytest.fixture(scope="module")
+def submitit_run(slurm_cluster, two_node_sweep) -> tuple[Path, str, dict[str, str]]:
+    """The run through `rrtrain sweep --executor slurm`, uninterrupted: its sweep directory, job and end states."""
     out = two_node_sweep / "sweep"
     proc = rrtrain("sweep", str(two_node_sweep / "sweep.yaml"), "--out", str(out), "--executor", "slurm", env=env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -111,8 +122,56 @@ def test_sweep_executor_slurm_two_nodes_two_ranks_each(slurm_cluster, two_node_s
         states = wait_done(job, timeout=400)
     finally:
         cancel(job)
+    return out, job, states
+
+
+def test_sweep_executor_slurm_two_nodes_two_ranks_each(submitit_run, one_machine):
+    out, job, states = submitit_run
     assert set(states.values()) == {"COMPLETED"}, job_logs(out)
     check_spans_two_nodes(out / RUN, job, one_machine)
     status = rrtrain("status", str(out), "--json", env=env())
     assert status.returncode == 0, status.stderr
     assert [r["nodes"] for r in json.loads(status.stdout)["runs"] if r["id"] == RUN] == [["rrnode1", "rrnode2"]]
+
+
+def test_time_limit_warning_requeues_the_two_node_submitit_job_and_it_resumes_exactly(two_node_sweep, submitit_run):
+    """Slurm's time-limit warning (submitit's `--signal=USR2@S`) goes to every task of the job's steps, on every
+    node; `scancel --signal=USR2` sends exactly that, at once (Slurm's own warning, which comes at its next
+    time-limit check, is tested on one node in test_timelimit.py)."""
+    out = two_node_sweep / "requeue"
+    proc = rrtrain("sweep", str(two_node_sweep / "sweep.yaml"), "--out", str(out), "--executor", "slurm", env=env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job = submitted_jobs(out)[-1][RUN]
+    run = out / RUN
+    stops: list[dict] = []  # final.json as the first allocation left it
+    try:
+        deadline = time.time() + 300
+        while max(losses(run), default=0) < 2:
+            assert time.time() < deadline and squeue(job).get(job) in ACTIVE, (squeue(job), job_logs(out))
+            time.sleep(0.1)
+        subprocess.run(["scancel", "--signal=USR2", job], check=True, capture_output=True, timeout=30)
+        while not stops:
+            assert time.time() < deadline and squeue(job).get(job) in ACTIVE, (squeue(job), job_logs(out))
+            if restarts(job) >= 1:
+                stops.append(final(run))
+            time.sleep(0.2)
+        states = wait_done(job, timeout=400)
+    finally:
+        cancel(job)
+    logs = job_logs(out)
+    assert states == {job: "COMPLETED"} and restarts(job) == 1, logs
+    [stop] = stops
+    assert stop["status"] == "preempted" and stop["signal"] == "SIGUSR2" and 2 <= stop["step"] < STEPS, stop
+    assert stop["world_size"] == 4
+    assert f"resumed at step {stop['step']}" in logs, logs
+    for task in (1, 2, 3):  # the requeue's TERM ended the other ranks at once, not KillWait later its KILL
+        err = (out / "slurm" / "submitit" / job / f"{job}_{task}_log.err").read_text()
+        assert "SIGTERM while rank 0 requeues the job: this task ends" in err, err[-3000:]
+    fin = final(run)
+    assert fin["status"] == "completed" and fin["step"] == STEPS and fin["world_size"] == 4, fin
+    assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, STEPS + 1)), "each step once"
+    uninterrupted = out.parent / "sweep" / RUN
+    assert losses(run) == losses(uninterrupted), (losses(run), losses(uninterrupted))
+    by_rank = {r["rank"]: r for r in ranks.read(run)}
+    assert {k: (v["host"], v["restart"]) for k, v in by_rank.items()} == {
+        0: ("rrnode1", 1), 1: ("rrnode1", 1), 2: ("rrnode2", 1), 3: ("rrnode2", 1)}, by_rank

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rrtrain.rundir import ranks
-from slurmutil import NODES, REPO, START, cancel, sbatch, squeue, wait_done
+from slurmutil import NODES, REPO, START, cancel, node_processes, sbatch, squeue, wait_done
 from trainutil import PY, TINY, env, final, losses, records
 
 pytestmark = pytest.mark.distributed
@@ -25,20 +25,6 @@ KILL_AFTER = 25  # steps: past the second checkpoint
 BOUND_S = 120  # from the SIGKILL to the end of the job on the surviving node
 ARGS = [f"train.max_steps={STEPS}", "train.log_every=1", "train.eval_every=0", f"train.ckpt_every={CKPT}",
         "train.global_batch=8", "train.micro_batch=4", "train.warmup_steps=2", "parallel.backend=fsdp"]
-
-
-def node_processes(ns: str, needle: str) -> list[int]:
-    """The processes of a node (its network namespace) whose command line contains `needle`."""
-    out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30).stdout.split()
-    found = []
-    for pid in map(int, out):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if needle in cmd:
-            found.append(pid)
-    return found
 
 
 def ranks_of(ns: str) -> list[int]:

@@ -1,14 +1,16 @@
 """A multi-node job that cannot form its group ends within a bounded time with a line naming the setting to
-change, never a hang: a GLOO_SOCKET_IFNAME the nodes lack (every rank says so in one line and exits 2) and an
-unreachable rendezvous host (the agents give up after RDZV_TIMEOUT_S). Both on 2 nodes, one rank each, at once."""
+change, never a hang: a GLOO_SOCKET_IFNAME the nodes lack (the agents meet, then every rank says so in one line
+and exits 2), an unreachable rendezvous host (the agents give up after RDZV_TIMEOUT_S) and a python that does not
+exist (no agent starts). The script's last error line tells the three apart. All on 2 nodes, one rank each."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
 
-from slurmutil import NODES, REPO, cancel, sbatch, wait_done
+from slurmutil import NODES, ON_NODE, REPO, cancel, sbatch, wait_done
 from trainutil import PY, TINY, env
 
 pytestmark = pytest.mark.distributed
@@ -19,9 +21,10 @@ TIMEOUT_S = 15  # RDZV_TIMEOUT_S of the unreachable-head job
 BOUND_S = 150  # submission to the end of either job, start-up on 2 shared cores included
 
 
-def test_wrong_interface_and_unreachable_head_end_in_one_line(slurm_cluster, tmp_path, stories_data):
+def test_wrong_interface_unreachable_head_and_missing_python_each_end_in_their_own_line(slurm_cluster, tmp_path, stories_data):
     cases = {"ifname": {"GLOO_SOCKET_IFNAME": "bogus0"},
-             "head": {"RDZV_HOST": "198.18.0.99", "RDZV_TIMEOUT_S": str(TIMEOUT_S)}}
+             "head": {"RDZV_HOST": "198.18.0.99", "RDZV_TIMEOUT_S": str(TIMEOUT_S)},
+             "python": {"RRTRAIN_PYTHON": str(tmp_path / "no-such-python")}}
     jobs, t0 = {}, time.time()
     for name, extra in cases.items():
         run = tmp_path / name
@@ -35,12 +38,19 @@ def test_wrong_interface_and_unreachable_head_end_in_one_line(slurm_cluster, tmp
         cancel(*jobs.values())
     took = time.time() - t0
     logs = {name: (tmp_path / f"{name}.log").read_text() for name in jobs}
-    assert states == {"ifname": "FAILED", "head": "FAILED"}, "\n".join(t[-3000:] for t in logs.values())
+    assert states == dict.fromkeys(cases, "FAILED"), "\n".join(t[-3000:] for t in logs.values())
     assert took < BOUND_S
     lines = [line for line in logs["ifname"].splitlines() if line.startswith("rrtrain train: error:")]
     assert len(lines) == NODES and all("GLOO_SOCKET_IFNAME=bogus0: no such network interface on rrnode" in line
                                        for line in lines), logs["ifname"][-3000:]
-    assert "rrtrain multinode: error: no rank started" in logs["ifname"]
-    head = [line for line in logs["head"].splitlines() if line.startswith("rrtrain multinode: error:")]
-    assert len(head) == 1 and "did not meet at 198.18.0.99:" in head[0] and "RDZV_HOST" in head[0], \
-        logs["head"][-3000:]
+    why = {name: [line for line in text.splitlines() if line.startswith("rrtrain multinode: error:")]
+           for name, text in logs.items()}
+    assert all(len(lines) == 1 and "no rank started" in lines[0] for lines in why.values()), why
+    assert "the agents met at rrnode1:" in why["ifname"][0] and "every rank failed at start" in why["ifname"][0]
+    assert "GLOO_SOCKET_IFNAME" in why["ifname"][0] and "did not meet" not in why["ifname"][0], why
+    assert "did not meet at 198.18.0.99:" in why["head"][0] and "RDZV_HOST" in why["head"][0], why
+    assert "the torchrun agent did not start on rrnode1" in why["python"][0], why
+    assert "no-such-python" in why["python"][0] and "did not meet" not in why["python"][0], why
+    left = subprocess.run(["bash", str(ON_NODE), "1", "sh", "-c", "ls -d /tmp/rrtrain-torchrun-* 2>/dev/null"],
+                          capture_output=True, text=True, timeout=30).stdout
+    assert not any(f"/tmp/rrtrain-torchrun-{job}-" in left for job in jobs.values()), "the first node's agent logs stay"

@@ -1,0 +1,49 @@
+"""A non-zero rank of a preempted submitit job waits for rank 0 to requeue the job; the requeue ends the job
+step with SIGTERM, and the rank must end on it at once, whether the TERM comes while it waits or came before
+(the ranks leave training at slightly different times). submitit's own TERM handler only logs it: the task
+would sit out Slurm's KillWait until the SIGKILL while the requeued job waits for it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from launchers import entry
+
+RANK1 = SimpleNamespace(global_rank=1, _usr_sig=lambda: signal.SIGUSR2)
+
+
+@pytest.fixture
+def submitits_term_handler(monkeypatch):
+    """SIGTERM as submitit leaves it (a handler that only logs), restored afterwards; a short grace."""
+    monkeypatch.setattr(entry, "REQUEUE_GRACE_S", 20.0)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_waiting_rank_ends_on_the_requeues_sigterm(submitits_term_handler):
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+    t0 = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(SystemExit) as ended:
+            entry.requeue(RANK1, "r0")
+    finally:
+        timer.cancel()
+    assert ended.value.code == entry.PREEMPTED_EXIT and time.monotonic() - t0 < 10
+
+
+def test_a_sigterm_before_the_wait_ends_the_rank_too(submitits_term_handler):
+    term = entry.TermWatch().install()
+    os.kill(os.getpid(), signal.SIGTERM)  # after training, before this rank reached the wait
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as ended:
+        entry.requeue(RANK1, "r0", term)
+    assert ended.value.code == entry.PREEMPTED_EXIT and time.monotonic() - t0 < 1
