@@ -14,8 +14,10 @@ tfixup (Huang, Perez, Ba & Volkovs, ICML 2020), restated for a decoder-only stac
     h ← h + F(h), no norm and no scalars
     init: q, k, v, W_o, W_1, W_2 Xavier-uniform; v, W_o, W_1, W_2 × a;  embedding tables N(0, a²/(k·d));
           a = (6N)^(−1/4)
-both: h_0 = √d · (token + position embedding) (unit scale for fixup, a for tfixup); readout RMSN_f(h_L),
-then the tied LM head.
+both: h_0 = √d · (token + position embedding) (unit scale for fixup, a for tfixup); no final norm, as in both
+papers' code: the tied LM head reads h_L + b_f (fixup; b_f a scalar, 0 at start) or h_L (tfixup);
+`fixup_final_norm=true` reads RMSN_f(h_L) instead (the pre-norm rules' readout, which lets the state grow
+unchecked under Adam at depth: docs/depth.md).
 
 The block does not know any of this: b_proj and b_act sit between the branch's own layers, so the site
 adds them with hooks on the branch's Linear layers, and re-initialises those layers, through `attach`;
@@ -32,13 +34,16 @@ import torch
 from torch import nn
 
 from rrtrain.config import ResidualConfig
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo
-from rrtrain.residuals.single import SingleStream
+from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, Stream, StreamInfo
+from rrtrain.residuals.norm import RMSNorm
 
 
 @dataclass
 class FixupKnobs:
     fixup_variant: Literal["fixup", "tfixup"] = "fixup"  # fixup: Fixup (ICLR 2019); tfixup: T-Fixup (ICML 2020)
+    # False: the papers' readout, h_L straight to the tied head (Fixup: plus a scalar bias); True: RMSN_f(h_L),
+    # which hides the state's scale from the loss, so nothing checks its growth (docs/depth.md)
+    fixup_final_norm: bool = False
 
 
 def fixup_scale(n_sublayers: int) -> float:
@@ -154,17 +159,35 @@ class TFixupSite(_BranchSite):
             last.weight.mul_(a)
 
 
-class NormFreeStream(SingleStream):
-    """Unit-scale input for branches without a norm: x = √d · e, as both papers' code scales its embeddings.
+class NormFreeStream(Stream):
+    """Unit-scale input for branches without a norm: x = √d · e, as both papers' code scales its embeddings;
+    and no norm at the end either, as in both papers' code.
 
     The embedding tables are re-drawn N(0, g² / (k·d)) (k tables summed: tokens, and learned positions), so
-    x has per-coordinate standard deviation g: 1 for Fixup, T-Fixup's a for T-Fixup. The readout keeps
-    RMSN_f, and the tied head sees the table itself (entries ~ 1/√(k·d)), not the √d-scaled input.
+    x has per-coordinate standard deviation g: 1 for Fixup, T-Fixup's a for T-Fixup. The tied head sees the
+    table itself (entries ~ 1/√(k·d)), not the √d-scaled input. The readout is h_L itself (Fixup adds a scalar
+    bias, its rule 3 for the head's linear layer): the logits grow with the state, so the loss itself holds the
+    state's scale in check. With `fixup_final_norm` the readout is RMSN_f(h_L), as for the pre-norm rules.
     """
 
     def __init__(self, info: StreamInfo) -> None:
         super().__init__(info)
         self._embeddings: tuple[nn.Embedding, ...] = ()
+        self.norm: Optional[RMSNorm] = RMSNorm(info.d_model, info.eps) if info.cfg.fixup_final_norm else None
+        self.bias: Optional[nn.Parameter] = None
+        if not info.cfg.fixup_final_norm and info.cfg.fixup_variant == "fixup":
+            self.bias = nn.Parameter(torch.zeros(1))
+
+    @classmethod
+    def count(cls, d: int, cfg: ResidualConfig) -> int:
+        if cfg.fixup_final_norm:
+            return d
+        return 1 if cfg.fixup_variant == "fixup" else 0
+
+    def readout(self, state: torch.Tensor) -> torch.Tensor:
+        if self.norm is not None:
+            return self.norm(state)
+        return state if self.bias is None else state + self.bias.to(state.dtype)
 
     def attach(self, tok_emb: nn.Embedding, pos_emb: Optional[nn.Embedding]) -> None:
         self._embeddings = tuple(e for e in (tok_emb, pos_emb) if e is not None)
@@ -178,7 +201,11 @@ class NormFreeStream(SingleStream):
         return e * math.sqrt(self.info.d_model)
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
-        super().reset_parameters(generator)
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.bias is not None:
+            with torch.no_grad():
+                self.bias.zero_()
         if not self._embeddings:
             return
         d, k = self.info.d_model, len(self._embeddings)
@@ -194,7 +221,7 @@ def make_site(info: SiteInfo) -> Site:
 def params(d: int, n_sublayers: int, cfg: ResidualConfig) -> int:
     site = FixupSite if cfg.fixup_variant == "fixup" else TFixupSite
     n_attn, n_mlp = (n_sublayers + 1) // 2, n_sublayers // 2  # sublayer 2b is attention, 2b + 1 the MLP
-    return SingleStream.count(d, cfg) + n_attn * site.count("attn") + n_mlp * site.count("mlp")
+    return NormFreeStream.count(d, cfg) + n_attn * site.count("attn") + n_mlp * site.count("mlp")
 
 
 SPEC = RuleSpec(

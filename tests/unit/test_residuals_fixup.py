@@ -52,7 +52,8 @@ def branch_outputs(net: Transformer, idx: torch.Tensor) -> list[torch.Tensor]:
 
 
 def test_identity_network_at_init():
-    """Every branch outputs exactly zero, so the model is embedding -> final norm -> tied LM head."""
+    """Every branch outputs exactly zero and the head's scalar bias is 0, so the model is embedding -> tied LM
+    head, with no norm in between."""
     net = model(blocks=4)
     state = torch.randn(2, T, D)
     out = state
@@ -61,8 +62,33 @@ def test_identity_network_at_init():
     assert torch.equal(out, state)
     idx, _ = batch()
     e = net.stream.expand(net.tok_emb(idx) + net.pos_emb.weight[:T])
-    torch.testing.assert_close(net(idx), net.stream.norm(e) @ net.tok_emb.weight.T, rtol=0, atol=0)
+    torch.testing.assert_close(net(idx), e @ net.tok_emb.weight.T, rtol=0, atol=0)
     assert all(torch.equal(y, torch.zeros_like(y)) for y in branch_outputs(net, idx))
+
+
+@pytest.mark.parametrize("fixup_variant", ["fixup", "tfixup"])
+def test_readout_has_no_norm_as_in_the_papers_code(fixup_variant):
+    """The head reads h_L (+ a scalar bias b_f for Fixup, rule 3 for the head's linear layer), so the logits
+    grow with the state and the loss sees the state's scale; `fixup_final_norm=true` restores RMSN_f(h_L),
+    under which the logits do not depend on that scale at all."""
+    h = torch.randn(2, T, D)
+    net = model(fixup_variant=fixup_variant)
+    stream = net.stream
+    assert torch.equal(stream.readout(h), h)  # b_f = 0 at start
+    assert torch.equal(stream.readout(3.0 * h), 3.0 * stream.readout(h))
+    if fixup_variant == "fixup":
+        assert [n for n, _ in stream.named_parameters()] == ["bias"] and stream.bias.shape == (1,)
+        with torch.no_grad():
+            stream.bias.fill_(0.25)
+        assert torch.equal(stream.readout(h), h + 0.25)
+    else:
+        assert not list(stream.parameters())
+    m = ModelConfig(size="tiny", variant="fixup", d_model=D, n_layers=3, n_heads=4, d_ff=FF, seq_len=T,
+                    vocab_size=V, residual=ResidualConfig(fixup_variant=fixup_variant, fixup_final_norm=True))
+    normed = build_model(m, seed=0).stream
+    assert [n for n, _ in normed.named_parameters()] == ["norm.weight"]
+    torch.testing.assert_close(normed.readout(3.0 * h), normed.readout(h))
+    torch.testing.assert_close(normed.readout(h), h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
 
 
 def test_branches_leave_zero_after_one_adamw_step():
@@ -136,6 +162,7 @@ def test_scalars_are_not_weight_decayed():
     names = ("bias_in", "bias_act", "bias_proj", "scale")
     scalars = [n for n, _ in net.named_parameters() if n.split(".")[-1] in names]
     assert len(scalars) == 2 * (3 + 4) and set(scalars) <= skip
+    assert "stream.bias" in skip  # the head's scalar bias
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,13 +218,17 @@ def test_meta_build_attaches_and_initialises_like_cpu(fixup_variant):
 # Counting and matching
 
 
-@pytest.mark.parametrize("fixup_variant,per_block", [("fixup", 3 + 4), ("tfixup", 0)])
-def test_count_is_exact(fixup_variant, per_block):
-    net = model(blocks=3, fixup_variant=fixup_variant)
-    rcfg = ResidualConfig(fixup_variant=fixup_variant)
+@pytest.mark.parametrize("final_norm", [False, True])
+@pytest.mark.parametrize("fixup_variant,per_block,head", [("fixup", 3 + 4, 1), ("tfixup", 0, 0)])
+def test_count_is_exact(fixup_variant, per_block, head, final_norm):
+    m = ModelConfig(size="tiny", variant="fixup", d_model=D, n_layers=3, n_heads=4, d_ff=FF, seq_len=T,
+                    vocab_size=V, residual=ResidualConfig(fixup_variant=fixup_variant, fixup_final_norm=final_norm))
+    net = build_model(m, seed=0)
+    rcfg = m.residual
     assert sum(p.numel() for p in net.parameters()) == sizing.count_params(net.shape, "fixup", rcfg)
-    # against standard: no pre-norms (−d per sublayer), plus the scalars
-    assert sizing.gate_params(net.shape, "fixup", rcfg) == 3 * (per_block - 2 * D)
+    # against standard: no pre-norms (−d per sublayer), plus the scalars; at the head b_f (Fixup) or nothing
+    # (T-Fixup) in place of the final norm's d gains, or that norm itself with fixup_final_norm
+    assert sizing.gate_params(net.shape, "fixup", rcfg) == 3 * (per_block - 2 * D) + (0 if final_norm else head - D)
 
 
 @pytest.mark.parametrize("fixup_variant", ["fixup", "tfixup"])
@@ -213,24 +244,28 @@ def test_params_match_review(capsys, fixup_variant):
 
 
 # ---------------------------------------------------------------------------------------------
-# Training at depth: 40 sublayers of the tiny width on the synthetic corpus (docs/depth.md has the curves)
+# Training at depth: 40 sublayers of the tiny width on the synthetic corpus, the tiny config's own schedule
+# (lr 3e-3, 20 warmup steps, 16 sequences per step). With RMSN_f before the head (`fixup_final_norm=true`) seeds
+# 0-4 had their first non-finite step at 15, 19, 15, 40 and 15 (docs/depth.md has the grid): 30 steps show it.
 
-DEPTH_RUN = ["model.variant=fixup", "model.n_layers=20", "train.max_steps=150", "train.global_batch=8",
-             "train.micro_batch=8", "train.lr=0.001", "train.warmup_steps=100", "train.log_every=1",
-             "train.eval_every=75", "train.ckpt_every=0"]
+DEPTH_STEPS = 30
+DEPTH_RUN = ["model.variant=fixup", "model.n_layers=20", f"train.max_steps={DEPTH_STEPS}", "train.log_every=1",
+             "train.eval_every=0", "train.ckpt_every=0"]
 
 
 @pytest.mark.slow
-def test_fixup_trains_at_40_sublayers(tmp_path, stories_data):
-    """Fixup's recipe with AdamW needs a warmup (measured: 2.74 nats held-out at step 150 against the unigram
-    entropy 3.12; at the tiny config's lr 3e-3 with 20 warmup steps the residual state grows geometrically
-    with depth and the run diverges, docs/depth.md)."""
+def test_fixup_trains_at_40_sublayers_for_seeds_0_to_4(tmp_path, stories_data):
+    """Every seed keeps every step finite, and by step 30 the loss is below the corpus's unigram entropy
+    (measured 2.67-2.79 at steps 26-30 for seeds 0 and 1, from 5.5-6.1 at the start): it learns context."""
     from trainutil import final, records, train
 
-    train(tmp_path / "run", stories_data, *DEPTH_RUN)
     entropy = json.loads((stories_data / "manifest.json").read_text())["unigram_entropy"]
-    done = final(tmp_path / "run")
-    val = {r["step"]: r["val_loss"] for r in records(tmp_path / "run") if "val_loss" in r}
-    assert done["status"] == "completed" and done["nonfinite_skipped"] == 0, done
-    assert val[150] < entropy - 0.25, (val, entropy)  # learned context, not just byte frequencies
-    assert val[150] < val[75] - 0.2, val  # and still falling
+    for seed in range(5):
+        run = tmp_path / f"seed{seed}"
+        train(run, stories_data, *DEPTH_RUN, f"train.seed={seed}", expect=None)
+        done = final(run)
+        assert done["status"] == "completed" and done["nonfinite_skipped"] == 0, (seed, done)
+        losses = [r["loss"] for r in records(run) if "loss" in r and "val_loss" not in r]
+        assert len(losses) == DEPTH_STEPS and all(math.isfinite(x) for x in losses), (seed, losses)
+        late = sum(losses[-5:]) / 5
+        assert late < entropy - 0.2 and late < sum(losses[:5]) / 5 - 2.0, (seed, losses)
