@@ -176,6 +176,7 @@ class TrainConfig:
     max_nonfinite: int = 5  # consecutive non-finite steps before the run halts as diverged
     stop_check_every: int = 10  # steps between the all-ranks checks for a stop signal (a host sync each)
     allow_config_change: bool = False  # resume despite changed (safe-to-change) settings
+    allow_unverified_checkpoint: bool = False  # resume from a checkpoint without its files manifest (unchecked)
     compile: Union[bool, Literal["auto"]] = "auto"  # torch.compile each block; auto: see rrtrain/parallel/compile_policy.py
     fail_at_step: Optional[int] = None  # testing: inject a NaN loss at this step ...
     fail_steps: int = 1  # ... and at the steps after it, this many in all

@@ -96,6 +96,27 @@ def file_problems(root: Path, recorded: dict[str, dict[str, Any]], rank: int, wo
     return problems
 
 
+def manifest_problem(recorded: Any) -> Optional[str]:
+    """What is wrong with the shape of a `files` manifest (None: a mapping of relative paths inside the
+    checkpoint to {"bytes": int, "xxh64": str})."""
+    if not isinstance(recorded, dict):
+        return f"'files' is a {type(recorded).__name__}, not a mapping"
+    for rel, want in recorded.items():
+        inside = isinstance(rel, str) and rel and not rel.startswith("/") and ".." not in Path(rel).parts
+        if not inside:
+            return f"'files' names {rel!r}, not a path inside the checkpoint"
+        if not (isinstance(want, dict) and type(want.get("bytes")) is int and isinstance(want.get(HASH), str)):
+            return f"'files'[{rel!r}] is not {{bytes, {HASH}}}"
+    return None
+
+
+def unrecorded_files(root: Path, recorded: dict[str, Any]) -> list[str]:
+    """Files of a checkpoint that its manifest does not name (added after it was written), besides the
+    train state itself."""
+    on_disk = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
+    return sorted(on_disk - set(recorded) - {TRAIN_STATE})
+
+
 #: a filesystem with less free space than this, just after a write failed, failed for lack of space
 NEARLY_FULL_BYTES = 64 << 20
 
@@ -156,8 +177,9 @@ class InFlight:
 
 class CheckpointManager:
     def __init__(self, run_dir: Path, keep: int, info: DistInfo, asynchronous: bool = False,
-                 timeout_s: int = 600) -> None:
+                 timeout_s: int = 600, allow_unverified: bool = False) -> None:
         self.root = Path(run_dir) / "checkpoints"
+        self.allow_unverified = allow_unverified  # train.allow_unverified_checkpoint: accept one without a manifest
         self.keep, self.info = keep, info
         self.passed_over: list[str] = []  # warnings of the last latest(): newer checkpoints not usable
         self.in_flight: Optional[InFlight] = None
@@ -181,12 +203,23 @@ class CheckpointManager:
     def problem(self, path: Path) -> Optional[str]:
         """Collective. What is wrong with a checkpoint, checked by all ranks in turn (None: usable)."""
         try:
-            recorded = self.read_train_state(path).get("files")
+            state = self.read_train_state(path)
         except (OSError, ValueError) as err:
             return f"{TRAIN_STATE} is unreadable ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+        if not isinstance(state, dict):
+            return f"{TRAIN_STATE} is a JSON {type(state).__name__}, not an object"
+        recorded = state.get("files")
         if recorded is None:
-            return None  # written before checksums were recorded: nothing to check against
+            if self.allow_unverified:  # the user's word (train.allow_unverified_checkpoint): nothing to check against
+                return None
+            return (f"{TRAIN_STATE} records no files manifest (written by an older rrtrain, or edited), so its files "
+                    "cannot be checked; set train.allow_unverified_checkpoint=true to load it unchecked")
+        malformed = manifest_problem(recorded)
+        if malformed:
+            return f"{TRAIN_STATE}: {malformed}"
         mine = file_problems(path, recorded, self.info.rank, self.info.world_size)
+        if self.info.is_main:
+            mine += [f"{rel} is not in the manifest" for rel in unrecorded_files(path, recorded)]
         found = [p for ps in dist.gather_objects(mine) for p in ps]
         return "; ".join(found) if found else None
 
@@ -374,7 +407,7 @@ FREE = {
     "run.name", "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.diag_every",
     "train.allow_config_change", "train.fail_at_step", "train.fail_steps", "parallel.ac", "parallel.ac_every", "parallel.timeout_s",
     "parallel.reshard_after_forward", "train.compile", "data.num_workers", "data.cache_dir", "run.dir",
-    "run.lock_wait_s", "train.ckpt_async",
+    "run.lock_wait_s", "train.ckpt_async", "train.allow_unverified_checkpoint",
 }
 #: callbacks observe and may stop the run without changing a step (one added on resume starts from its
 #: defaults; a removed one's saved state is left unread; a checkpoint from before the key has none)

@@ -105,7 +105,8 @@ class Trainer:
                                         manifest=manifest)
         self.fingerprint = manifest.get("fingerprint")
         self.ckpt = CheckpointManager(self.run_dir, t.keep_ckpts, info, asynchronous=t.ckpt_async,
-                                      timeout_s=cfg.parallel.timeout_s)
+                                      timeout_s=cfg.parallel.timeout_s,
+                                      allow_unverified=t.allow_unverified_checkpoint)
 
     def resume(self) -> Optional[int]:
         """Load the latest checkpoint if there is one; returns its step. The callbacks' states wait in
