@@ -32,8 +32,8 @@ from rrtrain.resolve import ResolvedRun, resolve
 from rrtrain.rundir import layout, writers
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.metrics import MetricsLogger
-from rrtrain.rundir.outcome import CANCELLED, EXIT_CODES, decide  # the ending, its status and exit code: one place
-from rrtrain.rundir.readers import read_cancelled
+from rrtrain.rundir.outcome import CANCELLED, EXIT_CODES, decide, keeps_recorded  # the ending, its status and exit code: one place
+from rrtrain.rundir.readers import read_cancelled, read_final
 from rrtrain.training.checkpoint import CheckpointManager, Published, check_resume
 from rrtrain.training.loop import Callback, RunFacts, due
 from rrtrain.training.optim import lr_at
@@ -55,6 +55,7 @@ class Trainer:
         self.loop: Optional[LoopView] = None  # what the callbacks see of this trainer
         self.pending: list[tuple[dict[str, Any], torch.Tensor]] = []  # steps whose values are still on the device
         self.stopping, self.checkpoint_at_end = False, True  # set by request_stop
+        self.started = False  # whether the training loop began (before it, a failure leaves final.json alone)
         self.resumed_at: Optional[int] = None  # the checkpoint step this process started from
         self.resumed_callbacks: dict[str, Any] = {}  # the callbacks' states in that checkpoint
         self.saved_step: Optional[int] = None  # the step of the newest checkpoint on disk: published or resumed from
@@ -230,6 +231,7 @@ class Trainer:
         batches = iter(self.loader)
         self.status, self.resumed_at = "completed", resumed
         try:
+            self.started = True
             self.emit("on_start")
             while self.step < self.total_steps and not self.stopping:
                 self.emit("on_step_start")
@@ -322,6 +324,13 @@ class Trainer:
         ending = decide(self.status, self.reason, read_cancelled(self.run_dir))
         self.status, self.reason = ending.status, ending.reason
         if not self.info.is_main:
+            return True
+        recorded = read_final(self.run_dir)
+        if keeps_recorded(recorded.status if recorded else None, self.status, self.started):
+            print(f"rrtrain: {layout.FINAL} keeps the ending it records ({recorded.status}); this attempt "
+                  f"{self.status}: {self.reason}", file=sys.stderr, flush=True)
+            if self.lock is not None:
+                self.lock.release()
             return True
         cfg = self.cfg
         raised = self.raised_flags()
