@@ -27,6 +27,7 @@ import copy
 import datetime
 import errno
 import json
+import math
 import os
 import pickle
 import random
@@ -343,7 +344,7 @@ class CheckpointManager:
 
     def _publish(self, tmp: Path, final: Path, train_state: dict) -> None:
         """Rank 0: the train state (with the checksums) into the hidden directory, then the rename, then `latest`."""
-        atomic_write_json(tmp / TRAIN_STATE, train_state)
+        atomic_write_json(tmp / TRAIN_STATE, _encode_nonfinite(train_state))
         replace_dir(tmp, final)  # a checkpoint of this step already there is deleted only once this one is in
         atomic_write_text(self.root / "latest", final.name + "\n")
         self._prune()
@@ -357,7 +358,7 @@ class CheckpointManager:
 
     @staticmethod
     def read_train_state(path: Path) -> dict:
-        return json.loads((path / TRAIN_STATE).read_text())
+        return json.loads((path / TRAIN_STATE).read_text(), object_hook=_decode_nonfinite)
 
     def load(self, engine, path: Path) -> None:
         """Collective. Restores model, optimizer and this rank's RNG."""
@@ -370,6 +371,27 @@ class CheckpointManager:
                 raise UsageError(f"checkpoint {path.name}: {rng_file.name} is not plain tensors and numbers (written by "
                                  "an older rrtrain, which pickled its RNG state); refusing to unpickle it") from err
             set_rng_state(state)
+
+
+#: how train_state.json spells a non-finite float (JSON has none; a best loss starts at infinity)
+NONFINITE = "__nonfinite__"
+
+
+def _encode_nonfinite(obj: Any) -> Any:
+    """`obj` with each non-finite float as {NONFINITE: "inf" | "-inf" | "nan"}: valid JSON that reads back exactly."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return {NONFINITE: repr(obj)}
+    if isinstance(obj, dict):
+        return {k: _encode_nonfinite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_encode_nonfinite(v) for v in obj]
+    return obj
+
+
+def _decode_nonfinite(obj: dict) -> Any:
+    if len(obj) == 1 and obj.get(NONFINITE) in ("inf", "-inf", "nan"):
+        return float(obj[NONFINITE])
+    return obj
 
 
 def _fresh_dir(path: Path) -> None:

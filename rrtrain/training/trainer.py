@@ -48,6 +48,7 @@ class Trainer:
         self.status, self.reason, self.signal_name = "failed", "", None
         self.step, self.tokens, self.skipped = 0, 0, 0
         self.wall_before, self.best_val, self.last_val = 0.0, math.inf, None
+        self.last_val_note: Optional[str] = None  # why the last evaluation has no loss, when it ran no batch
         self.run: Optional[ResolvedRun] = None  # set up by `setup`: the config resolved against the dataset
         self.shape: Optional[sizing.ModelShape] = None
         self.params = 0
@@ -211,8 +212,9 @@ class Trainer:
             total[0] += self.engine.forward(batch[:, :-1], batch[:, 1:]).float()
             total[1] += 1
         dist.all_reduce(total)
-        val = (total[0] / total[1].clamp(min=1)).item()
-        self.last_val = val
+        ran = total[1].item() > 0
+        val = (total[0] / total[1]).item() if ran else math.nan  # no batch ran: no loss (never 0.0)
+        self.last_val, self.last_val_note = val, None if ran else "no evaluation batch ran"
         self.best_val = min(self.best_val, val) if math.isfinite(val) else self.best_val
         return val
 
@@ -341,7 +343,7 @@ class Trainer:
             details[CANCELLED] = marker.reason
         final = {
             "status": self.status, "step": self.step, "tokens": self.tokens,
-            "final_val_loss": self.last_val,
+            "final_val_loss": self.last_val if self.last_val is not None and math.isfinite(self.last_val) else None,
             "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
             "params": self.params, "variant": cfg.model.variant, "size": cfg.model.size, "seed": cfg.train.seed,
             "wall_s": round(self.wall_s(), 3), "flags": flags, "flag_steps": {k: v["step"] for k, v in raised.items()},
@@ -353,6 +355,8 @@ class Trainer:
             "world_size": self.info.world_size, "backend": cfg.parallel.backend,
             "shape": asdict(self.shape) if self.shape else None,
         }
+        if self.last_val is not None and final["final_val_loss"] is None:  # JSON has no NaN: null, and why
+            final["final_val_loss_note"] = self.last_val_note or f"the last evaluation's loss was {self.last_val}"
         try:
             writers.write_final(self.run_dir, final)
         except OSError as err:
