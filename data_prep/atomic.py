@@ -3,12 +3,15 @@
 An interrupted prep (SIGINT, SIGTERM, an error) removes its staging directory; a killed one
 (SIGKILL) leaves only a hidden `.NAME.tmp-HOST-PID-*` sibling, which the next prep removes once that
 process is gone. With `--overwrite` the old OUT is swapped out in one `renameat2(RENAME_EXCHANGE)`
-where the OS has it, else moved aside first, and deleted only after the new OUT is in place.
+where the OS has it, else moved aside first, and deleted only after the new OUT is in place; `--overwrite`
+replaces only an empty directory or one holding an rrtrain dataset, never the working directory, a parent of
+it or a home directory. The published directory has the user's umask, like any directory they create.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -47,12 +50,58 @@ def remove_stale_staging(parent: str, name: str) -> None:
             shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
 
 
+def _homes() -> set[str]:
+    """Every home directory this machine knows ($HOME and the password database's)."""
+    homes = {os.path.expanduser("~")}
+    with contextlib.suppress(Exception):
+        import pwd
+
+        homes.update(p.pw_dir for p in pwd.getpwall() if p.pw_dir)
+    return {os.path.realpath(h) for h in homes if h}
+
+
+def holds_dataset(path: str) -> bool:
+    """Whether a directory holds an rrtrain dataset: a manifest.json that is a JSON object with the keys
+    `rrtrain prep` writes (format_version, fingerprint)."""
+    try:
+        with open(os.path.join(path, "manifest.json"), "rb") as f:
+            manifest = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and "format_version" in manifest and "fingerprint" in manifest
+
+
 def check_target(out: str, overwrite: bool) -> None:
-    """Refuse an OUT that is a file, or a non-empty directory without --overwrite."""
+    """Refuse an OUT that is a file, a non-empty directory without --overwrite, and, even with --overwrite,
+    anything but an empty directory or one holding an rrtrain dataset: never the working directory or a
+    parent of it, never a home directory."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"output '{out}' exists and is not a directory")
-    if os.path.isdir(out) and os.listdir(out) and not overwrite:
+    if not os.path.isdir(out) or not os.listdir(out):
+        return
+    if not overwrite:
         raise UsageError(f"output '{out}' exists and is not empty (use --overwrite to replace it)")
+    real, cwd = os.path.realpath(out), os.path.realpath(os.getcwd())
+    if cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep):
+        raise UsageError(f"output '{out}' is the working directory or a parent of it: --overwrite never "
+                         "replaces it; choose a new directory for the dataset")
+    if real in _homes():
+        raise UsageError(f"output '{out}' is a home directory: --overwrite never replaces it; choose a new "
+                         "directory for the dataset")
+    if not holds_dataset(out):
+        raise UsageError(f"output '{out}' is not empty and holds no rrtrain dataset (no manifest.json written by "
+                         "`rrtrain prep`): --overwrite replaces only a dataset; choose a new directory")
+
+
+def _umask() -> int:
+    """This process's umask (read without changing it where /proc says it)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in open("/proc/self/status"):
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager
@@ -69,6 +118,7 @@ def staged_output(out: str, overwrite: bool) -> Iterator[str]:
         raise UsageError(f"cannot write in '{parent}': permission denied")
     remove_stale_staging(parent, name)
     staging = tempfile.mkdtemp(prefix=f".{name}.tmp-{_host()}-{os.getpid()}-", dir=parent)
+    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the dataset from everyone else
     try:
         yield staging
         check_target(out, overwrite)  # someone may have filled OUT meanwhile

@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="validation never has fewer rows than this; set it to at least one eval batch (default: 64)")
     p.add_argument("--workers", type=int, default=1, help="tokenizing processes (default: 1)")
     p.add_argument("--num-docs", type=int, default=None, help="number of documents (synthetic size; a limit for other sources)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT (the old one stays until the new one is complete)")
+    p.add_argument("--overwrite", action="store_true", help="replace an OUT that holds an rrtrain dataset (the old one stays until the new one is complete); never the working directory, a parent of it or a home")
     p.add_argument("--doc-sep", choices=("blank", "line"), default="blank", help=".txt documents: separated by blank lines, or one per line")
     p.add_argument("--text-field", default="text", help="jsonl field / parquet or dataset column holding the text (default: text)")
     p.add_argument("--compression", choices=("none", "zstd"), default="none", help="shard compression (default: none)")

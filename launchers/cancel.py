@@ -10,7 +10,8 @@ those flags:
    requeueing — and a resubmission leaves it alone;
 2. stops its job: `scancel` for a Slurm job (the run gets TERM, checkpoints at the next step boundary, reads
    the marker and writes a final.json that says stalled or diverged and why: `rrtrain.rundir.outcome`), TERM
-   to the lock holder for a run of the local executor;
+   to the lock holder for a run of the local executor, only when the holder proves itself (its pid, start
+   time and command line match the lock and it holds the lock open: `rrtrain.rundir.lock.signallable_pid`);
 3. records the cancellation and its reason in `sweep.json`.
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -62,11 +62,14 @@ def _stop_job(executor: str, job: Optional[str], run_dir: Path) -> str:
     if executor == "slurm" and job:
         proc = subprocess.run(["scancel", str(job)], capture_output=True, text=True)
         return f"scancel {job}" + ("" if proc.returncode == 0 else f" failed: {proc.stderr.strip()}")
-    holder = runlock.read(run_dir)
-    if holder and holder.get("host") == socket.gethostname() and runlock.holder_alive(holder):
-        os.kill(int(holder["pid"]), signal.SIGTERM)  # alive: the pid is a positive integer
-        return f"SIGTERM to pid {holder['pid']}"
-    return "no live job found"
+    pid = runlock.signallable_pid(run_dir)  # pid, start time, command line and the open lock all match
+    if pid is None:
+        return "no live job found"
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except OSError as err:
+        return f"SIGTERM to pid {pid} failed: {err.strerror or err}"
+    return f"SIGTERM to pid {pid}"
 
 
 def cancel_flagged(sweep_dir: Path) -> dict[str, str]:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # the resolver loads torch (the registry); `rrtrain status` r
     from rrtrain.resolve import ResolvedRun
 
 #: characters allowed in names and paths that end up in shell scripts (they are quoted as well)
-SAFE = re.compile(r"^[A-Za-z0-9._+/@:=,-]+$")
+SAFE = re.compile(r"[A-Za-z0-9._+/@:=,-]+")  # in full (fullmatch): `$` would also match before a final newline
 AXES = ("model.size", "model.variant", "train.seed", "run.dir")
 
 
@@ -49,8 +49,8 @@ def run_id(size: str, variant: str, seed: int) -> str:
 
 def check_safe(text: str, what: str) -> str:
     """Refuse a name or path that could break (or inject into) a shell script."""
-    if not SAFE.match(text):
-        bad = sorted({c for c in text if not SAFE.match(c)})
+    if not SAFE.fullmatch(text):
+        bad = sorted({c for c in text if not SAFE.fullmatch(c)})
         raise UsageError(f"{what} {text!r} has characters that are unsafe in a job script ({''.join(bad)!r}); "
                          "use letters, digits and ._+/@:=,-")
     return text

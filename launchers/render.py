@@ -65,9 +65,10 @@ def _fill(template: str, sbatch: list[str], variables: list[str]) -> str:
 
 
 def train_argv(run: Run, python: str, config_path: Path) -> list[str]:
-    """The command that trains one run on one node (torchrun when it has several tasks)."""
+    """The command that trains one run on one node: torchrun when it has several tasks, with its stores on
+    loopback only (`launchers.local_torchrun`; `--standalone` would listen on every interface)."""
     if run.resources.tasks > 1:
-        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={run.resources.tasks}",
+        return [python, "-m", "launchers.local_torchrun", f"--nproc_per_node={run.resources.tasks}",
                 "-m", "rrtrain.train", str(config_path)]
     return [python, "-m", "rrtrain.train", str(config_path)]
 

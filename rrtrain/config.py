@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -176,6 +177,7 @@ class TrainConfig:
     max_nonfinite: int = 5  # consecutive non-finite steps before the run halts as diverged
     stop_check_every: int = 10  # steps between the all-ranks checks for a stop signal (a host sync each)
     allow_config_change: bool = False  # resume despite changed (safe-to-change) settings
+    allow_unverified_checkpoint: bool = False  # resume from a checkpoint without its files manifest (unchecked)
     compile: Union[bool, Literal["auto"]] = "auto"  # torch.compile each block; auto: see rrtrain/parallel/compile_policy.py
     fail_at_step: Optional[int] = None  # testing: inject a NaN loss at this step ...
     fail_steps: int = 1  # ... and at the steps after it, this many in all
@@ -287,16 +289,19 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return int(f)
         raise UsageError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
-        if isinstance(value, bool):
-            raise UsageError(f"{key}: expected a number, got {value!r}")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+        number = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value) if not isinstance(value, int) or abs(value) < 2**1023 else math.inf
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise UsageError(f"{key}: expected a number, got {value!r}")
+        if number is None:
+            raise UsageError(f"{key}: expected a number, got {value!r}")
+        if not math.isfinite(number):  # every number of a config is meant finite: inf/nan would run as nonsense
+            raise UsageError(f"{key}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
@@ -419,6 +424,7 @@ def validate(cfg: Config) -> None:
         "train.stop_check_every": t.stop_check_every,
         "model.init_std": m.init_std, "model.norm_eps": m.norm_eps, "parallel.timeout_s": p.timeout_s,
         "parallel.ac_every": p.ac_every, "match.tolerance": cfg.match.tolerance,
+        "data.eval_batches": cfg.data.eval_batches,  # an evaluation of no batch would have no loss
     }
     for key, value in positive.items():
         if not value > 0:
@@ -426,7 +432,7 @@ def validate(cfg: Config) -> None:
     non_negative = {
         "train.weight_decay": t.weight_decay, "train.grad_clip": t.grad_clip, "train.eval_every": t.eval_every,
         "train.ckpt_every": t.ckpt_every, "train.diag_every": t.diag_every,
-        "data.num_workers": cfg.data.num_workers, "data.eval_batches": cfg.data.eval_batches,
+        "data.num_workers": cfg.data.num_workers,
     }
     for key, value in non_negative.items():
         if value < 0:

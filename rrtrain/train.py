@@ -86,8 +86,10 @@ def compose_callbacks(cfg: "Config", stop: "StopFlag") -> list["Callback"]:
 
 
 def run(cfg: "Config") -> int:
-    """Run one training job to any ending; always leaves final.json once the run directory is held; returns the
-    process exit code. A bad `train.callbacks` entry is refused before anything is written.
+    """Run one training job to any ending; always leaves final.json once the run directory is held, except that
+    an ending final.json already records stands against a failure before training (a refused resume) and an
+    ending for good against any later failure (`rrtrain.rundir.outcome.keeps_recorded`); returns the process
+    exit code. A bad `train.callbacks` entry is refused before anything is written.
 
     A second copy of a run whose directory is locked by a live process writes nothing and returns 73."""
     from rrtrain.core import dist

@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -53,8 +54,21 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def finite_or_null(obj: Any) -> Any:
+    """`obj` with every non-finite float (NaN, ±Infinity, which JSON has no words for) replaced by None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    return obj
+
+
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    """Write `obj` as JSON, atomically. Always valid JSON: a non-finite number is written as null (a writer that
+    must say why, as final.json does, says so in a field of its own)."""
+    atomic_write_text(path, json.dumps(finite_or_null(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 _RENAME_EXCHANGE = 2

@@ -106,9 +106,9 @@ def unlink_stale(shm_dir: str = "/dev/shm", proc: str = "/proc") -> int:
     Call it where a dataset is opened: on the local leader, under `shm_guard` (no other rrtrain process takes
     a name meanwhile)."""
     constant = streaming_module("streaming.base.constant")
-    pattern = re.compile(r"^\d{6}_(" + "|".join(map(re.escape, constant.SHM_TO_CLEAN)) + ")$")
+    pattern = re.compile(r"\d{6}_(" + "|".join(map(re.escape, constant.SHM_TO_CLEAN)) + ")")
     try:
-        names = [n for n in os.listdir(shm_dir) if pattern.match(n)]
+        names = [n for n in os.listdir(shm_dir) if pattern.fullmatch(n)]
     except OSError:
         return 0
     live = live_prefixes(names, in_use(shm_dir, proc)) if names else set()

@@ -26,13 +26,12 @@ DeepSpeed owns the optimizer step, so this engine maps the loop's calls onto it:
   `DeepSpeedZeroOptimizer.step`, ZeRO-3 `DeepSpeedZeroOptimizer_Stage3.step`, `BF16_Optimizer.step`), so
   the host waits for the device once per step inside DeepSpeed whatever rrtrain does, at the same point.
 - `save(path)` / `load(path)`: DeepSpeed's `save_checkpoint` / `load_checkpoint` under `path` with a fixed
-  tag and no `latest` file (rrtrain's own `latest` marker lives one level up). DeepSpeed's loader still
-  unpickles: its checkpoint engine reads `mp_rank_*_model_states.pt` and `zero_pp_rank_*_optim_states.pt` with
-  `torch.load(weights_only=False)` (they hold DeepSpeed's own Python objects, e.g. the ZeRO optimizer's loss
-  scaler, which the weights-only unpickler refuses), and offers no switch. What stands between a run directory and that
-  unpickler is rrtrain's checkpoint manifest: every file's length and xxh64 are checked before `load` is
-  called, so a file changed after it was written (damage, or a careless hand) is refused; a writer who also
-  rewrites `train_state.json` is not stopped (docs/reliability.md).
+  tag and no `latest` file (rrtrain's own `latest` marker lives one level up). DeepSpeed's own checkpoint
+  engine reads `*_model_states.pt` and `*_optim_states.pt` with `torch.load(weights_only=False)` and offers no
+  switch, so for the load it is swapped for one whose `load` is `torch.load(weights_only=True)` with exactly
+  the three DeepSpeed classes those files hold admitted (rrtrain/parallel/safe_load.py): a file that names
+  anything else is refused unread. Before that, rrtrain's manifest has checked every file's length and xxh64
+  (rrtrain/training/checkpoint.py, docs/reliability.md).
 
 On a machine without CUDA, `DS_ACCELERATOR=cpu` is set before DeepSpeed is imported; torch.distributed is
 already up (gloo on CPU, NCCL on CUDA; `rrtrain.core.dist.setup`) and DeepSpeed reuses that process group.
@@ -266,8 +265,15 @@ class DeepSpeedEngine(Engine):
             raise UsageError(f"cannot resume: the DeepSpeed checkpoint {path.parent.name} was written by {written} "
                              f"ranks and this run has {dist.get_world_size()}; DeepSpeed ZeRO checkpoints load only "
                              "at the world size that wrote them (use that world size, or a new run.dir)")
-        loaded, _ = self.ds.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
-                                            load_lr_scheduler_states=False)
+        from rrtrain.parallel.safe_load import weights_only_deepspeed_engine
+
+        saving = self.ds.checkpoint_engine
+        self.ds.checkpoint_engine = weights_only_deepspeed_engine(saving)  # every file it reads: weights-only
+        try:
+            loaded, _ = self.ds.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
+                                                load_lr_scheduler_states=False)
+        finally:
+            self.ds.checkpoint_engine = saving
         if loaded is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint under {path / TAG}")
 

@@ -1,6 +1,6 @@
 """What the two PyTorch-native backends (`none`, `fsdp`) share: torch's fused AdamW stepped by the engine, and
 checkpoints through torch.distributed.checkpoint (DCP), which reads and writes a plain module and an FSDP2 one
-alike. The backends themselves: rrtrain/parallel/local.py and fsdp.py.
+alike; DCP's pickled parts are read back through rrtrain/parallel/safe_load.py. The backends themselves: rrtrain/parallel/local.py and fsdp.py.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from rrtrain.config import Config
+from rrtrain.core.errors import UsageError
 from rrtrain.model.transformer import Transformer
 from rrtrain.parallel.adamw import build_optimizer, set_lr
 from rrtrain.parallel.engine import Engine
@@ -78,8 +79,28 @@ class NativeEngine(Engine):
 
     def load(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
+        from rrtrain.parallel.safe_load import RestrictedFileSystemReader, WeightsOnlyLoadPlanner, read_metadata
+
+        read_metadata(path)  # every rank, before any collective: a refused file ends all ranks alike, in one line
         state = self._state()
-        dcp.load(state, checkpoint_id=str(path))
+        try:
+            dcp.load(state, storage_reader=RestrictedFileSystemReader(path), planner=WeightsOnlyLoadPlanner())
+        except CheckpointException as err:  # a rank's refusal (safe_load.refused), wrapped by DCP's collectives
+            refusal = next((f for f in _failures(err) if isinstance(f, UsageError)), None)
+            if refusal is not None:
+                raise refusal from None
+            raise
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def _failures(err: BaseException) -> list[BaseException]:
+    """The per-rank errors inside DCP's CheckpointException."""
+    out = []
+    for f in (getattr(err, "failures", None) or {}).values():
+        f = f[0] if isinstance(f, tuple) and f else f
+        if isinstance(f, BaseException):
+            out.append(f)
+    return out

@@ -1,10 +1,17 @@
-"""One writer per run directory: a lock file naming its holder (host, pid, job id).
+"""One writer per run directory: a lock file naming its holder (host, pid, its start time, its command line,
+job id), held open and `flock`-ed by the holder for as long as it holds the lock.
 
 A second copy of a run (an accidental double submission, a requeued job whose old copy is still shutting
 down) waits up to `run.lock_wait_s` for the lock and then exits with status 73 without writing anything into
-the directory. A lock whose holder is gone is taken over: on the same host, the holder's pid is dead (or now
-belongs to another process); from another host, its heartbeat (the file's mtime, touched every
-`HEARTBEAT_S`) is older than `STALE_S`.
+the directory. A lock is honoured only while its holder proves itself. On the same host: the pid is alive,
+its start time and command line are the ones the lock records, and the process holds the `flock` of this very
+lock file (the kernel's lock table says so; no process but a `RunLock` holder takes it): a lock naming some
+other live process, e.g. one with a reused pid or one an edited lock points at, proves nothing, is taken over,
+and nothing signals it. From
+another host, where none of that can be seen: its heartbeat (the file's mtime, touched every `HEARTBEAT_S`)
+is younger than `STALE_S`. A lock file that is empty or not a JSON object (a crash or a full disk between its
+creation and its write) is waited on while it is younger than `STALE_S` and taken over after. Every
+take-over says so in one line on stderr (the run's log).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -50,35 +58,96 @@ def _start_time(pid: int) -> Optional[str]:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def _cmdline(pid: int) -> Optional[list[str]]:
+    """The process's command line (argv), or None when it cannot be read."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    args = raw.split(b"\0")
+    if args and args[-1] == b"":
+        args.pop()
+    return [a.decode("utf-8", "surrogateescape") for a in args] or None
+
+
+def _holds_flock(pid: int, path: str | os.PathLike[str]) -> Optional[bool]:
+    """Whether the process holds the `flock` of the file at `path` (the kernel's own table, /proc/locks:
+    "N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE ..."); None when that table cannot be read."""
+    try:
+        inode = os.stat(path).st_ino
+    except OSError:
+        return False
+    try:
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    for line in table.splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[4] == str(pid) and parts[5].rsplit(":", 1)[-1] == str(inode):
+            return True
+    return False
+
+
 def read(run_dir: str | os.PathLike[str]) -> Optional[dict[str, Any]]:
     """The lock's content, or None when there is no (readable) lock: a lock that is not a JSON object names no
-    holder."""
+    holder. `heartbeat` (the file's mtime) and `lock_path` are added from the file itself."""
     path = Path(run_dir) / LOCK_NAME
     try:
         info = json.loads(path.read_text())
         if not isinstance(info, dict):
             return None
         info["heartbeat"] = path.stat().st_mtime
+        info["lock_path"] = str(path)
         return info
     except (OSError, ValueError):
         return None
 
 
+def _same_process(info: dict[str, Any]) -> Optional[int]:
+    """The pid the lock names when that pid is alive on this host with the start time and the command line
+    the lock records; None otherwise (a lock without them proves nothing)."""
+    if info.get("host") != socket.gethostname():
+        return None
+    pid, started, cmd = fields.integer(info.get("pid")), info.get("pid_start"), info.get("cmdline")
+    if pid is None or pid <= 0 or not isinstance(started, str) or not isinstance(cmd, list) or not cmd:
+        return None
+    if _start_time(pid) != started or _cmdline(pid) != cmd:
+        return None
+    return pid
+
+
 def holder_alive(info: dict[str, Any]) -> bool:
-    """Whether the process named by a lock still runs (same host: its pid; elsewhere: a fresh heartbeat)."""
+    """Whether the lock's holder proves itself: on this host, the process it names is alive with the start time
+    and command line recorded and holds the lock file's flock (where the kernel's lock table cannot be read, the
+    first three suffice); elsewhere, a fresh heartbeat."""
     if info.get("host") == socket.gethostname():
-        pid = fields.integer(info.get("pid"))
-        if pid is None or pid <= 0:
+        pid = _same_process(info)
+        if pid is None:
             return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        started = info.get("pid_start")
-        return started is None or _start_time(pid) in (None, started)
+        path = info.get("lock_path")
+        return isinstance(path, str) and _holds_flock(pid, path) is not False
     return time.time() - (fields.number(info.get("heartbeat")) or 0.0) < STALE_S
+
+
+def signallable_pid(run_dir: str | os.PathLike[str]) -> Optional[int]:
+    """The pid of the live process on this host that provably holds the run's lock (pid, start time, command
+    line and the lock file's flock all match), else None: only such a process may be signalled."""
+    info = read(run_dir)
+    if info is None:
+        return None
+    pid = _same_process(info)
+    if pid is None or _holds_flock(pid, info["lock_path"]) is not True:
+        return None
+    return pid
+
+
+def _unreadable_since(path: Path) -> Optional[tuple[int, int, int, float]]:
+    """Which lock file this is (inode, size, mtime in ns) and its mtime in seconds; None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_mtime
 
 
 def describe(info: dict[str, Any]) -> str:
@@ -96,32 +165,49 @@ class RunLock:
         self.nonce = uuid.uuid4().hex
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._fd: Optional[int] = None  # the lock file, open while held
 
     def _content(self) -> bytes:
         pid = os.getpid()
-        info = {"host": socket.gethostname(), "pid": pid, "pid_start": _start_time(pid), "job_id": job_id(),
-                "started": time.time(), "nonce": self.nonce}
+        info = {"host": socket.gethostname(), "pid": pid, "pid_start": _start_time(pid), "cmdline": _cmdline(pid),
+                "job_id": job_id(), "started": time.time(), "nonce": self.nonce}
         return (json.dumps(info) + "\n").encode()
 
     def _try_create(self) -> bool:
+        """Create the lock with this process's content and keep it open and flock-ed (the proof that this
+        process holds it); a lock file whose write failed is removed again."""
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(self._content())
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody else can hold it
+            content = self._content()
+            if os.write(fd, content) != len(content):
+                raise OSError(f"short write to {self.path}")
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            raise
+        self._fd = fd
         return True
 
-    def _take_over_stale(self, seen: dict[str, Any]) -> None:
-        """Remove a dead holder's lock, under a guard so two contenders cannot both remove one another's."""
+    def _take_over(self, seen: Optional[dict[str, Any]], seen_stat: Optional[tuple[int, int, int, float]], why: str) -> None:
+        """Remove a lock whose holder is gone (`seen`) or that names none (`seen_stat`: unreadable), under a
+        guard so two contenders cannot both remove one another's; says so on stderr."""
         with open(self.run_dir / f".{LOCK_NAME}.guard", "a") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
             now = read(self.run_dir)
-            if now is not None and now.get("nonce") == seen.get("nonce") and not holder_alive(now):
+            if seen is not None:
+                gone = now is not None and now.get("nonce") == seen.get("nonce") and not holder_alive(now)
+            else:
+                gone = now is None and _unreadable_since(self.path) == seen_stat
+            if gone:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.path)
+                print(f"rrtrain: taking over {self.path}: {why}", file=sys.stderr, flush=True)
 
     def acquire(self, wait_s: float) -> "RunLock":
         """Take the lock, waiting up to `wait_s` seconds for a live holder; raises RunLocked."""
@@ -132,10 +218,19 @@ class RunLock:
                 return self
             info = read(self.run_dir)
             if info is not None and not holder_alive(info):
-                self._take_over_stale(info)
+                self._take_over(info, None, f"its holder ({describe(info)}) is not a live rrtrain process")
                 continue
+            if info is None:
+                seen = _unreadable_since(self.path)
+                if seen is None:  # gone meanwhile: try again
+                    continue
+                age = time.time() - seen[3]
+                if age >= STALE_S:
+                    self._take_over(None, seen, f"it names no holder (empty or not a JSON object) and is "
+                                                f"{age:.0f} s old (the stale limit is {STALE_S:g} s)")
+                    continue
             if time.monotonic() >= deadline:
-                who = describe(info) if info else "another process"
+                who = describe(info) if info else "another process (its lock names no holder yet)"
                 raise RunLocked(f"run directory {self.run_dir} is locked by {who}: another copy of this run is "
                                 f"training there; waited {wait_s:g} s (run.lock_wait_s), leaving it alone")
             time.sleep(POLL_S)
@@ -156,6 +251,10 @@ class RunLock:
         if info is not None and info.get("nonce") == self.nonce:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
 
 
 def hold(run_dir: Path, wait_s: float, is_main: bool, device: Any) -> Optional[RunLock]:

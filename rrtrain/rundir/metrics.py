@@ -38,11 +38,12 @@ class MetricsLogger:
         if not self.path.exists():
             return
         kept = []
-        for line in self.path.read_text().splitlines():
+        for raw in self.path.read_bytes().splitlines():
             try:
+                line = raw.decode("utf-8")
                 rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill
+            except (ValueError, RecursionError):  # a line cut by a kill, or garbage (not UTF-8, not JSON)
+                continue
             if not isinstance(rec, dict):
                 continue  # not a record: nothing of ours
             at = fields.step(rec.get("step", 0))

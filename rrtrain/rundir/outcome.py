@@ -4,6 +4,8 @@ The trainer knows how its loop stopped (completed, failed, diverged, stalled, or
 signal at a step boundary); `rrtrain sweep --cancel-flagged` writes `cancelled.json` before it signals the run.
 `decide` joins the two, so a cancelled run's final.json says `stalled` (or `diverged`) and why when the run
 writes it. `rrtrain status` asks the same function about a cancelled run that could not write (killed hard).
+`keeps_recorded` says when final.json's recorded ending stands against a new attempt's: nothing already
+written is lost to a resume refused for bad input, nor a finished result to a later failure.
 """
 
 from __future__ import annotations
@@ -44,3 +46,13 @@ def decide(status: str, reason: str, marker: Optional[Cancelled]) -> Outcome:
         return Outcome(status, reason)
     why = f"cancelled as flagged ({marker.reason or 'no reason recorded'})" + (f"; {reason}" if reason else "")
     return Outcome(cancelled_status(marker), why, marker)
+
+
+def keeps_recorded(recorded: Optional[str], status: str, training_started: bool) -> bool:
+    """Whether the ending final.json already records (`recorded`, None when there is none) stands, and this
+    attempt's ending (`status`, as `decide` settled it) is not written: a failure before training started (a
+    bad or changed config on resume, an unusable checkpoint) never replaces a recorded ending, and an ending
+    for good (completed, stalled, diverged) is never replaced by a later failure."""
+    if recorded is None or status != "failed":
+        return False
+    return not training_started or recorded in ENDED_FOR_GOOD

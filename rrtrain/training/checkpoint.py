@@ -27,6 +27,7 @@ import copy
 import datetime
 import errno
 import json
+import math
 import os
 import pickle
 import random
@@ -96,6 +97,27 @@ def file_problems(root: Path, recorded: dict[str, dict[str, Any]], rank: int, wo
     return problems
 
 
+def manifest_problem(recorded: Any) -> Optional[str]:
+    """What is wrong with the shape of a `files` manifest (None: a mapping of relative paths inside the
+    checkpoint to {"bytes": int, "xxh64": str})."""
+    if not isinstance(recorded, dict):
+        return f"'files' is a {type(recorded).__name__}, not a mapping"
+    for rel, want in recorded.items():
+        inside = isinstance(rel, str) and rel and not rel.startswith("/") and ".." not in Path(rel).parts
+        if not inside:
+            return f"'files' names {rel!r}, not a path inside the checkpoint"
+        if not (isinstance(want, dict) and type(want.get("bytes")) is int and isinstance(want.get(HASH), str)):
+            return f"'files'[{rel!r}] is not {{bytes, {HASH}}}"
+    return None
+
+
+def unrecorded_files(root: Path, recorded: dict[str, Any]) -> list[str]:
+    """Files of a checkpoint that its manifest does not name (added after it was written), besides the
+    train state itself."""
+    on_disk = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
+    return sorted(on_disk - set(recorded) - {TRAIN_STATE})
+
+
 #: a filesystem with less free space than this, just after a write failed, failed for lack of space
 NEARLY_FULL_BYTES = 64 << 20
 
@@ -156,8 +178,9 @@ class InFlight:
 
 class CheckpointManager:
     def __init__(self, run_dir: Path, keep: int, info: DistInfo, asynchronous: bool = False,
-                 timeout_s: int = 600) -> None:
+                 timeout_s: int = 600, allow_unverified: bool = False) -> None:
         self.root = Path(run_dir) / "checkpoints"
+        self.allow_unverified = allow_unverified  # train.allow_unverified_checkpoint: accept one without a manifest
         self.keep, self.info = keep, info
         self.passed_over: list[str] = []  # warnings of the last latest(): newer checkpoints not usable
         self.in_flight: Optional[InFlight] = None
@@ -181,12 +204,23 @@ class CheckpointManager:
     def problem(self, path: Path) -> Optional[str]:
         """Collective. What is wrong with a checkpoint, checked by all ranks in turn (None: usable)."""
         try:
-            recorded = self.read_train_state(path).get("files")
+            state = self.read_train_state(path)
         except (OSError, ValueError) as err:
             return f"{TRAIN_STATE} is unreadable ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+        if not isinstance(state, dict):
+            return f"{TRAIN_STATE} is a JSON {type(state).__name__}, not an object"
+        recorded = state.get("files")
         if recorded is None:
-            return None  # written before checksums were recorded: nothing to check against
+            if self.allow_unverified:  # the user's word (train.allow_unverified_checkpoint): nothing to check against
+                return None
+            return (f"{TRAIN_STATE} records no files manifest (written by an older rrtrain, or edited), so its files "
+                    "cannot be checked; set train.allow_unverified_checkpoint=true to load it unchecked")
+        malformed = manifest_problem(recorded)
+        if malformed:
+            return f"{TRAIN_STATE}: {malformed}"
         mine = file_problems(path, recorded, self.info.rank, self.info.world_size)
+        if self.info.is_main:
+            mine += [f"{rel} is not in the manifest" for rel in unrecorded_files(path, recorded)]
         found = [p for ps in dist.gather_objects(mine) for p in ps]
         return "; ".join(found) if found else None
 
@@ -310,7 +344,7 @@ class CheckpointManager:
 
     def _publish(self, tmp: Path, final: Path, train_state: dict) -> None:
         """Rank 0: the train state (with the checksums) into the hidden directory, then the rename, then `latest`."""
-        atomic_write_json(tmp / TRAIN_STATE, train_state)
+        atomic_write_json(tmp / TRAIN_STATE, _encode_nonfinite(train_state))
         replace_dir(tmp, final)  # a checkpoint of this step already there is deleted only once this one is in
         atomic_write_text(self.root / "latest", final.name + "\n")
         self._prune()
@@ -324,7 +358,7 @@ class CheckpointManager:
 
     @staticmethod
     def read_train_state(path: Path) -> dict:
-        return json.loads((path / TRAIN_STATE).read_text())
+        return json.loads((path / TRAIN_STATE).read_text(), object_hook=_decode_nonfinite)
 
     def load(self, engine, path: Path) -> None:
         """Collective. Restores model, optimizer and this rank's RNG."""
@@ -337,6 +371,27 @@ class CheckpointManager:
                 raise UsageError(f"checkpoint {path.name}: {rng_file.name} is not plain tensors and numbers (written by "
                                  "an older rrtrain, which pickled its RNG state); refusing to unpickle it") from err
             set_rng_state(state)
+
+
+#: how train_state.json spells a non-finite float (JSON has none; a best loss starts at infinity)
+NONFINITE = "__nonfinite__"
+
+
+def _encode_nonfinite(obj: Any) -> Any:
+    """`obj` with each non-finite float as {NONFINITE: "inf" | "-inf" | "nan"}: valid JSON that reads back exactly."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return {NONFINITE: repr(obj)}
+    if isinstance(obj, dict):
+        return {k: _encode_nonfinite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_encode_nonfinite(v) for v in obj]
+    return obj
+
+
+def _decode_nonfinite(obj: dict) -> Any:
+    if len(obj) == 1 and obj.get(NONFINITE) in ("inf", "-inf", "nan"):
+        return float(obj[NONFINITE])
+    return obj
 
 
 def _fresh_dir(path: Path) -> None:
@@ -374,7 +429,7 @@ FREE = {
     "run.name", "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.diag_every",
     "train.allow_config_change", "train.fail_at_step", "train.fail_steps", "parallel.ac", "parallel.ac_every", "parallel.timeout_s",
     "parallel.reshard_after_forward", "train.compile", "data.num_workers", "data.cache_dir", "run.dir",
-    "run.lock_wait_s", "train.ckpt_async",
+    "run.lock_wait_s", "train.ckpt_async", "train.allow_unverified_checkpoint",
 }
 #: callbacks observe and may stop the run without changing a step (one added on resume starts from its
 #: defaults; a removed one's saved state is left unread; a checkpoint from before the key has none)

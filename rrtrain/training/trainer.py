@@ -32,8 +32,8 @@ from rrtrain.resolve import ResolvedRun, resolve
 from rrtrain.rundir import layout, writers
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.metrics import MetricsLogger
-from rrtrain.rundir.outcome import CANCELLED, EXIT_CODES, decide  # the ending, its status and exit code: one place
-from rrtrain.rundir.readers import read_cancelled
+from rrtrain.rundir.outcome import CANCELLED, EXIT_CODES, decide, keeps_recorded  # the ending, its status and exit code: one place
+from rrtrain.rundir.readers import read_cancelled, read_final
 from rrtrain.training.checkpoint import CheckpointManager, Published, check_resume
 from rrtrain.training.loop import Callback, RunFacts, due
 from rrtrain.training.optim import lr_at
@@ -48,6 +48,7 @@ class Trainer:
         self.status, self.reason, self.signal_name = "failed", "", None
         self.step, self.tokens, self.skipped = 0, 0, 0
         self.wall_before, self.best_val, self.last_val = 0.0, math.inf, None
+        self.last_val_note: Optional[str] = None  # why the last evaluation has no loss, when it ran no batch
         self.run: Optional[ResolvedRun] = None  # set up by `setup`: the config resolved against the dataset
         self.shape: Optional[sizing.ModelShape] = None
         self.params = 0
@@ -55,6 +56,7 @@ class Trainer:
         self.loop: Optional[LoopView] = None  # what the callbacks see of this trainer
         self.pending: list[tuple[dict[str, Any], torch.Tensor]] = []  # steps whose values are still on the device
         self.stopping, self.checkpoint_at_end = False, True  # set by request_stop
+        self.started = False  # whether the training loop began (before it, a failure leaves final.json alone)
         self.resumed_at: Optional[int] = None  # the checkpoint step this process started from
         self.resumed_callbacks: dict[str, Any] = {}  # the callbacks' states in that checkpoint
         self.saved_step: Optional[int] = None  # the step of the newest checkpoint on disk: published or resumed from
@@ -105,7 +107,8 @@ class Trainer:
                                         manifest=manifest)
         self.fingerprint = manifest.get("fingerprint")
         self.ckpt = CheckpointManager(self.run_dir, t.keep_ckpts, info, asynchronous=t.ckpt_async,
-                                      timeout_s=cfg.parallel.timeout_s)
+                                      timeout_s=cfg.parallel.timeout_s,
+                                      allow_unverified=t.allow_unverified_checkpoint)
 
     def resume(self) -> Optional[int]:
         """Load the latest checkpoint if there is one; returns its step. The callbacks' states wait in
@@ -209,8 +212,9 @@ class Trainer:
             total[0] += self.engine.forward(batch[:, :-1], batch[:, 1:]).float()
             total[1] += 1
         dist.all_reduce(total)
-        val = (total[0] / total[1].clamp(min=1)).item()
-        self.last_val = val
+        ran = total[1].item() > 0
+        val = (total[0] / total[1]).item() if ran else math.nan  # no batch ran: no loss (never 0.0)
+        self.last_val, self.last_val_note = val, None if ran else "no evaluation batch ran"
         self.best_val = min(self.best_val, val) if math.isfinite(val) else self.best_val
         return val
 
@@ -229,6 +233,7 @@ class Trainer:
         batches = iter(self.loader)
         self.status, self.resumed_at = "completed", resumed
         try:
+            self.started = True
             self.emit("on_start")
             while self.step < self.total_steps and not self.stopping:
                 self.emit("on_step_start")
@@ -322,6 +327,13 @@ class Trainer:
         self.status, self.reason = ending.status, ending.reason
         if not self.info.is_main:
             return True
+        recorded = read_final(self.run_dir)
+        if keeps_recorded(recorded.status if recorded else None, self.status, self.started):
+            print(f"rrtrain: {layout.FINAL} keeps the ending it records ({recorded.status}); this attempt "
+                  f"{self.status}: {self.reason}", file=sys.stderr, flush=True)
+            if self.lock is not None:
+                self.lock.release()
+            return True
         cfg = self.cfg
         raised = self.raised_flags()
         flags, details = self.flags(), {k: v["detail"] for k, v in raised.items()}
@@ -331,7 +343,7 @@ class Trainer:
             details[CANCELLED] = marker.reason
         final = {
             "status": self.status, "step": self.step, "tokens": self.tokens,
-            "final_val_loss": self.last_val,
+            "final_val_loss": self.last_val if self.last_val is not None and math.isfinite(self.last_val) else None,
             "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
             "params": self.params, "variant": cfg.model.variant, "size": cfg.model.size, "seed": cfg.train.seed,
             "wall_s": round(self.wall_s(), 3), "flags": flags, "flag_steps": {k: v["step"] for k, v in raised.items()},
@@ -343,6 +355,8 @@ class Trainer:
             "world_size": self.info.world_size, "backend": cfg.parallel.backend,
             "shape": asdict(self.shape) if self.shape else None,
         }
+        if self.last_val is not None and final["final_val_loss"] is None:  # JSON has no NaN: null, and why
+            final["final_val_loss_note"] = self.last_val_note or f"the last evaluation's loss was {self.last_val}"
         try:
             writers.write_final(self.run_dir, final)
         except OSError as err:

@@ -16,9 +16,11 @@ from prep_helpers import REPO, prep, prep_subprocess, tree
 
 @pytest.fixture()
 def out_before(tmp_path):
-    """An existing OUT with content, to prove a failed prep leaves it untouched."""
+    """An existing OUT with content (an earlier dataset, as --overwrite may replace), to prove a failed prep
+    leaves it untouched."""
     out = tmp_path / "out"
     out.mkdir()
+    (out / "manifest.json").write_text(json.dumps({"format_version": 1, "fingerprint": "earlier"}))
     (out / "keep.txt").write_text("precious")
     return out
 

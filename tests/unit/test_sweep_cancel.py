@@ -20,11 +20,14 @@ from test_monitor_sweep import H, curve, descending, write_run
 
 
 
+HOLD = ("import sys, time; from rrtrain.rundir.lock import RunLock; RunLock(sys.argv[1]).acquire(0); "
+        "print('held', flush=True); time.sleep(120)")
+
+
 def hold_lock(run_dir: Path) -> subprocess.Popen:
-    """A live process that holds the run's lock, as a training run would."""
-    proc = subprocess.Popen(["sleep", "120"])
-    info = {"host": socket.gethostname(), "pid": proc.pid, "pid_start": runlock._start_time(proc.pid)}
-    (run_dir / runlock.LOCK_NAME).write_text(json.dumps(info))
+    """A live process that holds the run's lock, as a training run does (rrtrain.rundir.lock.RunLock)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
     return proc
 
 

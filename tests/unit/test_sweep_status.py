@@ -61,14 +61,13 @@ def test_tail_finds_last_train_val_and_speed(tmp_path):
 
 
 def test_status_of_200_big_runs_under_2_s(tmp_path):
-    runs = {}
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": runlock._start_time(os.getpid())}
+    runs, held = {}, []
     for i in range(200):
         rid = f"tiny-review-s{i}"
         final = {"status": "completed", "step": 1000, "tokens": 512000, "flags": []} if i % 2 else None
         runs[rid] = fake_run(tmp_path, rid, 1000 if i % 2 else 500 + i, big_mb=200, final=final)
         if final is None:  # this process "trains" the other half
-            (tmp_path / rid / runlock.LOCK_NAME).write_text(json.dumps(me))
+            held.append(runlock.RunLock(tmp_path / rid).acquire(0))
     record.save(tmp_path, {"version": 1, "name": "big", "runs": runs, "submissions": []})
     t0 = time.perf_counter()
     status = status_cli.collect(tmp_path)
@@ -78,10 +77,13 @@ def test_status_of_200_big_runs_under_2_s(tmp_path):
     assert status["runs"][0]["state"] == "running"  # needs more attention than the completed ones
     rows = {r["id"]: r for r in status["runs"]}
     assert rows["tiny-review-s3"]["step"] == 1000 and rows["tiny-review-s4"]["step"] == 504
+    for lock in held:
+        lock.release()
 
 
-def test_classify():
-    alive = {"host": socket.gethostname(), "pid": os.getpid(), "heartbeat": time.time()}
+def test_classify(tmp_path):
+    held = runlock.RunLock(tmp_path).acquire(0)
+    alive = runlock.read(tmp_path)  # this process holds it
     dead = {"host": socket.gethostname(), "pid": 2**22 + 12345, "heartbeat": time.time()}
     far_stale = {"host": "elsewhere", "pid": 1, "heartbeat": time.time() - 3600}
     done = parse_final({"status": "completed"})
@@ -94,6 +96,7 @@ def test_classify():
     assert runstate.classify(None, None, None, False, True) == "unknown"
     assert runstate.classify(None, None, None, False, False) == "pending"
     assert runstate.classify(parse_final({"status": "diverged"}), None, None, True, True) == "diverged"
+    held.release()
 
 
 def test_resubmission_picks_failed_and_preempted_only(tmp_path):

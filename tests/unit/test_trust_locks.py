@@ -1,0 +1,125 @@
+"""Locks that prove themselves: a run lock is honoured, waited on or signalled only when its pid, start time
+and command line match a live process that holds the lock's flock; an empty, unparsable or wrong-typed lock
+never blocks forever and never raises a traceback (waited on while fresh, taken over once stale, with a line
+on stderr). The processes are real: `sleep` for a live process that is not rrtrain, a Python process holding
+a `RunLock` for a live run."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launchers import cancel
+from rrtrain.rundir import lock as runlock
+
+HOLD = ("import sys, time; from rrtrain.rundir.lock import RunLock; RunLock(sys.argv[1]).acquire(0); "
+        "print('held', flush=True); time.sleep(120)")
+
+
+@pytest.fixture
+def sleeper():
+    proc = subprocess.Popen(["sleep", "120"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """A live process holding `tmp_path/held`'s lock, as a training run does."""
+    run_dir = tmp_path / "held"
+    run_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    yield run_dir, proc
+    proc.kill()
+    proc.wait()
+
+
+def _age(path: Path, seconds: float) -> None:
+    old = time.time() - seconds
+    os.utime(path, (old, old))
+
+
+def _write_lock(run_dir: Path, content: object) -> Path:
+    path = run_dir / runlock.LOCK_NAME
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def test_a_live_process_that_is_not_rrtrain_is_never_signalled(tmp_path, sleeper):
+    # the pid alone (no start time): cancel's local path must not SIGTERM it, and the lock is not honoured
+    _write_lock(tmp_path, {"host": socket.gethostname(), "pid": sleeper.pid})
+    assert runlock.signallable_pid(tmp_path) is None
+    assert cancel._stop_job("local", None, tmp_path) == "no live job found"
+    # a forged lock that copies everything /proc shows of the process (start time, command line) proves
+    # nothing either: the process does not hold the lock file's flock
+    _write_lock(tmp_path, {"host": socket.gethostname(), "pid": sleeper.pid,
+                           "pid_start": runlock._start_time(sleeper.pid), "cmdline": runlock._cmdline(sleeper.pid)})
+    assert not runlock.holder_alive(runlock.read(tmp_path))
+    assert cancel._stop_job("local", None, tmp_path) == "no live job found"
+    time.sleep(0.2)
+    assert sleeper.poll() is None, "a process that is not an rrtrain run was signalled"
+    runlock.RunLock(tmp_path).acquire(0).release()  # and its lock is taken over at once
+
+
+def test_a_live_holder_is_honoured_and_signallable(holder):
+    run_dir, proc = holder
+    info = runlock.read(run_dir)
+    assert info["pid"] == proc.pid and info["cmdline"][:2] == [sys.executable, "-c"]
+    assert runlock.holder_alive(info) and runlock.signallable_pid(run_dir) == proc.pid
+    with pytest.raises(runlock.RunLocked, match=f"pid {proc.pid}"):
+        runlock.RunLock(run_dir).acquire(0)
+    assert cancel._stop_job("local", None, run_dir) == f"SIGTERM to pid {proc.pid}"
+    assert proc.wait(timeout=10) == -15
+
+
+def test_a_holder_with_another_command_line_is_not_honoured(holder):
+    """A reused pid: alive, but not the process that wrote the lock."""
+    run_dir, proc = holder
+    info = json.loads((run_dir / runlock.LOCK_NAME).read_text())
+    (run_dir / runlock.LOCK_NAME).write_text(json.dumps({**info, "cmdline": ["python", "-m", "something.else"]}))
+    assert runlock.signallable_pid(run_dir) is None and not runlock.holder_alive(runlock.read(run_dir))
+    assert proc.poll() is None
+
+
+@pytest.mark.parametrize("content", ["", "{\"host\": \"x\", \"pi", "[1, 2]", "\"a string\"", "3", "null"])
+def test_a_lock_that_names_no_holder_is_waited_on_then_taken_over(tmp_path, capfd, content):
+    path = _write_lock(tmp_path, content)
+    with pytest.raises(runlock.RunLocked, match="names no holder yet"):  # fresh: maybe being written
+        runlock.RunLock(tmp_path).acquire(0.6)
+    _age(path, runlock.STALE_S + 5)
+    lock = runlock.RunLock(tmp_path).acquire(0)  # stale: taken over, at once
+    assert runlock.read(tmp_path)["nonce"] == lock.nonce
+    err = capfd.readouterr().err
+    assert f"taking over {path}" in err and "names no holder" in err
+    lock.release()
+
+
+@pytest.mark.parametrize("fields", [
+    {"host": socket.gethostname(), "pid": [1], "pid_start": 5, "cmdline": "x"},
+    {"host": socket.gethostname(), "pid": "1e999", "started": "yesterday", "job_id": {"a": 1}},
+    {"host": socket.gethostname(), "pid": 2**70},
+])
+def test_a_lock_with_wrong_field_types_is_taken_over_without_a_traceback(tmp_path, capfd, fields):
+    _write_lock(tmp_path, fields)
+    runlock.RunLock(tmp_path).acquire(0).release()
+    assert "is not a live rrtrain process" in capfd.readouterr().err
+
+
+def test_a_lock_left_by_a_failed_write_is_removed(tmp_path, monkeypatch):
+    """A full disk between the lock's creation and its write leaves no empty lock behind."""
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runlock.os, "write", full)
+    with pytest.raises(OSError):
+        runlock.RunLock(tmp_path).acquire(0)
+    assert not (tmp_path / runlock.LOCK_NAME).exists()

@@ -1,0 +1,122 @@
+"""Nothing already written is lost: `rrtrain prep --overwrite` replaces only an empty directory or a dataset,
+never the working directory, a parent of it or a home; new datasets get the user's umask; a resume refused
+before training never rewrites final.json, an ending for good is never replaced by a later failure, and a
+garbage line in metrics.jsonl neither fails a finished run nor blocks its resumes.
+Budget: a few tiny preps in this process and one 2-step run with three short restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from prep_helpers import prep
+from rrtrain.rundir.outcome import keeps_recorded
+from trainutil import train
+
+PREP = ["--source", "synthetic:stories", "--num-docs", "30", "--seq-len", "32", "--min-val-samples", "4"]
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def _refused(capsys, out: str | Path, expect: str) -> None:
+    code = prep(*PREP, "--out", str(out), "--overwrite")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and expect in err, err
+
+
+def _fake_dataset(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "manifest.json").write_text(json.dumps({"format_version": 1, "fingerprint": "x"}))
+
+
+def test_overwrite_replaces_only_a_dataset(tmp_path, capsys):
+    source_tree = tmp_path / "project"
+    source_tree.mkdir()
+    (source_tree / "train.py").write_text("precious = True\n")
+    before = _tree(source_tree)
+    _refused(capsys, source_tree, "holds no rrtrain dataset")
+    assert _tree(source_tree) == before
+    data = tmp_path / "data"
+    assert prep(*PREP, "--out", str(data)) == 0
+    assert prep(*PREP, "--out", str(data), "--overwrite", "--seed", "1") == 0  # a dataset: replaced
+    assert json.loads((data / "manifest.json").read_text())["seed"] == 1
+
+
+def test_overwrite_never_replaces_the_working_directory_its_parents_or_a_home(tmp_path, capsys, monkeypatch):
+    work = tmp_path / "work"
+    _fake_dataset(work)  # even one that looks like a dataset
+    (work / "train.py").write_text("precious = True\n")
+    (work / "sub").mkdir()
+    before = _tree(tmp_path)
+    monkeypatch.chdir(work)
+    _refused(capsys, ".", "is the working directory or a parent of it")
+    monkeypatch.chdir(work / "sub")
+    _refused(capsys, "..", "is the working directory or a parent of it")
+    _refused(capsys, tmp_path, "is the working directory or a parent of it")
+    home = tmp_path / "home"
+    _fake_dataset(home)
+    monkeypatch.setenv("HOME", str(home))
+    _refused(capsys, home, "is a home directory")
+    assert _tree(tmp_path) == {**before, **{f"home/{k}": v for k, v in _tree(home).items()}}
+
+
+def test_new_dataset_gets_the_users_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        assert prep(*PREP, "--out", str(tmp_path / "a")) == 0
+        assert (tmp_path / "a").stat().st_mode & 0o777 == 0o755  # mkdtemp alone would leave 0700
+        os.umask(0o027)
+        assert prep(*PREP, "--out", str(tmp_path / "b")) == 0
+        assert (tmp_path / "b").stat().st_mode & 0o777 == 0o750
+    finally:
+        os.umask(old)
+
+
+def test_the_rule_for_a_recorded_ending():
+    for ended in ("completed", "stalled", "diverged"):
+        assert keeps_recorded(ended, "failed", training_started=True)  # never replaced by a later failure
+        assert not keeps_recorded(ended, "completed", training_started=True)  # an extended run may complete
+    assert keeps_recorded("preempted", "failed", training_started=False)  # failed before training: untouched
+    assert not keeps_recorded("preempted", "failed", training_started=True)
+    assert not keeps_recorded(None, "failed", training_started=False)  # nothing recorded: say it failed
+
+
+@pytest.fixture(scope="module")
+def finished(stories_data, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    train(run_dir, stories_data, "train.max_steps=2", "train.eval_every=0", "data.eval_batches=1")
+    return run_dir
+
+
+def _copy(run_dir: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(run_dir, dst)
+    return dst
+
+
+def test_a_refused_resume_leaves_final_json_alone(finished, stories_data, tmp_path):
+    run_dir = _copy(finished, tmp_path)
+    before = (run_dir / "final.json").read_bytes()
+    proc = train(run_dir, stories_data, "train.max_steps=2", "train.eval_every=0", "data.eval_batches=1",
+                 "train.lr=0.1", expect=2)
+    assert "refusing to resume with a changed configuration" in proc.stderr
+    assert (run_dir / "final.json").read_bytes() == before
+    assert json.loads(before)["status"] == "completed"
+    assert not (run_dir / "run.lock").exists()  # the directory is free again
+
+
+def test_a_garbage_metrics_line_neither_fails_a_finished_run_nor_blocks_resume(finished, stories_data, tmp_path):
+    run_dir = _copy(finished, tmp_path)
+    with open(run_dir / "metrics.jsonl", "ab") as f:
+        f.write(b"\xff\xfe not UTF-8\n\"a string\"\n[[[[\n" + b"[" * 100_000 + b"\n")
+    train(run_dir, stories_data, "train.max_steps=2", "train.eval_every=0", "data.eval_batches=1")
+    assert json.loads((run_dir / "final.json").read_text())["status"] == "completed"
+    train(run_dir, stories_data, "train.max_steps=3", "train.eval_every=0", "data.eval_batches=1",
+          "train.allow_config_change=true")
+    assert json.loads((run_dir / "final.json").read_text())["step"] == 3

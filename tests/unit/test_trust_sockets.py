@@ -1,0 +1,64 @@
+"""Listening sockets: a single-node launch (the command `launchers.render.train_argv` gives the local
+executor and the array scripts) hosts torchrun's stores on loopback only. A real 2-rank run of the tiny
+preset is watched (psutil, every process of the job) while it trains: no socket of it listens on 0.0.0.0 or
+`::`, and the stores do listen, on 127.0.0.1. (Multi-node rendezvous ports are per job: 20000 + job id mod
+10000, tested on the local cluster in tests/slurm/test_rendezvous_ports.py.)
+Budget: one 2-rank run of 3 steps, about 30 s."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+from launchers.expand import Run
+from launchers.render import train_argv
+from launchers.spec import Resources
+from trainutil import REPO, TINY, env
+
+WILDCARD = {"0.0.0.0", "::", "::ffff:0.0.0.0", ""}
+
+
+def _listening(root: psutil.Process) -> set[tuple[int, str, int]]:
+    """(pid, address, port) of every listening TCP socket of `root` and its descendants."""
+    found = set()
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return found
+    for p in procs:
+        try:
+            for c in p.net_connections(kind="tcp"):
+                if c.status == psutil.CONN_LISTEN:
+                    found.add((p.pid, c.laddr.ip, c.laddr.port))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def test_a_single_node_launch_listens_on_loopback_only(stories_data, tmp_path):
+    cfg = yaml.safe_load(Path(TINY).read_text())
+    cfg["data"] = {"path": str(stories_data), "eval_batches": 1}
+    cfg["run"] = {"dir": str(tmp_path / "run")}
+    cfg["train"].update(max_steps=3, global_batch=4, micro_batch=2, eval_every=0, log_every=1)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    run = Run("tiny-review-s0", "tiny", "review", 0, cfg, Resources(tasks_per_node=2))
+    argv = train_argv(run, sys.executable, config)
+    assert "--standalone" not in argv and argv[1:3] == ["-m", "launchers.local_torchrun"]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    root = psutil.Process(proc.pid)
+    seen: set[tuple[int, str, int]] = set()
+    while proc.poll() is None:
+        seen |= _listening(root)
+        time.sleep(0.1)
+    out = proc.stdout.read()
+    assert proc.returncode == 0, out[-3000:]
+    assert "completed at step 3/3" in out, out[-3000:]
+    exposed = sorted(s for s in seen if s[1] in WILDCARD)
+    assert not exposed, f"sockets of the job listen on every interface: {exposed}"
+    assert sum(1 for s in seen if s[0] == proc.pid and s[1] == "127.0.0.1") >= 2, seen  # both stores, on loopback
