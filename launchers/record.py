@@ -13,8 +13,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
+from launchers import record_check
 from launchers.expand import Run, config_diff
 from launchers.spec import Sweep
+from rrtrain.core import untrusted
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import atomic_write_json
 
@@ -26,17 +28,30 @@ def path(out: Path) -> Path:
     return Path(out) / NAME
 
 
-def load(out: Path) -> Optional[dict[str, Any]]:
+def load(out: Path, problems: Optional[list[str]] = None) -> Optional[dict[str, Any]]:
+    """The sweep's record, None when there is none. A file that is no record at all is a UsageError; a run entry
+    or submission that cannot be used (`launchers.record_check`) is one too, unless `problems` is given: then
+    it is left out of the record returned and said there, one line each (`rrtrain status` shows the rest)."""
     p = path(out)
-    if not p.exists():
-        return None
     try:
-        data = json.loads(p.read_text())
-    except ValueError as err:
-        raise UsageError(f"{p}: not valid JSON ({err})") from None
+        raw = untrusted.read_bytes(p)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise UsageError(f"{p}: unreadable ({err.strerror or type(err).__name__})") from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise UsageError(f"{p}: not valid JSON ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
     if not isinstance(data, dict) or "runs" not in data:
         raise UsageError(f"{p}: not a sweep record (no 'runs')")
-    return data
+    clean, found = record_check.check(data, Path(out))
+    if found and problems is None:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise UsageError(f"{p}: {found[0]}{more}; repair or move the file")
+    if problems is not None:
+        problems.extend(f"{NAME}: {line}" for line in found)
+    return clean
 
 
 def save(out: Path, record: dict[str, Any]) -> None:

@@ -159,7 +159,7 @@ def read_metrics(path: Path) -> Metrics:
 
     Lines with another `kind` (e.g. `"diag"`) are ignored. Lines that are not JSON objects (a torn
     last line after a crash, garbage) are counted in `bad_lines` and skipped, and so are lines whose loss has
-    no step or is not a number. A step logged twice (a resumed run re-logs the steps after its last checkpoint)
+    no step or is not a loss (`rrtrain.rundir.fields.loss`). A step logged twice (a resumed run re-logs the steps after its last checkpoint)
     keeps the last value; `relogged` counts the replaced values.
     """
     train: dict[int, float] = {}
@@ -173,17 +173,18 @@ def read_metrics(path: Path) -> Metrics:
         kind = rec.get("kind")
         if kind is not None and kind not in TRAIN_KINDS | EVAL_KINDS:
             continue
-        step = fields.integer(rec.get("step"))
+        step = fields.count(rec.get("step"))
         malformed = False
         for key, table in (("loss", train), ("val_loss", val)):
             value = rec.get(key)
             if value is None or (key == "loss" and kind in EVAL_KINDS):
                 continue
-            if step is None or not fields.is_number(value):
-                malformed = True
+            loss = fields.loss(value)
+            if step is None or loss is None:
+                malformed = True  # no step, or not a loss (a string, 1e308, a negative number)
                 continue
             relogged += step in table
-            table[step] = float(value)
+            table[step] = loss
         bad += malformed
     ts = sorted(train)
     vs = sorted(val)
