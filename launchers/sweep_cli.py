@@ -35,7 +35,7 @@ from launchers.render import render
 from launchers.scheduler import squeue_states
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
-from rrtrain.core.io import atomic_write_text
+from rrtrain.core.io import atomic_write_text, unwritable_reason
 from rrtrain.rundir.readers import read_cancelled
 
 
@@ -58,7 +58,11 @@ def sweep_dir(sweep: spec.Sweep, out: Optional[str]) -> Path:
     p = Path(out) if out is not None else Path(sweep.spec.out).expanduser()
     if out is None and not p.is_absolute():
         p = sweep.path.parent / p
-    return Path(check_safe(str(p.resolve()), "sweep directory"))
+    p = Path(check_safe(str(p.resolve()), "sweep directory"))
+    why = unwritable_reason(p)  # a file in the way, a read-only mount: one line now, not a traceback later
+    if why is not None:
+        raise UsageError(f"sweep directory {p} cannot be written: {why}")
+    return p
 
 
 def to_submit(runs: list[Run], rec: Optional[dict]) -> tuple[list[Run], dict[str, str]]:

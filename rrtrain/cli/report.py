@@ -103,6 +103,11 @@ def main(argv: list[str]) -> int:
     out = Path(args.out) if args.out else sweep / "report"
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {str(out)!r} exists and is not a directory")
+    from rrtrain.core.io import unwritable_reason
+
+    why = unwritable_reason(out)  # a file on its path, a read-only mount: one line, before the analysis
+    if why is not None:
+        raise UsageError(f"--out {str(out)!r} cannot be written: {why}")
 
     from rrtrain.report.collect import find_runs
     from rrtrain.report.options import choose_variants
