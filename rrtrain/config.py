@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Literal, Optional, Union
 
 import yaml
 
-from rrtrain.core import untrusted
+from rrtrain.core.untrusted import read_bytes as read_untrusted
 from rrtrain.core.errors import UsageError
 
 
@@ -353,7 +353,7 @@ def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
     file name or that leads back to a file of its own chain."""
     path = Path(path)
     try:
-        raw = untrusted.read_bytes(path, MAX_CONFIG_BYTES)
+        raw = read_untrusted(path, MAX_CONFIG_BYTES)
     except OSError as err:
         raise UsageError(f"cannot read config {path}: {err.strerror or type(err).__name__}") from None
     try:

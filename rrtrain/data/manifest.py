@@ -85,7 +85,7 @@ def _short(v: Any) -> str:
 def manifest_problem(m: dict[str, Any]) -> Optional[str]:
     """What makes a manifest's fields unusable (the loader, the planner and the trainer take them as they are),
     naming the field; None when every field the readers use has its type and range."""
-    if not _int(m["vocab_size"], 1, 2**31 - 1):
+    if not _int(m["vocab_size"], 1, 2**32):
         return f"field 'vocab_size' is not a vocabulary size (got {_short(m['vocab_size'])})"
     if not _int(m["eos_id"], 0, m["vocab_size"] - 1):
         return f"field 'eos_id' is not a token id below vocab_size (got {_short(m['eos_id'])})"

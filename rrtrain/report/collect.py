@@ -12,6 +12,7 @@ unfinished / unusable, and `rrtrain.report.analysis` applies `--include-flagged`
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,7 +180,8 @@ def read_metrics(path: Path) -> Metrics:
             value = rec.get(key)
             if value is None or (key == "loss" and kind in EVAL_KINDS):
                 continue
-            loss = fields.loss(value)
+            x = fields.number(value)  # NaN stays (a diverged step); a finite value must be a loss
+            loss = x if x is not None and not math.isfinite(x) else fields.loss(value)
             if step is None or loss is None:
                 malformed = True  # no step, or not a loss (a string, 1e308, a negative number)
                 continue

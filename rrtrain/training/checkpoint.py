@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import datetime
 import errno
-import json
 import os
 import pickle
 import random
@@ -47,6 +46,7 @@ from rrtrain.core.dist import DistInfo
 from rrtrain.core.errors import RunError, UsageError
 from rrtrain.core.io import atomic_write_json, atomic_write_text, replace_dir
 from rrtrain.data.verify import file_digest
+from rrtrain.rundir import train_state as train_state_file
 
 TRAIN_STATE = "train_state.json"
 HASH = "xxh64"
@@ -324,7 +324,8 @@ class CheckpointManager:
 
     @staticmethod
     def read_train_state(path: Path) -> dict:
-        return json.loads((path / TRAIN_STATE).read_text())
+        """Checked field by field (`rrtrain.rundir.train_state`): a bad one is a ValueError naming it."""
+        return train_state_file.read(path / TRAIN_STATE)
 
     def load(self, engine, path: Path) -> None:
         """Collective. Restores model, optimizer and this rank's RNG."""
