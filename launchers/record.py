@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from launchers import record_check
 from launchers.expand import Run, config_diff
@@ -56,6 +56,37 @@ def load(out: Path, problems: Optional[list[str]] = None) -> Optional[dict[str, 
 
 def save(out: Path, record: dict[str, Any]) -> None:
     atomic_write_json(path(out), record)
+
+
+def update(out: Path, change: Callable[[Optional[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
+    """Read sweep.json, `change` it, write it back, all under the record's lock (`launchers.sweep_lock`): what
+    another process recorded meanwhile (a cancellation, a submission) is in what `change` is given, never
+    overwritten by an older copy. Returns what was written."""
+    from launchers.sweep_lock import hold_record
+
+    with hold_record(out):
+        new = change(load(out))
+        save(out, new)
+    return new
+
+
+def keep_cancellations(mine: dict[str, Any]) -> Callable[[Optional[dict[str, Any]]], dict[str, Any]]:
+    """A `change` that writes `mine` with the cancellations recorded on disk (the one field another process
+    adds while a submission holds the sweep lock)."""
+    def change(current: Optional[dict[str, Any]]) -> dict[str, Any]:
+        if current is not None and current.get("cancellations"):
+            mine["cancellations"] = current["cancellations"]
+        return mine
+    return change
+
+
+def record_submission(out: Path, mine: dict[str, Any], executor: str, jobs: dict[str, Optional[str]]) -> dict[str, Any]:
+    """Add one submission to sweep.json as it is on disk now (else to `mine`), under the record's lock."""
+    def change(current: Optional[dict[str, Any]]) -> dict[str, Any]:
+        rec = current if current is not None else mine
+        add_submission(rec, executor, jobs)
+        return rec
+    return update(out, change)
 
 
 def run_entry(run: Run) -> dict[str, Any]:
