@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; the output directory was left as it was", file=sys.stderr)
         return 130
+    except OSError as err:  # a full disk, a quota, an I/O error: not bad input, but still one line
+        where = f" ({err.filename})" if err.filename else ""
+        fail(PROG, f"cannot write the dataset: {err.strerror or err}{where}; the output directory was left as it was")
+        return 1
     if not opts.progress:
         return 0
     tr, va = manifest["splits"]["train"], manifest["splits"]["val"]

@@ -91,9 +91,13 @@ def cancel_flagged(sweep_dir: Path) -> dict[str, str]:
         action = _stop_job(executor, job, run_dir)
         done[rid] = reason
         print(f"cancelled {rid} ({action}): {reason}", flush=True)
-    rec = record.load(sweep_dir) or rec  # re-read: a submission may have been recorded meanwhile
-    rec.setdefault("cancellations", []).append(
-        {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": done})
-    record.save(sweep_dir, rec)
+    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": done}
+
+    def add(current: Optional[dict[str, Any]]) -> dict[str, Any]:  # re-read under the record's lock
+        now = current if current is not None else rec
+        now.setdefault("cancellations", []).append(entry)
+        return now
+
+    record.update(sweep_dir, add)
     return done
 

@@ -11,10 +11,12 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+from launchers import record_check
 from launchers.expand import Run, config_diff
 from launchers.spec import Sweep
+from rrtrain.core import untrusted
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import atomic_write_json
 
@@ -26,21 +28,65 @@ def path(out: Path) -> Path:
     return Path(out) / NAME
 
 
-def load(out: Path) -> Optional[dict[str, Any]]:
+def load(out: Path, problems: Optional[list[str]] = None) -> Optional[dict[str, Any]]:
+    """The sweep's record, None when there is none. A file that is no record at all is a UsageError; a run entry
+    or submission that cannot be used (`launchers.record_check`) is one too, unless `problems` is given: then
+    it is left out of the record returned and said there, one line each (`rrtrain status` shows the rest)."""
     p = path(out)
-    if not p.exists():
-        return None
     try:
-        data = json.loads(p.read_text())
-    except ValueError as err:
-        raise UsageError(f"{p}: not valid JSON ({err})") from None
+        raw = untrusted.read_bytes(p)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise UsageError(f"{p}: unreadable ({err.strerror or type(err).__name__})") from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise UsageError(f"{p}: not valid JSON ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
     if not isinstance(data, dict) or "runs" not in data:
         raise UsageError(f"{p}: not a sweep record (no 'runs')")
-    return data
+    clean, found = record_check.check(data, Path(out))
+    if found and problems is None:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise UsageError(f"{p}: {found[0]}{more}; repair or move the file")
+    if problems is not None:
+        problems.extend(f"{NAME}: {line}" for line in found)
+    return clean
 
 
 def save(out: Path, record: dict[str, Any]) -> None:
     atomic_write_json(path(out), record)
+
+
+def update(out: Path, change: Callable[[Optional[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
+    """Read sweep.json, `change` it, write it back, all under the record's lock (`launchers.sweep_lock`): what
+    another process recorded meanwhile (a cancellation, a submission) is in what `change` is given, never
+    overwritten by an older copy. Returns what was written."""
+    from launchers.sweep_lock import hold_record
+
+    with hold_record(out):
+        new = change(load(out))
+        save(out, new)
+    return new
+
+
+def keep_cancellations(mine: dict[str, Any]) -> Callable[[Optional[dict[str, Any]]], dict[str, Any]]:
+    """A `change` that writes `mine` with the cancellations recorded on disk (the one field another process
+    adds while a submission holds the sweep lock)."""
+    def change(current: Optional[dict[str, Any]]) -> dict[str, Any]:
+        if current is not None and current.get("cancellations"):
+            mine["cancellations"] = current["cancellations"]
+        return mine
+    return change
+
+
+def record_submission(out: Path, mine: dict[str, Any], executor: str, jobs: dict[str, Optional[str]]) -> dict[str, Any]:
+    """Add one submission to sweep.json as it is on disk now (else to `mine`), under the record's lock."""
+    def change(current: Optional[dict[str, Any]]) -> dict[str, Any]:
+        rec = current if current is not None else mine
+        add_submission(rec, executor, jobs)
+        return rec
+    return update(out, change)
 
 
 def run_entry(run: Run) -> dict[str, Any]:

@@ -24,22 +24,25 @@ FINISHED = ENDED_FOR_GOOD  # a resubmission leaves these alone
 @functools.lru_cache(maxsize=64)
 def _manifest_seq_len(data_path: str) -> Optional[int]:
     m = readers.read_json_object(Path(data_path) / "manifest.json")
-    return fields.integer(m.get("seq_len")) if m else None
+    return fields.count(m.get("seq_len")) if m else None
 
 
 def total_steps(config: dict) -> Optional[int]:
-    """The run's step budget, as the trainer computes it (max_steps wins over tokens)."""
-    t, m = config["train"], config["model"]
-    max_steps, tokens = fields.integer(t.get("max_steps")), fields.integer(t.get("tokens"))
+    """The run's step budget, as the trainer computes it (max_steps wins over tokens); None when the recorded
+    config does not say (a section missing or of the wrong type: it came from a file)."""
+    dig = fields.dig
+    max_steps, tokens = fields.count(dig(config, "train", "max_steps")), fields.count(dig(config, "train", "tokens"))
     if max_steps is not None or tokens is None:
         return budget.total_steps(max_steps, None, 1)
-    seq = fields.integer(m.get("seq_len")) or (config["data"].get("path") and _manifest_seq_len(config["data"]["path"]))
+    data_path = dig(config, "data", "path")
+    seq = fields.count(dig(config, "model", "seq_len")) or (
+        isinstance(data_path, str) and "\0" not in data_path and _manifest_seq_len(data_path))
     if not seq:
         from rrtrain.model.sizing import presets
 
-        preset = presets().get(m["size"])
+        preset = presets().get(fields.text(dig(config, "model", "size")) or "")
         seq = preset.seq_len if preset else None
-    batch = fields.integer(t.get("global_batch"))
+    batch = fields.count(dig(config, "train", "global_batch"))
     return budget.total_steps(None, tokens, batch * int(seq)) if seq and batch and batch > 0 else None
 
 
@@ -79,9 +82,9 @@ def run_row(run_id: str, entry: dict, scheduler: Optional[str], submitted: bool)
         step = final.step if final.step is not None else step
     tokens = final.tokens if final and state in FINISHED else None
     if tokens is None and train:
-        tokens = fields.integer(train.get("tokens"))
-    tps = fields.number(speed.get("tokens_per_s")) if speed else None
-    val_loss = fields.number(val.get("val_loss")) if val else (final.final_val_loss if final else None)
+        tokens = fields.count(train.get("tokens"))
+    tps = fields.finite(speed.get("tokens_per_s")) if speed else None  # finite: `status --json` stays JSON
+    val_loss = fields.finite(val.get("val_loss")) if val else (final.final_val_loss if final else None)
     flags = list(final.flags) if final else []
     details = dict(final.flag_details) if final else {}
     if cancelled is not None:
@@ -91,7 +94,7 @@ def run_row(run_id: str, entry: dict, scheduler: Optional[str], submitted: bool)
     return {
         "id": run_id, "variant": entry["variant"], "size": entry["size"], "seed": entry["seed"],
         "scheduler": scheduler, "state": state, "step": step, "total_steps": total_steps(entry["config"]),
-        "tokens": tokens, "loss": fields.number(train.get("loss")) if train else None, "val_loss": val_loss,
+        "tokens": tokens, "loss": fields.finite(train.get("loss")) if train else None, "val_loss": val_loss,
         "tokens_per_s": tps, "flags": flags, "flag_details": details, "nodes": ranks.nodes(run_dir),
         "dir": str(run_dir),
     }

@@ -36,12 +36,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def collect(sweep_dir: Path) -> dict[str, Any]:
     """The status object: {"sweep", "dir", "runs": [...], "counts": {state: n}}."""
-    rec = record.load(sweep_dir)
+    problems: list[str] = []
+    rec = record.load(sweep_dir, problems)  # run entries that cannot be used are left out, one line each
     if rec is None:
         raise UsageError(f"{sweep_dir}: no sweep.json here (not a sweep directory written by `rrtrain sweep`)")
+    for line in problems:
+        print(f"rrtrain status: warning: {line}", file=sys.stderr, flush=True)
     last = record.last_jobs(rec)
     queue = squeue_states() if any(ex == "slurm" for ex, _ in last.values()) else None
-    if rec.get("cancel_flagged"):
+    if rec.get("cancel_flagged") is True and not problems:  # never act on a record that is not whole
         cancel.cancel_flagged(sweep_dir)
     rows = []
     for rid, entry in rec["runs"].items():
@@ -53,7 +56,7 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
     rows.sort(key=lambda r: (order.get(r["state"], 0), not r["flags"], r["id"]))
     counts = Counter(r["state"] for r in rows)
     return {"sweep": rec.get("name", sweep_dir.name), "dir": str(sweep_dir),
-            "runs": rows, "counts": {s: counts[s] for s in runstate.STATES if counts[s]}}
+            "runs": rows, "counts": {s: counts[s] for s in runstate.STATES if counts[s]}, "problems": problems}
 
 
 def add_sweep_flags(sweep_dir: Path, rec: dict[str, Any], rows: list[dict[str, Any]]) -> None:

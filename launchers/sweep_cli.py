@@ -27,7 +27,7 @@ from typing import Optional
 
 import yaml
 
-from launchers import cancel, record, runstate, snapshot, spec
+from launchers import cancel, record, runstate, snapshot, spec, sweep_lock
 from launchers.entry import config_path
 from launchers.estimate import check_gpu, cost
 from launchers.expand import Run, check_safe, data_path, expand
@@ -35,7 +35,7 @@ from launchers.render import render
 from launchers.scheduler import squeue_states
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
-from rrtrain.core.io import atomic_write_text
+from rrtrain.core.io import atomic_write_text, unwritable_reason
 from rrtrain.rundir.readers import read_cancelled
 
 
@@ -46,6 +46,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--executor", choices=["slurm", "local", "debug"], default="local")
     p.add_argument("--parallel", type=int, default=1, help="local: runs at a time (default 1)")
     p.add_argument("--dry-run", action="store_true", help="print and render, submit nothing")
+    p.add_argument("--lock-wait", type=float, default=sweep_lock.DEFAULT_WAIT_S, metavar="S",
+                   help="seconds to wait for another `rrtrain sweep` on the same directory to finish "
+                        f"(default {sweep_lock.DEFAULT_WAIT_S:g}), then refuse")
     p.add_argument("--cancel-flagged", action="store_true",
                    help="cancel the jobs of the sweep directory's stalled and diverged runs, recording why")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override the sweep file's keys")
@@ -58,7 +61,11 @@ def sweep_dir(sweep: spec.Sweep, out: Optional[str]) -> Path:
     p = Path(out) if out is not None else Path(sweep.spec.out).expanduser()
     if out is None and not p.is_absolute():
         p = sweep.path.parent / p
-    return Path(check_safe(str(p.resolve()), "sweep directory"))
+    p = Path(check_safe(str(p.resolve()), "sweep directory"))
+    why = unwritable_reason(p)  # a file in the way, a read-only mount: one line now, not a traceback later
+    if why is not None:
+        raise UsageError(f"sweep directory {p} cannot be written: {why}")
+    return p
 
 
 def to_submit(runs: list[Run], rec: Optional[dict]) -> tuple[list[Run], dict[str, str]]:
@@ -138,9 +145,17 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--parallel must be at least 1, got {args.parallel}")
     if args.cancel_flagged:
         return cancel_command(Path(args.sweep))
+    if not 0 <= args.lock_wait < 1e7:
+        raise UsageError(f"--lock-wait must be a number of seconds, got {args.lock_wait}")
     sweep = spec.load(args.sweep, args.overrides)
     check_gpu(sweep.spec.gpu)
     out = sweep_dir(sweep, args.out)
+    with sweep_lock.hold_sweep(out, args.lock_wait):  # one submission at a time (launchers.sweep_lock)
+        return submit(args, sweep, out)
+
+
+def submit(args: argparse.Namespace, sweep: spec.Sweep, out: Path) -> int:
+    """Everything from reading sweep.json to the last job id recorded; the caller holds the sweep's lock."""
     runs = expand(sweep, out, data_path(sweep, out))
     old = record.load(out)
     rec = record.merge(old, sweep, runs)  # refuses a changed run before anything is written
@@ -162,7 +177,7 @@ def main(argv: list[str]) -> int:
         return 0
     for rid, state in skipped.items():
         print(f"{rid}: {state}, leaving it alone")
-    record.save(out, rec)
+    rec = record.update(out, record.keep_cancellations(rec))
     if not todo:
         print(f"nothing to submit: all {len(runs)} runs are completed, queued or running")
         return 0
@@ -173,11 +188,9 @@ def main(argv: list[str]) -> int:
         try:
             jobs = slurm_executor.submit(todo, out, sweep.spec.name, code)
         except slurm_executor.SubmitError as err:
-            record.add_submission(rec, "slurm", err.jobs)
-            record.save(out, rec)
+            record.record_submission(out, rec, "slurm", err.jobs)
             raise UsageError(str(err)) from None
-        record.add_submission(rec, "slurm", jobs)
-        record.save(out, rec)
+        record.record_submission(out, rec, "slurm", jobs)
         for rid, job in jobs.items():
             print(f"{rid}: job {job}")
         print(f"submitted {len(jobs)} runs; follow them with: rrtrain status {out}")
@@ -196,9 +209,7 @@ def main(argv: list[str]) -> int:
         from launchers import debug_executor
 
         jobs, codes = debug_executor.submit(todo, configs)
-    rec = record.load(out) or rec  # cancellations may have been recorded meanwhile
-    record.add_submission(rec, args.executor, jobs)
-    record.save(out, rec)
+    rec = record.record_submission(out, rec, args.executor, jobs)  # cancellations may have been recorded meanwhile
     stopped = {rid for rid in codes if read_cancelled(Path(rec["runs"][rid]["dir"])) is not None}
     bad = {rid: c for rid, c in codes.items() if c != 0 and rid not in stopped}
     print(f"{len(codes) - len(bad) - len(stopped)} of {len(codes)} runs completed" +

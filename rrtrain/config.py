@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal, Optional, Union
 
 import yaml
 
+from rrtrain.core.untrusted import read_bytes as read_untrusted
 from rrtrain.core.errors import UsageError
 
 
@@ -351,27 +352,51 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def read_yaml(path: str | Path) -> dict:
-    """Read a YAML mapping; `base: other.yaml` (relative to the file) is merged underneath."""
+def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
+    """Read a YAML mapping; `base: other.yaml` (relative to the file) is merged underneath. Every problem is a
+    one-line UsageError naming the file: unreadable, not UTF-8, not YAML, not a mapping, a `base:` that is not a
+    file name or that leads back to a file of its own chain."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = read_untrusted(path, MAX_CONFIG_BYTES)
     except OSError as err:
-        raise UsageError(f"cannot read config {path}: {err.strerror or err}") from None
+        raise UsageError(f"cannot read config {path}: {err.strerror or type(err).__name__}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{path}: not UTF-8 text (byte {err.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise UsageError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    except RecursionError:
+        raise UsageError(f"{path}: nested too deeply to be a config") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     base = data.pop("base", None)
     if base is not None:
-        data = _merge(read_yaml(path.parent / str(base)), data)
+        if not isinstance(base, str) or not base.strip() or "\0" in base:
+            raise UsageError(f"{path}: base: expected a file name, got {type(base).__name__}")
+        here = path.resolve()
+        chain = _chain + (here,)
+        target = (path.parent / base).resolve()
+        if target in chain:
+            loop = " -> ".join(p.name for p in chain[chain.index(target):]) + f" -> {target.name}"
+            raise UsageError(f"{path}: base: {base!r} leads back to itself ({loop})")
+        if len(chain) >= MAX_BASE_DEPTH:
+            raise UsageError(f"{path}: base: more than {MAX_BASE_DEPTH} configs deep")
+        data = _merge(read_yaml(path.parent / base, chain), data)
     return data
+
+
+#: a config file larger than this is not one (a mistaken path to a dataset or a device)
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+#: `base:` chains longer than this are refused (a chain of distinct files that never ends would exhaust the stack)
+MAX_BASE_DEPTH = 32
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

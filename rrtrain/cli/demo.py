@@ -188,7 +188,11 @@ def main(argv: list[str]) -> int:
     if args.interval <= 0:
         raise UsageError(f"--interval must be positive, got {args.interval}")
     out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    from rrtrain.core.io import unwritable_reason
+
+    why = unwritable_reason(out)  # creates it; a file in the way is one line, not a traceback
+    if why is not None:
+        raise UsageError(f"--out {args.out!r} cannot be written: {why}")
     cmd = sweep_command(args, out)
     log_path = out / "sweep.log"
     print(f"rrtrain demo: {shlex.join(['rrtrain'] + cmd[3:])}\n  (its output: {log_path})", flush=True)

@@ -118,7 +118,10 @@ def main(argv: list[str]) -> int:
     from rrtrain.report.analysis import analyze
 
     analysis = analyze(runs, opts)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file on its path, a read-only mount
+        raise UsageError(f"--out {str(out)!r} cannot be created: {err.strerror or type(err).__name__}") from None
     drawn = plots.write_all(analysis, out)
     write_text(out / "results.csv", render.results_csv(analysis))
     write_text(out / "summary.json", render.summary_json(analysis, drawn, str(sweep)))

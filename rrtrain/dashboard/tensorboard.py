@@ -30,12 +30,26 @@ HOST = "127.0.0.1"  # loopback only: on a cluster, reach it through an SSH tunne
 SERIES = {"train_loss": "loss", "val_loss": "val_loss", "grad_norm": "grad_norm"}  # per-size tag -> metrics key
 
 
+#: a size or variant that becomes a directory of the logdir: a plain name, never a path (`..`, `/etc`)
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,127}")
+SAFE_SEED = re.compile(r"seed(-?[0-9]{1,20}|x)")
+
+
 def run_identity(run: Path) -> tuple[str, str, str, readers.Final]:
     """(size, variant, seedN, final.json, empty while the run goes) from final.json, else config.yaml."""
     final = readers.read_final(run)
     who = readers.identity(final, {} if readers.has_identity(final) else readers.read_config(run))
     seed = who.seed if who.seed is not None else "x"
     return who.size or "unknown", who.variant or run.name, f"seed{seed}", final or readers.Final()
+
+
+def unsafe_identity(size: str, variant: str, seed: str) -> Optional[str]:
+    """Why a run's identity cannot name its logdir directory (None: it can). It was read from the run's files
+    (final.json, else config.yaml), which anyone may have written."""
+    for key, value, pattern in (("size", size, SAFE_NAME), ("variant", variant, SAFE_NAME), ("seed", seed, SAFE_SEED)):
+        if not pattern.fullmatch(value):
+            return f"its {key} {fields.short(value)} (final.json or config.yaml) is not a plain name"
+    return None
 
 
 def layout(sizes: list[str]) -> dict[str, dict[str, list]]:
@@ -120,14 +134,26 @@ def build_logdir(sweep_dir: str | os.PathLike[str]) -> tuple[Path, list[str]]:
     if not sweep.is_dir():
         raise UsageError(f"{sweep}: not a directory")
     home = sweep / ".dashboard"
-    runs = [d for d in run_dirs(sweep) if home not in d.parents]
-    if not runs:
+    found = [d for d in run_dirs(sweep) if home not in d.parents]
+    if not found:
         raise UsageError(f"{sweep}: no runs (no final.json or metrics.jsonl under it)")
+    runs, idents = [], []
+    for run in found:
+        ident = run_identity(run)
+        why = unsafe_identity(*ident[:3])
+        if why is None:
+            runs.append(run)
+            idents.append(ident)
+        else:
+            print(f"rrtrain dashboard: skipping {run}: {why}", file=sys.stderr, flush=True)
+    if not runs:
+        raise UsageError(f"{sweep}: no run that the dashboard can show (every one was skipped, see above)")
+    if home.is_symlink() or (home.exists() and not home.is_dir()):
+        raise UsageError(f"{home} is not a directory of its own (a link or a file): move it away")
     home.mkdir(exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix="build-", dir=home))
     build.chmod(0o755)
     names: list[str] = []
-    idents = [run_identity(r) for r in runs]
     sizes = sorted({i[0] for i in idents})
     for run, (size, variant, seed, final) in zip(runs, idents):
         name = f"{size}/{variant}/{seed}"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from rrtrain.config import MonitorConfig, build
+from rrtrain.config import MonitorConfig, build, validate_monitor
 from rrtrain.core.errors import UsageError
 from rrtrain.monitoring.convergence import DIVERGED, STALLED, LossMonitor, smoothing_span
 from rrtrain.rundir import fields, readers
@@ -87,13 +87,15 @@ def monitor_of(config: dict[str, Any]) -> Optional[MonitorConfig]:
     if not isinstance(section, dict):
         return None
     try:
-        return build(MonitorConfig, section, "monitor")
+        mon = build(MonitorConfig, section, "monitor")
+        validate_monitor(mon)  # a window of 0 or -1 from a file is as unusable as a string
+        return mon
     except UsageError:
         return None
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return fields.finite(value) is not None  # never math.isfinite on an int: 10**400 overflows
 
 
 def _recent_loss(records: list[dict[str, Any]], n: int = 10) -> float:

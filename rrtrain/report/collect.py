@@ -12,6 +12,7 @@ unfinished / unusable, and `rrtrain.report.analysis` applies `--include-flagged`
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,7 +160,7 @@ def read_metrics(path: Path) -> Metrics:
 
     Lines with another `kind` (e.g. `"diag"`) are ignored. Lines that are not JSON objects (a torn
     last line after a crash, garbage) are counted in `bad_lines` and skipped, and so are lines whose loss has
-    no step or is not a number. A step logged twice (a resumed run re-logs the steps after its last checkpoint)
+    no step or is not a loss (`rrtrain.rundir.fields.loss`). A step logged twice (a resumed run re-logs the steps after its last checkpoint)
     keeps the last value; `relogged` counts the replaced values.
     """
     train: dict[int, float] = {}
@@ -173,17 +174,19 @@ def read_metrics(path: Path) -> Metrics:
         kind = rec.get("kind")
         if kind is not None and kind not in TRAIN_KINDS | EVAL_KINDS:
             continue
-        step = fields.integer(rec.get("step"))
+        step = fields.count(rec.get("step"))
         malformed = False
         for key, table in (("loss", train), ("val_loss", val)):
             value = rec.get(key)
             if value is None or (key == "loss" and kind in EVAL_KINDS):
                 continue
-            if step is None or not fields.is_number(value):
-                malformed = True
+            x = fields.number(value)  # NaN stays (a diverged step); a finite value must be a loss
+            loss = x if x is not None and not math.isfinite(x) else fields.loss(value)
+            if step is None or loss is None:
+                malformed = True  # no step, or not a loss (a string, 1e308, a negative number)
                 continue
             relogged += step in table
-            table[step] = float(value)
+            table[step] = loss
         bad += malformed
     ts = sorted(train)
     vs = sorted(val)

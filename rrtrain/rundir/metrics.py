@@ -13,7 +13,8 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from rrtrain.core.io import atomic_write_text
+from rrtrain.core import untrusted
+from rrtrain.core.io import atomic_write_bytes, atomic_write_text
 from rrtrain.rundir import fields, layout
 
 
@@ -38,18 +39,18 @@ class MetricsLogger:
         if not self.path.exists():
             return
         kept = []
-        for raw in self.path.read_bytes().splitlines():
-            try:
-                line = raw.decode("utf-8")
-                rec = json.loads(line)
-            except (ValueError, RecursionError):  # a line cut by a kill, or garbage (not UTF-8, not JSON)
-                continue
-            if not isinstance(rec, dict):
-                continue  # not a record: nothing of ours
-            at = fields.step(rec.get("step", 0))
-            if at is not None and at <= step:
-                kept.append(line)
-        atomic_write_text(self.path, "".join(k + "\n" for k in kept))
+        with untrusted.open_regular(self.path) as fh:  # read as bytes: a line that is not UTF-8 is garbage, not a crash
+            for raw in fh:
+                try:
+                    rec = json.loads(raw)
+                except (ValueError, RecursionError):
+                    continue  # a line cut by a kill, or garbage
+                if not isinstance(rec, dict):
+                    continue  # not a record: nothing of ours
+                at = fields.step(rec.get("step", 0))
+                if at is not None and at <= step:
+                    kept.append(raw.rstrip(b"\r\n") + b"\n")
+        atomic_write_bytes(self.path, b"".join(kept))
 
     def log(self, record: dict[str, Any], tb_prefix: str = "train") -> None:
         """Append one record (non-finite numbers become null: the file stays valid JSON) and mirror it."""

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from rrtrain.core import untrusted
 from rrtrain.core.io import atomic_write_text
 from rrtrain.rundir import fields
 from rrtrain.rundir.layout import RANKS
@@ -46,15 +47,18 @@ def record(run_dir: str | os.PathLike[str], rank: int, local_rank: int, world_si
 
 def read(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The rank files of a run, by rank; a file that is unreadable, not an object, or without an integer
-    `rank` and a text `host` is left out (anyone may have written it)."""
+    `rank` and a text `host` is left out (anyone may have written it). `host` is text, `world_size` a count or
+    None, `started` a finite number or None."""
     found: list[dict[str, Any]] = []
     for path in sorted((Path(run_dir) / RANKS).glob("rank*.json")):
         try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
+            rec = json.loads(untrusted.read_bytes(path, 1 << 20))
+        except (OSError, ValueError, RecursionError):
             continue
-        if isinstance(rec, dict) and fields.step(rec.get("rank")) is not None and fields.text(rec.get("host")):
-            found.append({**rec, "rank": fields.step(rec["rank"])})
+        rank, host = (fields.count(rec.get("rank")), fields.text(rec.get("host"))) if isinstance(rec, dict) else (None, None)
+        if rank is not None and host is not None and fields.step(rec.get("rank")) is not None:
+            found.append({**rec, "rank": rank, "host": host[:255], "world_size": fields.count(rec.get("world_size")),
+                          "started": fields.finite(rec.get("started"))})
     return sorted(found, key=lambda r: r["rank"])
 
 

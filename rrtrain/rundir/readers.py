@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from rrtrain.core import untrusted
 from rrtrain.rundir import fields, layout
 
 #: by default `read_tail` parses training, evaluation and flag lines only: the long diagnostic lines are skipped
@@ -33,14 +34,14 @@ def read_json_object(path: Path, name: Optional[str] = None,
     `name`, by default its file name)."""
     name = name or path.name
     try:
-        raw = path.read_bytes()
+        raw = untrusted.read_bytes(path)
     except FileNotFoundError:
         return None
     except OSError as err:
         return _refuse(problems, f"{name} unreadable: {err.strerror or type(err).__name__}")
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, RecursionError) as err:
         return _refuse(problems, f"{name} unreadable: {type(err).__name__} (truncated or not JSON)")
     if not isinstance(data, dict):
         return _refuse(problems, f"{name} unreadable: not a JSON object (a {type(data).__name__})")
@@ -82,7 +83,19 @@ def _typed(data: dict[str, Any], key: str, read: Any, kind: str, problems: list[
     value = data.get(key)
     out = read(value)
     if value is not None and out is None:
-        problems.append(f"{layout.FINAL}: field {key!r} is not {kind} (got {type(value).__name__} {value!r:.40})")
+        problems.append(f"{layout.FINAL}: field {key!r} is not {kind} (got {type(value).__name__} {fields.short(value)})")
+    return out
+
+
+def _loss(data: dict[str, Any], key: str, problems: list[str]) -> Optional[float]:
+    """A loss field: None when missing, null or not finite (a run that never evaluated, or diverged: rrtrain
+    writes those); a line in `problems` when it is a number no cross-entropy can be, or not a number."""
+    value = data.get(key)
+    if value is None or (fields.is_number(value) and fields.finite(value) is None):
+        return None
+    out = fields.loss(value)
+    if out is None:
+        problems.append(f"{layout.FINAL}: field {key!r} is not a loss (got {type(value).__name__} {fields.short(value)})")
     return out
 
 
@@ -98,12 +111,12 @@ def parse_final(data: dict[str, Any]) -> Final:
         status=_typed(data, "status", fields.text, "a name", p),
         reason=fields.text(data.get("reason")) or "",
         signal=fields.text(data.get("signal")),
-        step=_typed(data, "step", fields.integer, "an integer", p),
-        tokens=_typed(data, "tokens", fields.integer, "an integer", p),
-        final_val_loss=fields.finite(_typed(data, "final_val_loss", fields.number, "a number", p)),
-        best_val_loss=fields.finite(_typed(data, "best_val_loss", fields.number, "a number", p)),
-        params=_typed(data, "params", fields.number, "a number", p),
-        wall_s=_typed(data, "wall_s", fields.number, "a number", p),
+        step=_typed(data, "step", fields.count, "a step count", p),
+        tokens=_typed(data, "tokens", fields.count, "a token count", p),
+        final_val_loss=_loss(data, "final_val_loss", p),
+        best_val_loss=_loss(data, "best_val_loss", p),
+        params=_typed(data, "params", lambda v: fields.bounded(v, 0, fields.COUNT_MAX), "a parameter count", p),
+        wall_s=_typed(data, "wall_s", lambda v: fields.bounded(v, 0, 1e12), "a number of seconds", p),
         variant=_typed(data, "variant", fields.text, "a name", p),
         size=_typed(data, "size", fields.text, "a name", p),
         seed=fields.integer(seed) if fields.integer(seed) is not None else fields.text(seed),
@@ -125,17 +138,17 @@ def read_config(run_dir: str | os.PathLike[str], problems: Optional[list[str]] =
     `problems`). A section of the wrong type is the caller's to skip (`fields.dig`)."""
     path = Path(run_dir) / layout.CONFIG
     try:
-        body = path.read_text(encoding="utf-8")
+        body = untrusted.read_bytes(path).decode("utf-8")
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError) as err:
-        _refuse(problems, f"{layout.CONFIG} unreadable: {type(err).__name__}")
+        _refuse(problems, f"{layout.CONFIG} unreadable: {getattr(err, 'strerror', None) or type(err).__name__}")
         return {}
     import yaml  # only the readers that need the config pay for yaml
 
     try:
         data = yaml.safe_load(body)
-    except yaml.YAMLError as err:
+    except (yaml.YAMLError, RecursionError) as err:
         _refuse(problems, f"{layout.CONFIG} unreadable: {type(err).__name__}")
         return {}
     if data is not None and not isinstance(data, dict):
@@ -198,7 +211,7 @@ def records(path: Path) -> Iterator[Optional[dict[str, Any]]]:
     """Every non-empty line of a metrics.jsonl, streamed (the file may be hundreds of MB): the JSON object, or
     None for a line that is not one (a torn last line, garbage, a list, a string). A missing file has none."""
     try:
-        fh = open(path, "rb")
+        fh = untrusted.open_regular(path)
     except OSError:
         return
     with fh:
@@ -207,7 +220,7 @@ def records(path: Path) -> Iterator[Optional[dict[str, Any]]]:
                 continue
             try:
                 rec = json.loads(raw)
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, RecursionError):
                 yield None
                 continue
             yield rec if isinstance(rec, dict) else None
@@ -225,12 +238,12 @@ def read_tail(path: Path, tail_bytes: Optional[int] = 1 << 20,
 def _parse_lines(lines: list[bytes]) -> list[dict[str, Any]]:
     try:  # one parse for the whole tail (several times faster than one per line) ...
         parsed = json.loads(b"[" + b",".join(lines) + b"]")
-    except (ValueError, UnicodeDecodeError):  # ... unless a line is torn (or two make one): then line by line
+    except (ValueError, RecursionError):  # ... unless a line is torn (or two make one): then line by line
         parsed = []
         for raw in lines:
             try:
                 parsed.append(json.loads(raw))
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, RecursionError):
                 continue
     return [rec for rec in parsed if isinstance(rec, dict)]
 
@@ -267,7 +280,7 @@ def _tail_lines(path: Path, tail_bytes: Optional[int]) -> tuple[list[bytes], boo
     """The whole lines in the last `tail_bytes` (None: all) of a file, and whether that was the whole file; a
     missing file has none."""
     try:
-        with open(path, "rb") as fh:
+        with untrusted.open_regular(path) as fh:
             size = fh.seek(0, os.SEEK_END)
             start = 0 if tail_bytes is None else max(0, size - tail_bytes)
             fh.seek(start)
@@ -281,7 +294,7 @@ def _take_latest(raw: bytes, found: dict[str, dict[str, Any]]) -> None:
     """Note one line's record under each of loss / val_loss / tokens_per_s not found yet."""
     try:
         rec = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         return  # a line cut by a kill
     if not isinstance(rec, dict):
         return

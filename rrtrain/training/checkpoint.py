@@ -26,8 +26,6 @@ from __future__ import annotations
 import copy
 import datetime
 import errno
-import json
-import math
 import os
 import pickle
 import random
@@ -48,6 +46,7 @@ from rrtrain.core.dist import DistInfo
 from rrtrain.core.errors import RunError, UsageError
 from rrtrain.core.io import atomic_write_json, atomic_write_text, replace_dir
 from rrtrain.data.verify import file_digest
+from rrtrain.rundir import train_state as train_state_file
 
 TRAIN_STATE = "train_state.json"
 HASH = "xxh64"
@@ -344,7 +343,7 @@ class CheckpointManager:
 
     def _publish(self, tmp: Path, final: Path, train_state: dict) -> None:
         """Rank 0: the train state (with the checksums) into the hidden directory, then the rename, then `latest`."""
-        atomic_write_json(tmp / TRAIN_STATE, _encode_nonfinite(train_state))
+        atomic_write_json(tmp / TRAIN_STATE, train_state_file.encode(train_state))
         replace_dir(tmp, final)  # a checkpoint of this step already there is deleted only once this one is in
         atomic_write_text(self.root / "latest", final.name + "\n")
         self._prune()
@@ -358,7 +357,8 @@ class CheckpointManager:
 
     @staticmethod
     def read_train_state(path: Path) -> dict:
-        return json.loads((path / TRAIN_STATE).read_text(), object_hook=_decode_nonfinite)
+        """Checked field by field (`rrtrain.rundir.train_state`): a bad one is a ValueError naming it."""
+        return train_state_file.read(path / TRAIN_STATE)
 
     def load(self, engine, path: Path) -> None:
         """Collective. Restores model, optimizer and this rank's RNG."""
@@ -371,27 +371,6 @@ class CheckpointManager:
                 raise UsageError(f"checkpoint {path.name}: {rng_file.name} is not plain tensors and numbers (written by "
                                  "an older rrtrain, which pickled its RNG state); refusing to unpickle it") from err
             set_rng_state(state)
-
-
-#: how train_state.json spells a non-finite float (JSON has none; a best loss starts at infinity)
-NONFINITE = "__nonfinite__"
-
-
-def _encode_nonfinite(obj: Any) -> Any:
-    """`obj` with each non-finite float as {NONFINITE: "inf" | "-inf" | "nan"}: valid JSON that reads back exactly."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return {NONFINITE: repr(obj)}
-    if isinstance(obj, dict):
-        return {k: _encode_nonfinite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_encode_nonfinite(v) for v in obj]
-    return obj
-
-
-def _decode_nonfinite(obj: dict) -> Any:
-    if len(obj) == 1 and obj.get(NONFINITE) in ("inf", "-inf", "nan"):
-        return float(obj[NONFINITE])
-    return obj
 
 
 def _fresh_dir(path: Path) -> None:

@@ -105,11 +105,14 @@ def test_json_files_never_hold_bare_nan(tmp_path):
 
 
 def test_train_state_keeps_non_finite_numbers_exactly(tmp_path):
-    from rrtrain.training.checkpoint import TRAIN_STATE, CheckpointManager, _encode_nonfinite
     from rrtrain.core.io import atomic_write_json
+    from rrtrain.rundir import train_state
+    from rrtrain.training.checkpoint import TRAIN_STATE, CheckpointManager
 
-    state = {"best_val_loss": math.inf, "callbacks": {"monitor": {"low": -math.inf, "x": [math.nan, 2.0]}}}
-    atomic_write_json(tmp_path / TRAIN_STATE, _encode_nonfinite(state))
+    state = {"step": 3, "tokens": 96, "skipped": 0, "wall_s": 1.0, "last_val_loss": None, "world_size": 1,
+             "config": {}, "loader": {"samples_consumed": 6}, "files": {},
+             "best_val_loss": math.inf, "callbacks": {"monitor": {"low": -math.inf, "x": [math.nan, 2.0]}}}
+    atomic_write_json(tmp_path / TRAIN_STATE, train_state.encode(state))
     _strict((tmp_path / TRAIN_STATE).read_text())
     back = CheckpointManager.read_train_state(tmp_path)
     assert back["best_val_loss"] == math.inf and back["callbacks"]["monitor"]["low"] == -math.inf
