@@ -28,6 +28,7 @@ from launchers import record
 from rrtrain.config import MonitorConfig
 from rrtrain.rundir import fields
 from rrtrain.rundir import lock as runlock
+from rrtrain.rundir.points import point_label, read_point
 from rrtrain.rundir.readers import read_cancelled
 from rrtrain.rundir.writers import write_cancelled
 
@@ -87,10 +88,15 @@ def cancel_flagged(sweep_dir: Path) -> dict[str, str]:
         executor, job = last.get(rid, ("", None))
         action = _stop_job(executor, job, run_dir)
         done[rid] = reason
-        print(f"cancelled {rid} ({action}): {reason}", flush=True)
+        point = read_point(fields.dig(rec["runs"][rid], "config"))
+        at = f" at {point_label(point)}" if point else ""
+        print(f"cancelled {rid}{at} ({action}): {reason}", flush=True)
     rec = record.load(sweep_dir) or rec  # re-read: a submission may have been recorded meanwhile
-    rec.setdefault("cancellations", []).append(
-        {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": done})
+    entry: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": done}
+    points = {rid: p for rid in done if (p := read_point(fields.dig(rec["runs"].get(rid), "config")))}
+    if points:
+        entry["points"] = points  # the grid point of each cancelled run
+    rec.setdefault("cancellations", []).append(entry)
     record.save(sweep_dir, rec)
     return done
 
