@@ -228,7 +228,7 @@ def analyze_grid(runs: list[Run], opts: Options, sweep_dir: Path | None = None) 
     if opts.shared is not None:
         shared, source = parse_shared(opts.shared, grid_runs), "named with --shared"
     else:
-        shared, source = middle_point(grid_runs), "the middle value of each grid key (name another with --shared)"
+        shared, source = middle_point(grid_runs), "the middle value of each grid key; name another with --shared"
     selected_at = {(g.size, g.variant): _key(g.chosen) for g in groups if g.chosen is not None}
     shared_at = {(g.size, g.variant): _key(shared) for g in groups}
     if not any(_seed_int(r.seed) is not None and _seed_int(r.seed) >= k for r in grid_runs):

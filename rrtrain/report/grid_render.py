@@ -42,7 +42,7 @@ def _points_table(ga: GridAnalysis) -> list[str]:
             rows.append([g.size, g.variant, point_label(p.point), fixed(p.score, 4) if p.score is not None else DASH,
                          chosen or (p.why_out if p.score is None else ""),
                          ", ".join(f"{s}: {st}" for s, st in p.statuses.items())])
-    return _table(["Size", "variant", "point", "selection loss", "", "runs (seed: outcome)"], rows)
+    return _table(["Size", "variant", "point", "selection loss", "verdict", "runs (seed: outcome)"], rows)
 
 
 def _lr_section(fits: list[LrFit]) -> list[str]:
