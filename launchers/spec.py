@@ -1,4 +1,5 @@
-"""The sweep file: a base training config, the axes variant x size x seed, resources per size.
+"""The sweep file: a base training config, the axes variant x size x seed (and the points of a `grid:` of
+training keys, per sweep, size or variant), resources per size.
 
 Read with the same machinery as run configs (`rrtrain.config.build`): an unknown key names the closest valid
 one, a wrong type says what was expected. Everything that cannot work (an unknown size or variant, a seed count

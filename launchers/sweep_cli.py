@@ -1,9 +1,11 @@
 """`rrtrain sweep SWEEP.yaml --out DIR [--executor slurm|local|debug] [--parallel N] [--dry-run] [key=value ...]`
 
-Expand a sweep file into runs (SIZE-VARIANT-sSEED, one directory each under DIR) and submit the ones that
+Expand a sweep file into runs (SIZE-VARIANT-sSEED, or SIZE-VARIANT-POINT-sSEED for the points of a `grid:`, e.g.
+tiny-review-lr3e-3-s0; one directory each under DIR) and submit the ones that
 need it: a new run, or one that failed or was preempted (it resumes from its checkpoint). Completed,
 diverged and stalled runs are left alone, and so are runs that are queued or training now. A sweep file
-that changes an existing run's config is refused, listing the differences; adding sizes or seeds adds runs.
+that changes an existing run's config is refused, listing the differences; adding sizes, seeds or grid values adds
+runs.
 
   slurm   one submitit job array per resource shape; returns once queued (prints the job ids)
   local   subprocesses on this machine, --parallel at a time, a log per run in DIR/slurm/logs/

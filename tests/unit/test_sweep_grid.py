@@ -63,6 +63,18 @@ def test_points_ids_levels_and_typed_values(tmp_path):
     assert record.run_entry(r)["point"] == {"train.lr": 0.001}
 
 
+def test_a_rules_own_knob_and_negative_values(tmp_path):
+    body = with_(BASE, variants=["review", "highway"], grid={"model.init_std": [0.01, 0.02]},
+                 variant_grid={"highway": {"model.residual.gate_bias": [-1, 0.5]}})
+    body["sizes"] = {"tiny": 1}
+    _, _, runs = expand_body(tmp_path, body)
+    by = {r.id: r for r in runs}
+    r = by["tiny-highway-init_std2e-2-gate_bias-1.0-s0"]
+    assert r.point == {"model.init_std": 0.02, "model.residual.gate_bias": -1.0}
+    assert r.config["model"]["residual"]["gate_bias"] == -1.0 and r.config["model"]["init_std"] == 0.02
+    assert "tiny-review-init_std1e-2-s0" in by and len(runs) == 2 + 4
+
+
 def test_no_grid_keeps_ids_and_config(tmp_path):
     body = with_(BASE)
     del body["grid"], body["variant_grid"], body["sizes"]["tiny"]["grid"]
