@@ -185,3 +185,21 @@ def test_plan_sweep_knows_the_grid(tmp_path):
     proc = subprocess.run([PY, "-m", "rrtrain", "plan", str(p), "--json"], capture_output=True, text=True, timeout=300)
     runs = json.loads(proc.stdout)["runs"]
     assert runs["tiny-review-lr3e-3-warmup_steps2-s0"]["point"] == {"train.lr": 0.003, "train.warmup_steps": 2}
+
+
+def test_cancel_names_and_records_the_point(tmp_path, capsys):
+    from launchers import cancel
+    from test_sweep_cancel import make_sweep
+
+    sweep, procs = make_sweep(tmp_path)
+    try:
+        rec = record.load(sweep)
+        rec["runs"]["tiny-review_convex-s0"]["config"]["run"] = {"point": {"train.lr": 0.01}}
+        record.save(sweep, rec)
+        assert list(cancel.cancel_flagged(sweep)) == ["tiny-review_convex-s0"]
+        assert "cancelled tiny-review_convex-s0 at train.lr=0.01 (" in capsys.readouterr().out
+        assert record.load(sweep)["cancellations"][-1]["points"] == {"tiny-review_convex-s0": {"train.lr": 0.01}}
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
