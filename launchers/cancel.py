@@ -28,6 +28,7 @@ from launchers import record
 from rrtrain.config import MonitorConfig
 from rrtrain.rundir import fields
 from rrtrain.rundir import lock as runlock
+from rrtrain.rundir.points import point_label, read_point
 from rrtrain.rundir.readers import read_cancelled
 from rrtrain.rundir.writers import write_cancelled
 
@@ -90,8 +91,13 @@ def cancel_flagged(sweep_dir: Path) -> dict[str, str]:
         executor, job = last.get(rid, ("", None))
         action = _stop_job(executor, job, run_dir)
         done[rid] = reason
-        print(f"cancelled {rid} ({action}): {reason}", flush=True)
-    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": done}
+        point = read_point(fields.dig(rec["runs"][rid], "config"))
+        at = f" at {point_label(point)}" if point else ""
+        print(f"cancelled {rid}{at} ({action}): {reason}", flush=True)
+    entry: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": done}
+    points = {rid: p for rid in done if (p := read_point(fields.dig(rec["runs"].get(rid), "config")))}
+    if points:
+        entry["points"] = points  # the grid point of each cancelled run
 
     def add(current: Optional[dict[str, Any]]) -> dict[str, Any]:  # re-read under the record's lock
         now = current if current is not None else rec

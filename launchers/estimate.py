@@ -36,3 +36,31 @@ def cost(run: Run, gpu: str, mfu: float) -> Cost:
         peak = GPU_PEAK_TFLOPS[gpu][precision_key(r.cfg.parallel.precision)] * 1e12
         hours = flops / (peak * mfu) / 3600.0
     return Cost(r.params, tokens, flops, hours)
+
+
+@dataclass(frozen=True)
+class GroupCost:
+    """The cost of one (size, variant) of a sweep with a grid: how many points and runs, and their GPU-hours."""
+
+    size: str
+    variant: str
+    points: int
+    runs: int
+    gpu_hours: Optional[float]
+
+
+def grid_costs(runs: list[Run], gpu: str, mfu: float) -> list[GroupCost]:
+    """Per (size, variant), in the runs' order: the grid's points, runs and GPU-hours (None for CPU runs);
+    empty when no run has a grid point."""
+    if not any(r.point for r in runs):
+        return []
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.size, r.variant), []).append(r)
+    out = []
+    for (size, variant), members in groups.items():
+        hours = [cost(r, gpu, mfu).gpu_hours for r in members]
+        total = None if any(h is None for h in hours) else sum(h for h in hours if h is not None)
+        npoints = len({tuple(sorted(r.point.items())) for r in members})
+        out.append(GroupCost(size, variant, npoints, len(members), total))
+    return out

@@ -1,14 +1,18 @@
-"""A sweep file -> its runs: one per (size, variant, seed), each a fully resolved, validated training config.
+"""A sweep file -> its runs: one per (size, variant, grid point, seed), each a fully resolved, validated training
+config.
 
-A run's id is `SIZE-VARIANT-sSEED` and its directory `SWEEP_DIR/<id>`. Overrides apply in this order: the base
-training config, the sweep's `overrides`, the size's `overrides`, the axes (size, variant, seed, budget,
-matching, data, run dir), then the run's own entry under `runs:` (which may not move an axis).
+A run's id is `SIZE-VARIANT-sSEED`, or `SIZE-VARIANT-POINT-sSEED` in a sweep with a `grid:` (POINT encodes the
+setting, `lr3e-3`: `rrtrain.rundir.points`), and its directory `SWEEP_DIR/<id>`. Overrides apply in this order:
+the base training config, the sweep's `overrides`, the size's `overrides`, the axes (size, variant, seed,
+budget, matching, data, run dir), the grid point, then the run's own entry under `runs:` (which may move
+neither an axis nor a grid key).
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
+import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from launchers.spec import Resources, Sweep
 from rrtrain.config import Config, build, read_yaml, validate
 from rrtrain.core.errors import UsageError
+from rrtrain.rundir.points import point_key
 
 if TYPE_CHECKING:  # the resolver loads torch (the registry); `rrtrain status` reads `Run` without it
     from rrtrain.resolve import ResolvedRun
@@ -37,14 +42,57 @@ class Run:
     #: the run resolved as the trainer will (rule, matched shape, counts, budget; the dataset's manifest when it is
     #: prepared already): what the sweep's estimates and `rrtrain plan` read. None for a run read back from a record
     resolved: Optional["ResolvedRun"] = field(default=None, compare=False, repr=False)
+    #: the grid point (training key -> value, typed as the config types it); {} in a sweep without a grid
+    point: dict = field(default_factory=dict)
 
     @property
     def dir(self) -> Path:
         return Path(self.config["run"]["dir"])
 
 
-def run_id(size: str, variant: str, seed: int) -> str:
-    return f"{size}-{variant}-s{seed}"
+def run_id(size: str, variant: str, seed: int, point: Optional[dict] = None) -> str:
+    """`SIZE-VARIANT-sSEED`; with a grid point, `SIZE-VARIANT-POINT-sSEED` (`tiny-review-lr3e-3-s0`)."""
+    key = point_key(point or {})
+    return f"{size}-{variant}-{key}-s{seed}" if key else f"{size}-{variant}-s{seed}"
+
+
+def grid_of(sweep: Sweep, size: str, variant: str) -> dict[str, list]:
+    """The grid of one (size, variant): the sweep's, the size's and the variant's, the most specific per key."""
+    return {**sweep.spec.grid, **sweep.size_specs[size].grid, **sweep.spec.variant_grid.get(variant, {})}
+
+
+def typed_grid(grid: dict[str, list], base: dict) -> dict[str, list]:
+    """Each value as the training config types its key (`"3e-3"` -> 0.003 for `train.lr`); a value the
+    config would refuse (as `rrtrain train` refuses a `key=value` override) is refused here, naming it."""
+    out: dict[str, list] = {}
+    for key, values in grid.items():
+        typed = []
+        for value in values:
+            data = copy.deepcopy(base)
+            set_key(data, key, value)
+            try:
+                cfg = build(Config, data)
+            except UsageError as err:
+                raise UsageError(f"grid {key}: value {value!r}: {err}") from None
+            got = _dig_dotted(cfg.to_dict(), key)
+            typed.append(got)
+        if len({repr(v) for v in typed}) != len(typed):
+            raise UsageError(f"grid {key}: two values are the same {values}")
+        out[key] = typed
+    return out
+
+
+def _dig_dotted(data: dict, dotted: str) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def points(grid: dict[str, list]) -> list[dict[str, Any]]:
+    """Every point of a grid, keys sorted, values in file order; [{}] for no grid."""
+    keys = sorted(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
 def check_safe(text: str, what: str) -> str:
@@ -85,8 +133,18 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
     check_safe(spec.name, "sweep name")
     base = read_yaml(sweep.base_config)
     prep_seq_len = spec.prep.seq_len if spec.prep is not None else None  # the data this sweep will prepare
-    ids = {run_id(size, v, seed) for size, s in sweep.size_specs.items() for v in size_variants(sweep, size)
-           for seed in range(s.seeds)}
+    grids = {(size, v): points(typed_grid(grid_of(sweep, size, v), base))
+             for size in sweep.size_specs for v in size_variants(sweep, size)}
+    ids: dict[str, tuple] = {}
+    for (size, v), pts in grids.items():
+        for pt in pts:
+            for seed in range(sweep.size_specs[size].seeds):
+                rid = run_id(size, v, seed, pt)
+                if rid in ids:
+                    raise UsageError(f"grid: two runs would both be named '{rid}' ({_label(ids[rid])} and "
+                                     f"{_label((size, v, pt, seed))}): rename a size or variant, or drop a value")
+                ids[rid] = (size, v, pt, seed)
+    gridded = {k for (size, v) in grids for k in grid_of(sweep, size, v)}
     for rid, over in spec.runs.items():
         if rid not in ids:
             close = difflib.get_close_matches(rid, sorted(ids), n=1)
@@ -95,11 +153,14 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
         moved = [k for k in over if k in AXES]
         if moved:
             raise UsageError(f"runs.{rid}: {moved[0]} is an axis of the sweep and cannot be overridden per run")
+        regrid = [k for k in over if k in gridded]
+        if regrid:
+            raise UsageError(f"runs.{rid}: {regrid[0]} is a grid key of the sweep and cannot be overridden per run")
     runs: list[Run] = []
     for size, s in sweep.size_specs.items():
         for variant in size_variants(sweep, size):
-            for seed in range(s.seeds):
-                rid = check_safe(run_id(size, variant, seed), "run name")
+            for point, seed in itertools.product(grids[(size, variant)], range(s.seeds)):
+                rid = check_safe(run_id(size, variant, seed, point), "run name")
                 data = copy.deepcopy(base)
                 for key, value in {**spec.overrides, **s.overrides}.items():
                     set_key(data, key, value)
@@ -114,6 +175,10 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
                     set_key(data, "train.tokens", s.tokens)
                 if data_path is not None:
                     set_key(data, "data.path", str(data_path))
+                for key, value in point.items():
+                    set_key(data, key, value)
+                if point:
+                    set_key(data, "run.point", dict(point))
                 for key, value in spec.runs.get(rid, {}).items():
                     set_key(data, key, value)
                 try:
@@ -128,8 +193,16 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
                     raise UsageError(f"run {rid}: no data: set 'data' or 'prep' in the sweep file")
                 if resolved.budget is None:
                     raise UsageError(f"run {rid}: no budget: set sizes.{size}.tokens or train.max_steps")
-                runs.append(Run(rid, size, variant, seed, cfg.to_dict(), sweep.size_resources[size], resolved))
+                runs.append(Run(rid, size, variant, seed, cfg.to_dict(), sweep.size_resources[size], resolved,
+                                dict(point)))
     return runs
+
+
+def _label(where: tuple) -> str:
+    from rrtrain.rundir.points import point_label
+
+    size, variant, point, seed = where
+    return f"{size} {variant} {point_label(point)} seed {seed}"
 
 
 def size_variants(sweep: Sweep, size: str) -> list[str]:

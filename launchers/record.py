@@ -90,8 +90,11 @@ def record_submission(out: Path, mine: dict[str, Any], executor: str, jobs: dict
 
 
 def run_entry(run: Run) -> dict[str, Any]:
-    return {"size": run.size, "variant": run.variant, "seed": run.seed, "dir": str(run.dir),
-            "config": run.config, "resources": asdict(run.resources)}
+    entry = {"size": run.size, "variant": run.variant, "seed": run.seed, "dir": str(run.dir),
+             "config": run.config, "resources": asdict(run.resources)}
+    if run.point:
+        entry["point"] = dict(run.point)  # the grid point (also the config's run.point)
+    return entry
 
 
 def merge(record: Optional[dict[str, Any]], sweep: Sweep, runs: list[Run]) -> dict[str, Any]:

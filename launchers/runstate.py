@@ -13,6 +13,7 @@ from rrtrain import budget
 from rrtrain.rundir import fields, ranks, readers
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.outcome import CANCELLED, ENDED_FOR_GOOD, decide
+from rrtrain.rundir.points import read_point
 from rrtrain.rundir.readers import Cancelled, Final
 
 STATES = ("pending", "running", "completed", "failed", "preempted", "stalled", "diverged", "unknown")
@@ -93,6 +94,7 @@ def run_row(run_id: str, entry: dict, scheduler: Optional[str], submitted: bool)
         details.setdefault(CANCELLED, cancelled.reason)
     return {
         "id": run_id, "variant": entry["variant"], "size": entry["size"], "seed": entry["seed"],
+        "point": read_point(entry.get("config")),
         "scheduler": scheduler, "state": state, "step": step, "total_steps": total_steps(entry["config"]),
         "tokens": tokens, "loss": fields.finite(train.get("loss")) if train else None, "val_loss": val_loss,
         "tokens_per_s": tps, "flags": flags, "flag_details": details, "nodes": ranks.nodes(run_dir),

@@ -1,4 +1,5 @@
-"""The sweep file: a base training config, the axes variant x size x seed, resources per size.
+"""The sweep file: a base training config, the axes variant x size x seed (and the points of a `grid:` of
+training keys, per sweep, size or variant), resources per size.
 
 Read with the same machinery as run configs (`rrtrain.config.build`): an unknown key names the closest valid
 one, a wrong type says what was expected. Everything that cannot work (an unknown size or variant, a seed count
@@ -66,6 +67,7 @@ class SizeSpec:
     overrides: dict = field(default_factory=dict)  # training keys for this size, e.g. {train.max_steps: 40}
     resources: dict = field(default_factory=dict)  # over the sweep's `resources`
     variants: Optional[list] = None  # the residual rules run at this size (default: the sweep's `variants`)
+    grid: dict = field(default_factory=dict)  # training key -> values, over the sweep's `grid` (per key)
 
 
 @dataclass
@@ -91,6 +93,8 @@ class SweepSpec:
     mfu: float = 0.4  # assumed model FLOPs utilisation, for the same estimate
     out: Optional[str] = None  # the sweep directory when --out is not given, relative to the sweep file
     monitor: SweepMonitor = field(default_factory=SweepMonitor)
+    grid: dict = field(default_factory=dict)  # training key -> values: one run per point of the product
+    variant_grid: dict = field(default_factory=dict)  # variant -> {training key -> values}, over the others
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,7 @@ def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
                 raise UsageError(f"sizes.{size}.variants must list each residual rule once, got {s.variants}")
             check_variants(s.variants, f"sizes.{size}.variants")
         s.overrides = flat_overrides(s.overrides, f"sizes.{size}.overrides")
+        s.grid = parse_grid(s.grid, f"sizes.{size}.grid")
         merged = _merge(dataclasses.asdict(spec.resources), s.resources or {})
         res: Resources = build(Resources, merged, f"sizes.{size}.resources")
         check_resources(res, f"sizes.{size}.resources")
@@ -169,9 +174,64 @@ def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
     check_resources(spec.resources, "resources")
     spec.overrides = flat_overrides(spec.overrides, "overrides")
     spec.runs = {str(k): flat_overrides(v, f"runs.{k}") for k, v in (spec.runs or {}).items()}
+    spec.grid = parse_grid(spec.grid, "grid")
+    spec.variant_grid = parse_variant_grid(spec.variant_grid, spec)
     if not 0 < spec.mfu <= 1:
         raise UsageError(f"mfu must be in (0, 1], got {spec.mfu}")
     return Sweep(spec, path, sha, base, size_specs, size_resources)
+
+
+#: keys a grid may not move: the sweep's own axes, and what names a run
+GRID_FORBIDDEN = ("model.size", "model.variant", "train.seed", "run.dir", "run.name", "run.point")
+
+
+def parse_grid(data: Any, where: str) -> dict[str, list]:
+    """`{train.lr: [1e-3, 3e-3]}` (dotted or nested) -> {dotted key: values}: each a non-empty list of distinct
+    scalars. The values' types are checked against the training config when the sweep is expanded."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: expected a mapping of training keys to lists of values, got {data!r}")
+    out: dict[str, list] = {}
+    for key, values in _flat_grid(data, "").items():
+        if key in GRID_FORBIDDEN:
+            raise UsageError(f"{where}.{key}: {key} is an axis of the sweep (or names its runs): it cannot be a grid key")
+        if not isinstance(values, list) or not values:
+            raise UsageError(f"{where}.{key}: expected a non-empty list of values, got {values!r}")
+        for v in values:
+            if not isinstance(v, (str, int, float, bool)):
+                raise UsageError(f"{where}.{key}: grid values must be numbers, strings or booleans, got {v!r}")
+        if len({repr(v) for v in values}) != len(values):
+            raise UsageError(f"{where}.{key}: a value is listed twice: {values}")
+        out[key] = list(values)
+    return out
+
+
+def _flat_grid(data: dict, prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat_grid(value, full + "."))
+        else:
+            out[full] = value
+    return out
+
+
+def parse_variant_grid(data: Any, spec: SweepSpec) -> dict[str, dict[str, list]]:
+    """`variant_grid: {VARIANT: {key: values}}`: a variant's own grid (over the sweep's and the size's, per key)."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(f"variant_grid: expected a mapping of variants to grids, got {data!r}")
+    every = set(spec.variants) | {v for body in spec.sizes.values() if isinstance(body, dict)
+                                  for v in (body.get("variants") or [])}
+    out = {}
+    for variant, grid in data.items():
+        if str(variant) not in every:
+            raise UsageError(f"variant_grid: '{variant}' is not a variant of this sweep ({', '.join(sorted(every))})")
+        out[str(variant)] = parse_grid(grid, f"variant_grid.{variant}")
+    return out
 
 
 def check_variants(names: list, where: str) -> None:

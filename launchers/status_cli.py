@@ -20,6 +20,7 @@ from launchers import cancel, record, runstate
 from launchers.scheduler import squeue_states
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
+from rrtrain.rundir.points import short_name
 
 #: how much of each metrics.jsonl the sweep-level flags read: the plateau test's window with room to spare
 STATUS_TAIL_BYTES = 128 * 1024
@@ -82,17 +83,30 @@ def _num(v: Any, fmt: str) -> str:
     return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
 
+def grid_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """The grid keys any run has a value for (a sweep with a `grid:`), sorted."""
+    return sorted({k for r in rows for k in (r.get("point") or {})})
+
+
 def table(status: dict[str, Any]) -> str:
-    """The status as a table; a `nodes` column (the hosts a distributed run's ranks ran on) when any has one."""
+    """The status as a table; a `nodes` column (the hosts a distributed run's ranks ran on) when any has one,
+    and one column per grid key (its last part: `lr`) in a sweep with a grid."""
     spans = any(r.get("nodes") for r in status["runs"])
+    keys = grid_keys(status["runs"])
+    width = max([28] + [len(r["id"]) for r in status["runs"]])
+    cols = [(k, max([len(short_name(k))] + [len(str((r.get("point") or {}).get(k, "-"))) for r in status["runs"]]))
+            for k in keys]
+    head = "".join(f"{short_name(k):>{w}} " for k, w in cols)
     lines = [f"sweep {status['sweep']} ({status['dir']})",
-             f"{'run':<28} {'variant':<14} {'size':<9} {'seed':>4} {'sched':<10} {'state':<10} "
+             f"{'run':<{width}} {'variant':<14} {'size':<9} {head}{'seed':>4} {'sched':<10} {'state':<10} "
              f"{'step':>15} {'tokens':>13} {'loss':>8} {'val':>8} {'tok/s':>9}  " + ("nodes  " if spans else "")
              + "flags"]
     for r in status["runs"]:
         step = f"{_num(r['step'], 'd')}/{_num(r['total_steps'], 'd')}"
         where = f"{','.join(r.get('nodes') or []) or '-'}  " if spans else ""
-        lines.append(f"{r['id']:<28} {r['variant']:<14} {r['size']:<9} {r['seed']:>4} {r['scheduler'] or '-':<10} "
+        setting = "".join(f"{str((r.get('point') or {}).get(k, '-')):>{w}} " for k, w in cols)
+        lines.append(f"{r['id']:<{width}} {r['variant']:<14} {r['size']:<9} {setting}{r['seed']:>4} "
+                     f"{r['scheduler'] or '-':<10} "
                      f"{r['state']:<10} {step:>15} {_num(r['tokens'], ',d'):>13} {_num(r['loss'], '.4f'):>8} "
                      f"{_num(r['val_loss'], '.4f'):>8} {_num(r['tokens_per_s'], ',.0f'):>9}  {where}"
                      f"{','.join(r['flags']) or ''}")

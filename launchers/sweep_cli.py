@@ -1,9 +1,11 @@
 """`rrtrain sweep SWEEP.yaml --out DIR [--executor slurm|local|debug] [--parallel N] [--dry-run] [key=value ...]`
 
-Expand a sweep file into runs (SIZE-VARIANT-sSEED, one directory each under DIR) and submit the ones that
+Expand a sweep file into runs (SIZE-VARIANT-sSEED, or SIZE-VARIANT-POINT-sSEED for the points of a `grid:`, e.g.
+tiny-review-lr3e-3-s0; one directory each under DIR) and submit the ones that
 need it: a new run, or one that failed or was preempted (it resumes from its checkpoint). Completed,
 diverged and stalled runs are left alone, and so are runs that are queued or training now. A sweep file
-that changes an existing run's config is refused, listing the differences; adding sizes or seeds adds runs.
+that changes an existing run's config is refused, listing the differences; adding sizes, seeds or grid values adds
+runs.
 
   slurm   one submitit job array per resource shape; returns once queued (prints the job ids)
   local   subprocesses on this machine, --parallel at a time, a log per run in DIR/slurm/logs/
@@ -29,7 +31,7 @@ import yaml
 
 from launchers import cancel, record, runstate, snapshot, spec, sweep_lock
 from launchers.entry import config_path
-from launchers.estimate import check_gpu, cost
+from launchers.estimate import check_gpu, cost, grid_costs
 from launchers.expand import Run, check_safe, data_path, expand
 from launchers.render import render
 from launchers.scheduler import squeue_states
@@ -114,7 +116,8 @@ def prepare_data(sweep: spec.Sweep, out: Path, dry_run: bool) -> None:
 
 
 def print_plan(sweep: spec.Sweep, runs: list[Run], todo: list[Run], skipped: dict[str, str]) -> None:
-    print(f"{'run':<28} {'state':<10} {'nodes x tasks':>13} {'gpus':>5} {'time':>6} {'params':>13} "
+    width = max([28] + [len(r.id) for r in runs])
+    print(f"{'run':<{width}} {'state':<10} {'nodes x tasks':>13} {'gpus':>5} {'time':>6} {'params':>13} "
           f"{'tokens':>15} {'GPU-h':>9}")
     total = 0.0
     submit_ids = {r.id for r in todo}
@@ -124,8 +127,11 @@ def print_plan(sweep: spec.Sweep, runs: list[Run], todo: list[Run], skipped: dic
         state = "submit" if run.id in submit_ids else skipped.get(run.id, "-")
         gh = f"{c.gpu_hours:,.1f}" if c.gpu_hours is not None else "cpu"
         total += c.gpu_hours or 0.0
-        print(f"{run.id:<28} {state:<10} {f'{r.nodes} x {r.tasks}':>13} {r.nodes * r.gpus_per_node:>5} "
+        print(f"{run.id:<{width}} {state:<10} {f'{r.nodes} x {r.tasks}':>13} {r.nodes * r.gpus_per_node:>5} "
               f"{r.time_min:>5}m {c.params:>13,} {c.tokens:>15,} {gh:>9}")
+    for g in grid_costs(runs, sweep.spec.gpu, sweep.spec.mfu):
+        gh = f"{g.gpu_hours:,.1f} GPU-hours" if g.gpu_hours is not None else "cpu"
+        print(f"grid {g.size} {g.variant}: {g.points} points x {g.runs // g.points} seeds = {g.runs} runs, {gh}")
     print(f"{len(todo)} of {len(runs)} runs to submit; GPU-hours for the whole sweep at "
           f"{sweep.spec.mfu:.0%} MFU on {sweep.spec.gpu}: {total:,.1f}")
 

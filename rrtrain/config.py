@@ -28,6 +28,7 @@ class RunConfig:
     dir: str = "runs/default"  # the run directory: config.yaml, metrics.jsonl, tb/, checkpoints/, final.json
     name: str = ""  # free-form label; defaults to the directory's name
     lock_wait_s: float = 120.0  # a second copy of this run waits this long for the run dir's lock, then exits 73
+    point: dict = field(default_factory=dict)  # a sweep's grid point this run is ({"train.lr": 0.003}): a label
 
 
 class ResidualConfig:

@@ -180,15 +180,37 @@ def render(p: planner.Plan, fits: list[planner.Plan]) -> str:
     return "\n".join(lines)
 
 
+def point_of(p: planner.Plan) -> dict[str, Any]:
+    """The grid point of a sweep's run ({} without a grid): its resolved config's `run.point`."""
+    r = p.setup.run
+    return dict(r.cfg.run.point) if r is not None else {}
+
+
+def grid_lines(plans: list[tuple[str, planner.Plan]]) -> list[str]:
+    """Per (size, variant) of a sweep with a grid: its points, runs and GPU-hours."""
+    groups: dict[tuple[str, str], list[planner.Plan]] = {}
+    for _, p in plans:
+        if point_of(p):
+            groups.setdefault((p.setup.model.size, p.setup.model.variant), []).append(p)
+    out = []
+    for (size, variant), members in groups.items():
+        npoints = len({tuple(sorted(point_of(p).items())) for p in members})
+        out.append(f"grid {size} {variant}: {npoints} points, {len(members)} runs, "
+                   f"{sum(p.gpu_hours or 0 for p in members):,.1f} GPU-hours")
+    return out
+
+
 def render_sweep(plans: list[tuple[str, planner.Plan]]) -> str:
-    lines = [f"{'run':<32}{'params':>16}{'GPUs':>6}{'GPU':>6}{'peak GiB':>10}{'of GiB':>8}{'fits':>6}"
+    width = max([32] + [len(rid) + 1 for rid, _ in plans])
+    lines = [f"{'run':<{width}}{'params':>16}{'GPUs':>6}{'GPU':>6}{'peak GiB':>10}{'of GiB':>8}{'fits':>6}"
              f"{'tokens':>12}{'GPU-hours':>11}"]
     for rid, p in plans:
         s = p.setup
-        lines.append(f"{rid:<32}{p.params:>16,}{s.gpus:>6}{s.gpu.upper():>6}{p.total() / GIB:>10.2f}"
+        lines.append(f"{rid:<{width}}{p.params:>16,}{s.gpus:>6}{s.gpu.upper():>6}{p.total() / GIB:>10.2f}"
                      f"{p.usable / GIB:>8.1f}{'yes' if p.fits else 'NO':>6}{(s.tokens or 0):>12.3g}"
                      f"{(p.gpu_hours or 0):>11,.1f}")
     total = sum(p.gpu_hours or 0 for _, p in plans)
+    lines += grid_lines(plans)
     worst = max(plans, key=lambda rp: rp[1].total() / rp[1].usable)
     lines += ["", f"{len(plans)} runs: {total:,.1f} GPU-hours in all; largest peak {worst[1].total() / GIB:.2f} GiB "
                   f"per GPU ({worst[0]}); " + ("every run fits" if all(p.fits for _, p in plans)
@@ -204,7 +226,7 @@ def main_sweep(args: argparse.Namespace) -> int:
         raise UsageError(f"{single[0]} plans one run; a sweep file sets every run's size and GPUs")
     plans = [(rid, planner.plan(s)) for rid, s in sweep_setups(args.sweep, args.gpu, args.mfu)]
     if args.json:
-        runs = {rid: to_json(p, []) for rid, p in plans}
+        runs = {rid: {**to_json(p, []), "point": point_of(p)} for rid, p in plans}
         print(json.dumps({"runs": runs, "gpu_hours": sum(p.gpu_hours or 0 for _, p in plans),
                           "all_fit": all(p.fits for _, p in plans)}, indent=2))
     else:

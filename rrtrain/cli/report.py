@@ -8,6 +8,7 @@ Bad input raises `UsageError`; the dispatcher prints one line and exits 2.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 from pathlib import Path
@@ -36,6 +37,13 @@ def parser() -> argparse.ArgumentParser:
                    help="parameter counts to extrapolate the advantage to, e.g. 7e9,7e10 or 7B,70B")
     p.add_argument("--include-flagged", action="store_true",
                    help="keep stalled/diverged/failed or monitor-flagged runs in the means")
+    g = p.add_argument_group("sweeps with a grid (each variant at its best setting)")
+    g.add_argument("--select-seeds", default="1", metavar="K",
+                   help="choose each size and variant's grid point on seeds 0..K-1, test on the seeds >= K (default 1)")
+    g.add_argument("--shared", metavar="KEY=VALUE,...",
+                   help="the shared setting every variant is also compared at (default: the middle value of each key)")
+    g.add_argument("--lr-for", metavar="SIZE,N", default="",
+                   help="also suggest a learning rate for these size presets or parameter counts (e.g. rr-1b,7B)")
     return p
 
 
@@ -91,7 +99,35 @@ def options_from(args: argparse.Namespace):
         effect=effect,
         extrapolate=[parse_count(t) for t in args.extrapolate.split(",") if t.strip()],
         include_flagged=args.include_flagged,
+        select_seeds=_select_seeds(args.select_seeds),
+        shared=args.shared,
+        lr_for=[_lr_target(t.strip()) for t in args.lr_for.split(",") if t.strip()],
     )
+
+
+def _select_seeds(text: str) -> int:
+    try:
+        k = int(text)
+    except ValueError:
+        raise UsageError(f"--select-seeds must be a whole number of seeds, got {text!r}") from None
+    if k < 1:
+        raise UsageError(f"--select-seeds must be at least 1 (selecting on no seed selects nothing), got {k}")
+    return k
+
+
+def _lr_target(text: str) -> tuple[str, float]:
+    """`--lr-for`: a size preset (its parameter count, unmatched) or a count such as 7B."""
+    from rrtrain.model.sizing import presets
+
+    if text in presets():
+        from rrtrain.report.grid import size_params
+
+        return text, size_params(text)
+    try:
+        n = parse_count(text)
+    except UsageError:
+        raise UsageError(f"--lr-for: {text!r} is neither a size preset nor a parameter count (e.g. rr-1b or 7B)") from None
+    return text, n
 
 
 def main(argv: list[str]) -> int:
@@ -117,6 +153,10 @@ def main(argv: list[str]) -> int:
     from rrtrain.report import plots, render
     from rrtrain.report.analysis import analyze
 
+    from rrtrain.report import grid
+
+    if grid.has_grid(runs):
+        return grid_report(runs, opts, sweep, out)
     analysis = analyze(runs, opts)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -129,4 +169,28 @@ def main(argv: list[str]) -> int:
     n_plots = sum("skipped" not in d for d in drawn.values())
     print(f"rrtrain report: {len(runs)} runs ({len(analysis.included)} in the means), reference {analysis.reference}; "
           f"wrote report.md, results.csv, summary.json and {n_plots} plot(s) to {out}")
+    return 0
+
+
+def grid_report(runs: list, opts, sweep: Path, out: Path) -> int:
+    """A sweep with a grid: the grid's section (selection, the two tables, failures, the lr fit) first; the full
+    report below it is the one at the selected settings (its means, tests, trend, plots and CSV)."""
+    from rrtrain.core.io import atomic_write_text as write_text
+    from rrtrain.report import grid, grid_render, plots, render
+
+    ga = grid.analyze_grid(runs, opts, sweep)
+    out.mkdir(parents=True, exist_ok=True)
+    head = grid_render.grid_md(ga, sweep.resolve().name)
+    body, drawn = "", {}
+    if ga.selected is not None:
+        drawn = plots.write_all(ga.selected, out)
+        write_text(out / "results.csv", render.results_csv(ga.selected))
+        body = render.report_md(ga.selected, drawn, f"{sweep.resolve().name}, at the selected settings")
+    summary = render.summary(ga.selected, drawn, str(sweep)) if ga.selected is not None else {"sweep_dir": str(sweep)}
+    summary["grid"] = grid_render.grid_summary(ga)
+    write_text(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    write_text(out / "report.md", head + ("\n" + body if body else ""))
+    print(grid_render.grid_text(ga))
+    print(f"rrtrain report: {len(runs)} runs of a grid over {', '.join(ga.keys)}; wrote report.md, summary.json"
+          + (", results.csv and plots" if ga.selected is not None else "") + f" to {out}")
     return 0

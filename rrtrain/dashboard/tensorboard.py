@@ -2,10 +2,11 @@
 
 The logdir (`SWEEP_DIR/.dashboard/logdir`, rebuilt at each start and swapped in atomically) holds one run per
 run directory, named `SIZE/VARIANT/seedN`: symlinks to the run's own event files, plus one event file
-written here from `metrics.jsonl` (the source of truth) with
+written here (a run of a grid is `SIZE/VARIANT/POINT/seedN`, POINT as in its id: `lr3e-3`) from `metrics.jsonl` (the source of truth) with
 - the curves again under per-size tags (`SIZE/train_loss`, `SIZE/val_loss`, `SIZE/grad_norm`,
   `SIZE/gate_mean/BLOCK`), so that a custom-scalars chart per size shows exactly that size's variants;
-- the HParams session (variant, size, seed, params -> final and best val loss, number of flags, flags);
+- the HParams session (variant, size, seed, params, the grid keys -> final and best val loss, number of flags,
+  flags);
 - a histogram of each gated site's gate values at every diagnostic step (`gates/SITE`, from the trainer's
   `gate_hist` counts).
 Runs are found by final.json / metrics.jsonl anywhere under the sweep directory, as the report finds them.
@@ -25,6 +26,7 @@ from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir import fields, readers
 from rrtrain.rundir.layout import TENSORBOARD, run_dirs
+from rrtrain.rundir.points import point_key, read_point
 
 HOST = "127.0.0.1"  # loopback only: on a cluster, reach it through an SSH tunnel
 SERIES = {"train_loss": "loss", "val_loss": "val_loss", "grad_norm": "grad_norm"}  # per-size tag -> metrics key
@@ -50,6 +52,11 @@ def unsafe_identity(size: str, variant: str, seed: str) -> Optional[str]:
         if not pattern.fullmatch(value):
             return f"its {key} {fields.short(value)} (final.json or config.yaml) is not a plain name"
     return None
+
+
+def run_point(run: Path) -> dict[str, Any]:
+    """The run's grid point (config.yaml `run.point`; {} without a grid): a part of its name and its HParams."""
+    return read_point(readers.read_config(run))
 
 
 def layout(sizes: list[str]) -> dict[str, dict[str, list]]:
@@ -83,7 +90,7 @@ def _gate_histogram(writer, tag: str, counts: list[float], step: int) -> None:
 
 
 def write_derived(run: Path, out: Path, size: str, variant: str, seed: str, final: readers.Final,
-                  sizes: Optional[list[str]]) -> None:
+                  sizes: Optional[list[str]], point: Optional[dict[str, Any]] = None) -> None:
     """The dashboard's own event file for one run (see the module docstring)."""
     from torch.utils.tensorboard import SummaryWriter
     from torch.utils.tensorboard.summary import hparams
@@ -115,6 +122,8 @@ def write_derived(run: Path, out: Path, size: str, variant: str, seed: str, fina
     metrics = {k: float(v) for k, v in metrics.items() if v is not None}
     hp = {"variant": variant, "size": size, "seed": seed, "params": final.params or 0.0,
           "flags": ",".join(flags) or "none", "status": final.status or "running"}
+    hp.update({k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
+               for k, v in (point or {}).items()})  # the grid keys, under their dotted names
     for summary in hparams(hp, metrics):
         writer.file_writer.add_summary(summary)
     for key, value in metrics.items():
@@ -156,7 +165,8 @@ def build_logdir(sweep_dir: str | os.PathLike[str]) -> tuple[Path, list[str]]:
     names: list[str] = []
     sizes = sorted({i[0] for i in idents})
     for run, (size, variant, seed, final) in zip(runs, idents):
-        name = f"{size}/{variant}/{seed}"
+        point = run_point(run)
+        name = f"{size}/{variant}/{point_key(point)}/{seed}" if point else f"{size}/{variant}/{seed}"
         while name in names:  # the same identity twice (e.g. a rerun in another directory)
             name += "+"
         names.append(name)
@@ -164,7 +174,7 @@ def build_logdir(sweep_dir: str | os.PathLike[str]) -> tuple[Path, list[str]]:
         out.mkdir(parents=True)
         for event in sorted((run / TENSORBOARD).glob("events.out.tfevents.*")):
             (out / event.name).symlink_to(event.resolve())
-        write_derived(run, out, size, variant, seed, final, sizes if len(names) == 1 else None)
+        write_derived(run, out, size, variant, seed, final, sizes if len(names) == 1 else None, point)
     link, tmp_link = home / "logdir", home / f".logdir.{os.getpid()}"
     old = link.resolve() if link.is_symlink() else None
     tmp_link.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ import numpy as np
 
 from rrtrain.rundir import fields, layout, readers
 from rrtrain.rundir.layout import run_dirs
+from rrtrain.rundir.points import read_point
 
 FLAGGED_STATUSES = frozenset({"stalled", "diverged", "failed"})
 """Statuses that mark a run as flagged: listed separately, kept out of means by default."""
@@ -73,6 +74,7 @@ class Run:
     metrics: Metrics = field(default_factory=Metrics.empty)
     problems: list[str] = field(default_factory=list)
     final_error: str | None = None  # why final.json could not be used at all
+    point: dict = field(default_factory=dict)  # the grid point (config.yaml `run.point`); {} without a grid
 
     @property
     def category(self) -> str:
@@ -146,6 +148,7 @@ def read_run(run_dir: Path, root: Path) -> Run:
         run.params, run.step, run.tokens, run.wall_s = final.params, final.step, final.tokens, final.wall_s
         run.final_val_loss, run.best_val_loss = final.final_val_loss, final.best_val_loss
     who = readers.identity(final, config)
+    run.point = read_point(config if config else readers.read_config(run_dir))
     run.variant, run.size, run.seed = who.variant, who.size, who.seed
     metrics = readers.metrics_path(run_dir)
     if metrics.is_file():

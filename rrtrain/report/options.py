@@ -18,6 +18,10 @@ class Options:
     effect: float | None = None  # nats; None: plan for the observed difference
     extrapolate: list[float] = field(default_factory=list)  # parameter counts
     include_flagged: bool = False  # keep flagged runs (that have a final val loss) in the means
+    # a sweep with a grid (`rrtrain.report.grid`): seeds below this choose each variant's point, the rest are tested
+    select_seeds: int = 1
+    shared: str | None = None  # the shared point, `train.lr=3e-3,...`; None: the middle of each grid key
+    lr_for: list[tuple[str, float]] = field(default_factory=list)  # (name, params) to suggest a learning rate for
 
 
 def choose_variants(present: list[str], reference: str | None, baselines: list[str] | None) -> tuple[str, list[str]]:

@@ -1,0 +1,346 @@
+"""A sweep with a grid (`grid:`): each variant at its own best setting, by a rule that never tests on the numbers
+it selected with, next to every variant at one shared setting; and the best learning rate across sizes.
+
+Selection (`--select-seeds K`, default 1): per (size, variant), each grid point is scored by the mean final
+validation loss of its runs with seed < K; a point is out when one of those runs did not complete cleanly
+(diverged, stalled, failed, flagged, unfinished). The point with the lowest score is chosen. The tables then use
+only the seeds >= K, at the chosen points (`selected`) and at the shared point (`shared`), so no loss a test sees
+took part in choosing its setting. A (size, variant) with no point left is reported as failing at every point.
+
+The learning-rate fit: where `train.lr` is a grid key and at least two sizes of a variant chose a point,
+log10(lr) = log10(a) + b·log10(N) by least squares (N: the chosen runs' parameter count), with a t interval for b
+(three sizes or more) and, at each larger size, the suggested lr with its prediction interval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rrtrain.report import stats
+from rrtrain.report.analysis import Analysis, analyze
+from rrtrain.report.collect import Run
+from rrtrain.report.options import Options
+from rrtrain.rundir.points import point_label
+
+LR_KEY = "train.lr"
+
+
+@dataclass
+class PointScore:
+    point: dict[str, Any]
+    score: float | None  # mean final val loss of the selection seeds; None when the point is out
+    select_seeds: list[Any]
+    why_out: str  # why the point has no score
+    statuses: dict[str, str]  # seed -> what happened (`completed`, `diverged`, ...), every seed of the point
+
+
+@dataclass
+class GroupChoice:
+    size: str
+    variant: str
+    points: list[PointScore]
+    chosen: dict[str, Any] | None  # None: the variant failed at every point of this size
+    params: float | None  # mean parameter count of the chosen point's runs (any seed)
+
+    @property
+    def failed_everywhere(self) -> bool:
+        return self.chosen is None
+
+
+@dataclass
+class LrPrediction:
+    size: str
+    params: float
+    lr: float
+    pi_lo: float | None
+    pi_hi: float | None
+
+
+@dataclass
+class LrFit:
+    variant: str
+    sizes: list[str]
+    params: list[float]
+    lrs: list[float]
+    a: float | None = None  # lr = a * N**b
+    b: float | None = None
+    b_lo: float | None = None
+    b_hi: float | None = None
+    reason: str = ""
+    predictions: list[LrPrediction] = field(default_factory=list)
+
+
+@dataclass
+class GridAnalysis:
+    rule: str  # the selection rule, in words
+    select_seeds: int
+    keys: list[str]
+    groups: list[GroupChoice]
+    shared: dict[str, Any]
+    shared_source: str
+    selected: Analysis | None  # the paper's table at each variant's chosen point, on seeds >= K
+    at_shared: Analysis | None  # the same at the shared point
+    lr_fits: list[LrFit]
+    notes: list[str]
+
+
+def has_grid(runs: list[Run]) -> bool:
+    return any(r.point for r in runs)
+
+
+def _seed_int(seed: Any) -> int | None:
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def _key(point: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in point.items()))
+
+
+def rule_text(k: int) -> str:
+    sel = "seed 0" if k == 1 else f"seeds 0–{k - 1}"
+    return (f"per size and variant, the grid point with the lowest mean final validation loss on {sel} "
+            f"(a point where one of those runs diverged, stalled, failed or did not finish is out); the tables "
+            f"use only seeds ≥ {k}, so no number tested took part in the choice (`--select-seeds {k}`)")
+
+
+def choose(runs: list[Run], k: int) -> list[GroupChoice]:
+    """Per (size, variant) in first-seen order: every point's selection score and the chosen point."""
+    groups: dict[tuple[str, str], dict[tuple, list[Run]]] = {}
+    points: dict[tuple, dict[str, Any]] = {}
+    for r in runs:
+        if r.size is None or r.variant is None:
+            continue
+        pk = _key(r.point)
+        points[pk] = r.point
+        groups.setdefault((r.size, r.variant), {}).setdefault(pk, []).append(r)
+    out = []
+    for (size, variant), by_point in groups.items():
+        scores = []
+        for pk, members in by_point.items():
+            sel = [r for r in members if (s := _seed_int(r.seed)) is not None and s < k]
+            statuses = {str(r.seed): (r.status if r.category != "unusable" else "unusable") if r.has_final
+                        else "unfinished" for r in sorted(members, key=lambda r: str(r.seed))}
+            bad = [r for r in sel if r.category != "ok"]
+            if not sel:
+                why = f"no run with seed < {k}"
+            elif bad:
+                why = "; ".join(f"seed {r.seed}: {r.reason}" for r in bad)
+            else:
+                why = ""
+            score = statistics.fmean(float(r.final_val_loss) for r in sel) if sel and not bad else None
+            scores.append(PointScore(points[pk], score, sorted(r.seed for r in sel), why, statuses))
+        scores.sort(key=lambda p: _key(p.point))
+        usable = [p for p in scores if p.score is not None]
+        chosen = min(usable, key=lambda p: (p.score, _key(p.point))).point if usable else None
+        params = None
+        if chosen is not None:
+            ps = [r.params for r in by_point[_key(chosen)] if r.params]
+            params = statistics.fmean(ps) if ps else None
+        out.append(GroupChoice(size, variant, scores, chosen, params))
+    return out
+
+
+def middle_point(runs: list[Run]) -> dict[str, Any]:
+    """Per grid key, the middle of the values tried (the lower middle of an even count), sorted as numbers."""
+    values: dict[str, set] = {}
+    for r in runs:
+        for k, v in r.point.items():
+            values.setdefault(k, set()).add(v)
+    out = {}
+    for k, vs in values.items():
+        ordered = sorted(vs, key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v)))
+        out[k] = ordered[(len(ordered) - 1) // 2]
+    return out
+
+
+def parse_shared(text: str, runs: list[Run]) -> dict[str, Any]:
+    """`--shared train.lr=3e-3,train.warmup_steps=10` -> a point, each value matched to a value tried."""
+    from rrtrain.core.errors import UsageError
+
+    tried: dict[str, set] = {}
+    for r in runs:
+        for k, v in r.point.items():
+            tried.setdefault(k, set()).add(v)
+    out: dict[str, Any] = {}
+    for part in text.split(","):
+        key, eq, raw = part.strip().partition("=")
+        if not eq or not key:
+            raise UsageError(f"--shared: {part.strip()!r} is not KEY=VALUE (e.g. train.lr=3e-3)")
+        if key not in tried:
+            raise UsageError(f"--shared: {key!r} is not a grid key of these runs ({', '.join(sorted(tried)) or 'none'})")
+        match = [v for v in tried[key] if str(v) == raw or _same_number(v, raw)]
+        if not match:
+            raise UsageError(f"--shared: {key}={raw} was not tried; tried: {', '.join(sorted(map(str, tried[key])))}")
+        out[key] = match[0]
+    missing = sorted(set(tried) - set(out))
+    if missing:
+        raise UsageError(f"--shared: give a value for every grid key; missing: {', '.join(missing)}")
+    return out
+
+
+def _same_number(v: Any, raw: str) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isclose(float(v), float(raw), rel_tol=1e-12)
+    except ValueError:
+        return False
+
+
+def _test_runs(runs: list[Run], k: int, at: dict[tuple[str, str], tuple]) -> list[Run]:
+    """The runs with seed >= k at the given point of each (size, variant); the point is forgotten (the analysis
+    groups by size and variant)."""
+    out = []
+    for r in runs:
+        s = _seed_int(r.seed)
+        if s is None or s < k or (r.size, r.variant) not in at:
+            continue
+        if _key(r.point) == at[(r.size, r.variant)]:
+            out.append(r)
+    return out
+
+
+def _analyze_or_none(runs: list[Run], opts: Options, notes: list[str], what: str) -> Analysis | None:
+    from rrtrain.core.errors import UsageError
+
+    present = {r.variant for r in runs if r.variant}
+    if not runs or (opts.reference is not None and opts.reference not in present):
+        notes.append(f"no table {what}: no run of the reference there")
+        return None
+    baselines = [b for b in opts.baselines if b in present] if opts.baselines is not None else None
+    try:
+        return analyze(runs, replace(opts, baselines=baselines))
+    except UsageError as err:
+        notes.append(f"no table {what}: {err}")
+        return None
+
+
+def analyze_grid(runs: list[Run], opts: Options, sweep_dir: Path | None = None) -> GridAnalysis:
+    k = opts.select_seeds
+    notes: list[str] = []
+    grid_runs = [r for r in runs if r.size is not None and r.variant is not None]
+    groups = choose(grid_runs, k)
+    if opts.shared is not None:
+        shared, source = parse_shared(opts.shared, grid_runs), "named with --shared"
+    else:
+        shared, source = middle_point(grid_runs), "the middle value of each grid key; name another with --shared"
+    selected_at = {(g.size, g.variant): _key(g.chosen) for g in groups if g.chosen is not None}
+    shared_at = {(g.size, g.variant): _key(shared) for g in groups}
+    if not any(_seed_int(r.seed) is not None and _seed_int(r.seed) >= k for r in grid_runs):
+        notes.append(f"no run has a seed ≥ {k}: nothing is left to test on (run more seeds, or lower --select-seeds)")
+    selected = _analyze_or_none(_test_runs(grid_runs, k, selected_at), opts, notes, "at the selected settings")
+    at_shared = _analyze_or_none(_test_runs(grid_runs, k, shared_at), opts, notes, "at the shared setting")
+    keys = sorted({key for r in grid_runs for key in r.point})
+    fits = lr_fits(groups, opts, sweep_dir, notes) if LR_KEY in keys else []
+    return GridAnalysis(rule_text(k), k, keys, groups, shared, source, selected, at_shared, fits, notes)
+
+
+# -- the learning rate across sizes ------------------------------------------------------------------------
+
+
+def fit_power_law(params: list[float], lrs: list[float], level: float = 0.95) -> tuple[stats.LineFit, float | None]:
+    """lr = a·N^b by least squares in log10-log10: the line fit and the half-width of b's `level` interval
+    (None with two sizes)."""
+    import scipy.stats as sps
+
+    fit = stats.wls([math.log10(n) for n in params], [math.log10(x) for x in lrs])
+    half = None
+    if fit.df >= 1 and math.isfinite(fit.se_slope):
+        half = float(sps.t.ppf(0.5 + level / 2, fit.df)) * fit.se_slope
+    return fit, half
+
+
+def lr_fits(groups: list[GroupChoice], opts: Options, sweep_dir: Path | None, notes: list[str]) -> list[LrFit]:
+    by_variant: dict[str, list[GroupChoice]] = {}
+    for g in groups:
+        if g.chosen is not None and LR_KEY in g.chosen and g.params:
+            by_variant.setdefault(g.variant, []).append(g)
+    targets = larger_sizes(sweep_dir, opts, notes)
+    out = []
+    for variant, gs in sorted(by_variant.items()):
+        gs = sorted(gs, key=lambda g: g.params or 0.0)
+        f = LrFit(variant, [g.size for g in gs], [float(g.params) for g in gs],  # type: ignore[arg-type]
+                  [float(g.chosen[LR_KEY]) for g in gs])  # type: ignore[index]
+        out.append(f)
+        if len(gs) < 2:
+            f.reason = "one size: a fit needs the best lr at two sizes or more"
+            continue
+        try:
+            fit, half = fit_power_law(f.params, f.lrs)
+        except stats.NotApplicable as err:
+            f.reason = str(err)
+            continue
+        f.a, f.b = 10 ** fit.intercept, fit.slope
+        if half is not None:
+            f.b_lo, f.b_hi = fit.slope - half, fit.slope + half
+        else:
+            f.reason = "two sizes: the line goes through both, so b has no interval (needs three sizes)"
+        largest = max(f.params)
+        for name, n in targets:
+            if n <= largest or name in f.sizes:
+                continue
+            pred = fit.predict(math.log10(n))
+            lo, hi = pred["pi_lo"], pred["pi_hi"]
+            f.predictions.append(LrPrediction(name, n, 10 ** pred["fit"], 10 ** lo if math.isfinite(lo) else None,
+                                              10 ** hi if math.isfinite(hi) else None))
+    return out
+
+
+def larger_sizes(sweep_dir: Path | None, opts: Options, notes: list[str]) -> list[tuple[str, float]]:
+    """(name, parameter count) of the sweep's sizes (SWEEP_DIR/sweep.json, as untrusted data) and of
+    `--lr-for`: the sizes the fit suggests a learning rate for."""
+    out: dict[str, float] = {}
+    rec = _read_sweep_json(sweep_dir) if sweep_dir is not None else None
+    configs: dict[str, dict] = {}
+    for entry in (rec or {}).get("runs", {}).values() if isinstance(rec, dict) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("size"), str) and isinstance(entry.get("config"), dict):
+            configs.setdefault(entry["size"], entry["config"])
+    for size, cfg in configs.items():
+        n = _params_of(cfg)
+        if n is None:
+            notes.append(f"size {size} of sweep.json: its parameter count could not be worked out")
+        else:
+            out[size] = n
+    for name, n in opts.lr_for:
+        out[name] = n
+    return sorted(out.items(), key=lambda kv: kv[1])
+
+
+def _read_sweep_json(sweep_dir: Path) -> dict | None:
+    try:
+        data = json.loads((Path(sweep_dir) / "sweep.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("runs"), dict) else None
+
+
+def _params_of(config: dict) -> float | None:
+    """A recorded run config's parameter count, resolved as the trainer resolves it (None when it cannot be)."""
+    from rrtrain.config import Config, build
+    from rrtrain.core.errors import UsageError
+    from rrtrain.data.manifest import prepared_manifest
+    from rrtrain.resolve import resolve
+
+    try:
+        cfg = build(Config, config)
+        return float(resolve(cfg, prepared_manifest(cfg.data.path)).params)
+    except (UsageError, KeyError, TypeError, ValueError, OSError):
+        return None
+
+
+def size_params(name: str) -> float:
+    """A size preset's parameter count (the standard rule, unmatched), for `--lr-for PRESET`."""
+    from rrtrain.config import Config, build
+    from rrtrain.resolve import resolve
+
+    cfg = build(Config, {"model": {"size": name, "variant": "standard"}})
+    return float(resolve(cfg).params)
+
+
+def describe_point(point: dict[str, Any] | None) -> str:
+    return point_label(point) if point is not None else "none (failed at every point)"

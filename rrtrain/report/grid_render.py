@@ -1,0 +1,119 @@
+"""The grid section of report.md, its console summary and its part of summary.json: formatting only; the numbers
+come from `rrtrain.report.grid`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rrtrain.report.grid import GridAnalysis, LrFit, describe_point
+from rrtrain.report.render import DASH, _clean, _table, count, fixed, table2
+from rrtrain.rundir.points import point_label
+
+
+def _lr(x: float | None) -> str:
+    return DASH if x is None else f"{x:.3g}"
+
+
+def _side_by_side(ga: GridAnalysis) -> list[str]:
+    """One row per size and variant: the chosen point and its mean on the test seeds, the shared point's mean."""
+    def cell(a, size: str, v: str) -> str:
+        if a is None:
+            return DASH
+        row = next((s for s in a.sizes if s.size == size), None)
+        vs = row.variants.get(v) if row is not None else None
+        if vs is None or not vs.n:
+            return DASH
+        return f"{fixed(vs.mean, 4)}" + (f" ± {fixed(vs.sd, 4)}" if vs.sd is not None else "") + f" ({vs.n})"
+
+    rows = []
+    for g in ga.groups:
+        rows.append([g.size, g.variant, describe_point(g.chosen), cell(ga.selected, g.size, g.variant),
+                     cell(ga.at_shared, g.size, g.variant)])
+    return _table(["Size", "variant", "selected point", "at the selected point (test seeds)",
+                   f"at the shared point {point_label(ga.shared)}"], rows)
+
+
+def _points_table(ga: GridAnalysis) -> list[str]:
+    rows = []
+    for g in ga.groups:
+        for p in g.points:
+            chosen = "**chosen**" if g.chosen is not None and p.point == g.chosen else ""
+            rows.append([g.size, g.variant, point_label(p.point), fixed(p.score, 4) if p.score is not None else DASH,
+                         chosen or (p.why_out if p.score is None else ""),
+                         ", ".join(f"{s}: {st}" for s, st in p.statuses.items())])
+    return _table(["Size", "variant", "point", "selection loss", "verdict", "runs (seed: outcome)"], rows)
+
+
+def _lr_section(fits: list[LrFit]) -> list[str]:
+    if not fits:
+        return []
+    L = ["", "### The best learning rate across sizes", ""]
+    rows = []
+    for f in fits:
+        pts = ", ".join(f"{s} ({count(n)}): {_lr(lr)}" for s, n, lr in zip(f.sizes, f.params, f.lrs))
+        law = f"{f.a:.3g} · N^{f.b:+.3f}" if f.a is not None and f.b is not None else DASH
+        ci = f"[{f.b_lo:+.3f}, {f.b_hi:+.3f}]" if f.b_lo is not None and f.b_hi is not None else DASH
+        rows.append([f.variant, pts, law, ci, f.reason or ""])
+    L += _table(["variant", "best lr per size", "fit: lr = a · N^b", "95% interval of b", "note"], rows)
+    preds = [(f.variant, p) for f in fits for p in f.predictions]
+    if preds:
+        L += ["", "Suggested learning rate at the larger sizes (the fit's value; 95% prediction interval):", ""]
+        L += _table(["variant", "size", "parameters", "suggested lr", "interval"],
+                    [[v, p.size, count(p.params), _lr(p.lr),
+                      f"[{_lr(p.pi_lo)}, {_lr(p.pi_hi)}]" if p.pi_lo is not None else DASH + " (needs 3 sizes)"]
+                     for v, p in preds])
+    L += ["", "Least squares of log10(lr) on log10(parameters) over the sizes where the variant's chosen point has "
+          "a learning rate; the interval of b is Student's t with sizes − 2 degrees of freedom."]
+    return L
+
+
+def grid_md(ga: GridAnalysis, sweep_name: str) -> str:
+    L = [f"# rrtrain report: {sweep_name}", "", "## A grid over " + ", ".join(f"`{k}`" for k in ga.keys), "",
+         f"Selection rule: {ga.rule}. Shared point: {point_label(ga.shared)} ({ga.shared_source}).", ""]
+    L += _side_by_side(ga)
+    failed = [g for g in ga.groups if g.failed_everywhere]
+    if failed:
+        L += ["", "### Failed at every point", ""]
+        for g in failed:
+            tried = "; ".join(f"{point_label(p.point)}: {p.why_out}" for p in g.points)
+            L.append(f"- {g.size} {g.variant}: no point trained cleanly — {tried}")
+    L += ["", "### Every point", ""] + _points_table(ga)
+    if ga.selected is not None:
+        L += ["", "### The paper's table at the selected settings (test seeds)", ""] + table2(ga.selected)
+    if ga.at_shared is not None:
+        L += ["", f"### The paper's table at the shared point {point_label(ga.shared)} (test seeds)", ""]
+        L += table2(ga.at_shared)
+    L += _lr_section(ga.lr_fits)
+    if ga.notes:
+        L += ["", "### Notes", ""] + [f"- {n}" for n in ga.notes]
+    return "\n".join(L) + "\n"
+
+
+def grid_text(ga: GridAnalysis) -> str:
+    """The console summary: the rule, each (size, variant)'s choice, failures and the suggested learning rates."""
+    L = [f"selection: {ga.rule}", f"shared point: {point_label(ga.shared)} ({ga.shared_source})"]
+    for g in ga.groups:
+        if g.chosen is None:
+            L.append(f"  {g.size} {g.variant}: FAILED at every point ("
+                     + "; ".join(f"{point_label(p.point)}: {p.why_out}" for p in g.points) + ")")
+        else:
+            L.append(f"  {g.size} {g.variant}: {point_label(g.chosen)}")
+    for f in ga.lr_fits:
+        if f.b is not None:
+            ci = f" (95% interval of b [{f.b_lo:+.3f}, {f.b_hi:+.3f}])" if f.b_lo is not None else ""
+            L.append(f"  lr fit {f.variant}: lr = {f.a:.3g} * N^{f.b:+.3f}{ci}")
+        for p in f.predictions:
+            L.append(f"    suggested lr for {p.size} ({count(p.params)}): {_lr(p.lr)}")
+    return "\n".join(L)
+
+
+def grid_summary(ga: GridAnalysis) -> dict[str, Any]:
+    return _clean({
+        "rule": ga.rule, "select_seeds": ga.select_seeds, "keys": ga.keys, "shared": ga.shared,
+        "shared_source": ga.shared_source,
+        "groups": [{"size": g.size, "variant": g.variant, "chosen": g.chosen, "failed_everywhere": g.failed_everywhere,
+                    "params": g.params, "points": [dataclasses.asdict(p) for p in g.points]} for g in ga.groups],
+        "lr_fits": [dataclasses.asdict(f) for f in ga.lr_fits],
+        "notes": ga.notes,
+    })
