@@ -162,6 +162,8 @@ def _plan_group(group: tuple[str, str], points: dict[str, list[Member]], seen: d
                                        "value": r.value if math.isfinite(r.value) else None, "rank": rank,
                                        "of": len(ranking), "kept": kept_n, "point": r.point, "why": why}
         survivors = [r.point for r in ranking if r.kept]
+        if not survivors:  # every point diverged or stalled: the group is finished
+            return
     for p in survivors:
         for m in points[p]:
             if seen[m.id].state == IDLE:

@@ -143,7 +143,9 @@ def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
     path = Path(path).resolve()
     raw = apply_overrides(read_yaml(path), overrides or [])
     sha = hashlib.sha256(path.read_bytes() + "".join(f"\n{o}" for o in overrides or []).encode()).hexdigest()
+    raw_prune = raw.pop("prune", None) if isinstance(raw, dict) else None
     spec: SweepSpec = build(SweepSpec, raw)
+    spec.prune = parse_prune(raw_prune)
     spec.name = spec.name or path.stem
     if not spec.config:
         raise UsageError(f"{path.name}: 'config' is not set (the base training config, e.g. ../train/tiny.yaml)")
@@ -185,8 +187,6 @@ def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
     spec.runs = {str(k): flat_overrides(v, f"runs.{k}") for k, v in (spec.runs or {}).items()}
     if not 0 < spec.mfu <= 1:
         raise UsageError(f"mfu must be in (0, 1], got {spec.mfu}")
-    if spec.prune is not None:
-        check_prune(spec.prune)
     return Sweep(spec, path, sha, base, size_specs, size_resources)
 
 
@@ -228,6 +228,16 @@ def check_resources(r: Resources, where: str) -> None:
     for extra in r.extra_sbatch:
         if not isinstance(extra, str) or not extra.startswith("-") or "\n" in extra:
             raise UsageError(f"{where}.extra_sbatch: {extra!r} is not one sbatch option such as '--exclusive'")
+
+
+def parse_prune(raw: Any) -> Optional[PruneSpec]:
+    """The sweep file's `prune:` block, validated (None: no pruning). Built on its own, so that an unknown key
+    in it is named with its closest valid one."""
+    if raw is None:
+        return None
+    p: PruneSpec = build(PruneSpec, raw, "prune")
+    check_prune(p)
+    return p
 
 
 def check_prune(p: PruneSpec) -> None:
