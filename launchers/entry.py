@@ -87,7 +87,7 @@ def outcome(sweep_dir: Path, run_id: str, code: int) -> dict[str, Any]:
         raise RunFailed(f"run {run_id}: another copy holds {run_dir}; this copy did not train")
     problems: list[str] = []
     final = readers.read_final(run_dir, problems)
-    if code != 0:
+    if code not in (0, EXIT_CODES["paused"]):  # a pause at a rung of a pruned sweep is an ending asked for
         why = final.reason if final else "; ".join(problems)
         raise RunFailed(f"run {run_id} ended {(final.status if final else None) or 'failed'} (exit {code}): {why}")
     return final.raw if final else {}

@@ -16,9 +16,11 @@ from rrtrain.rundir.outcome import CANCELLED, ENDED_FOR_GOOD, decide
 from rrtrain.rundir.points import read_point
 from rrtrain.rundir.readers import Cancelled, Final
 
-STATES = ("pending", "running", "completed", "failed", "preempted", "stalled", "diverged", "unknown")
+STATES = ("pending", "running", "completed", "failed", "preempted", "stalled", "diverged", "unknown", "paused",
+          "pruned")
 #: most urgent first: what a person should look at
-ATTENTION = ("failed", "diverged", "stalled", "unknown", "preempted", "running", "pending", "completed")
+ATTENTION = ("failed", "diverged", "stalled", "unknown", "preempted", "running", "pending", "paused", "pruned",
+             "completed")
 FINISHED = ENDED_FOR_GOOD  # a resubmission leaves these alone
 
 

@@ -78,6 +78,19 @@ class SweepMonitor:
 
 
 @dataclass
+class PruneSpec:
+    """Successive halving over the runs of each (size, variant): `launchers.prune` reads it."""
+
+    rungs: list = field(default_factory=list)  # fractions of each run's steps (0.25) or step counts (100), rising
+    keep: float = 0.5  # the fraction of a group's live points kept at each rung (rounded up; at least one)
+    metric: str = "val_loss"  # val_loss | train_loss: what the points are ranked by (lower is better)
+    smooth: Optional[int] = None  # the mean of the last N values up to the rung (default 1 for val, 10 for train)
+
+
+PRUNE_METRICS = ("val_loss", "train_loss")
+
+
+@dataclass
 class SweepSpec:
     name: str = ""  # default: the sweep file's name
     config: str = ""  # the base training config, relative to the sweep file (or to configs/train/)
@@ -95,6 +108,7 @@ class SweepSpec:
     monitor: SweepMonitor = field(default_factory=SweepMonitor)
     grid: dict = field(default_factory=dict)  # training key -> values: one run per point of the product
     variant_grid: dict = field(default_factory=dict)  # variant -> {training key -> values}, over the others
+    prune: Optional[PruneSpec] = None  # successive halving across each (size, variant)'s points; None: off
 
 
 @dataclass(frozen=True)
@@ -133,7 +147,9 @@ def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
     path = Path(path).resolve()
     raw = apply_overrides(read_yaml(path), overrides or [])
     sha = hashlib.sha256(path.read_bytes() + "".join(f"\n{o}" for o in overrides or []).encode()).hexdigest()
+    raw_prune = raw.pop("prune", None) if isinstance(raw, dict) else None
     spec: SweepSpec = build(SweepSpec, raw)
+    spec.prune = parse_prune(raw_prune)
     spec.name = spec.name or path.stem
     if not spec.config:
         raise UsageError(f"{path.name}: 'config' is not set (the base training config, e.g. ../train/tiny.yaml)")
@@ -272,3 +288,42 @@ def check_resources(r: Resources, where: str) -> None:
     for extra in r.extra_sbatch:
         if not isinstance(extra, str) or not extra.startswith("-") or "\n" in extra:
             raise UsageError(f"{where}.extra_sbatch: {extra!r} is not one sbatch option such as '--exclusive'")
+
+
+def parse_prune(raw: Any) -> Optional[PruneSpec]:
+    """The sweep file's `prune:` block, validated (None: no pruning). Built on its own, so that an unknown key
+    in it is named with its closest valid one."""
+    if raw is None:
+        return None
+    p: PruneSpec = build(PruneSpec, raw, "prune")
+    check_prune(p)
+    return p
+
+
+def check_prune(p: PruneSpec) -> None:
+    """Refuse a `prune:` block that cannot rank anything: no rungs, rungs that are neither fractions of the
+    budget in (0, 1) nor step counts, rungs that do not rise, a keep fraction outside (0, 1], an unknown metric."""
+    if not isinstance(p.rungs, list) or not p.rungs:
+        raise UsageError(f"prune.rungs must list at least one rung (fractions of each run's steps, e.g. [0.25, 0.5], "
+                         f"or step counts), got {p.rungs!r}")
+    for r in p.rungs:
+        if isinstance(r, bool) or not isinstance(r, (int, float)):
+            raise UsageError(f"prune.rungs: {r!r} is not a number (a fraction of the budget such as 0.25, or a step)")
+        if isinstance(r, float) and not 0 < r < 1:
+            raise UsageError(f"prune.rungs: {r} is not a fraction of the budget in (0, 1) (write a step count as an "
+                             "integer, e.g. 100)")
+        if isinstance(r, int) and r < 1:
+            raise UsageError(f"prune.rungs: step {r} must be at least 1")
+    if len({type(r) for r in p.rungs}) > 1:
+        raise UsageError(f"prune.rungs: {p.rungs} mixes fractions and step counts: use one kind")
+    if any(b <= a for a, b in zip(p.rungs, p.rungs[1:])):
+        raise UsageError(f"prune.rungs must rise strictly, got {p.rungs}")
+    if isinstance(p.keep, bool) or not isinstance(p.keep, (int, float)) or not 0 < p.keep <= 1:
+        raise UsageError(f"prune.keep must be a fraction in (0, 1] (of a group's points kept at each rung), "
+                         f"got {p.keep!r}")
+    if p.metric not in PRUNE_METRICS:
+        close = difflib.get_close_matches(str(p.metric), PRUNE_METRICS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UsageError(f"prune.metric: unknown metric '{p.metric}'{hint}; known: {', '.join(PRUNE_METRICS)}")
+    if p.smooth is not None and (isinstance(p.smooth, bool) or p.smooth < 1):
+        raise UsageError(f"prune.smooth must be at least 1 (values averaged up to a rung), got {p.smooth!r}")

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from launchers import cancel, record, runstate
+from launchers import cancel, prune_sweep, record, runstate
 from launchers.scheduler import squeue_states
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
@@ -56,8 +56,12 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
     order = {s: i for i, s in enumerate(runstate.ATTENTION)}
     rows.sort(key=lambda r: (order.get(r["state"], 0), not r["flags"], r["id"]))
     counts = Counter(r["state"] for r in rows)
-    return {"sweep": rec.get("name", sweep_dir.name), "dir": str(sweep_dir),
-            "runs": rows, "counts": {s: counts[s] for s in runstate.STATES if counts[s]}, "problems": problems}
+    out = {"sweep": rec.get("name", sweep_dir.name), "dir": str(sweep_dir),
+           "runs": rows, "counts": {s: counts[s] for s in runstate.STATES if counts[s]}, "problems": problems}
+    saved = prune_sweep.load_state(sweep_dir).get("saved")
+    if isinstance(saved, dict):  # a pruned sweep: what pruning saved, as its last `rrtrain sweep` estimated it
+        out["pruning"] = saved
+    return out
 
 
 def add_sweep_flags(sweep_dir: Path, rec: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -111,6 +115,8 @@ def table(status: dict[str, Any]) -> str:
                      f"{_num(r['val_loss'], '.4f'):>8} {_num(r['tokens_per_s'], ',.0f'):>9}  {where}"
                      f"{','.join(r['flags']) or ''}")
     lines.append("  ".join(f"{s}: {n}" for s, n in status["counts"].items()) + f"  (total {len(status['runs'])})")
+    if status.get("pruning"):
+        lines.append(prune_sweep.saved_line(status["pruning"]))
     return "\n".join(lines)
 
 

@@ -11,6 +11,10 @@ runs.
   local   subprocesses on this machine, --parallel at a time, a log per run in DIR/slurm/logs/
   debug   one after another in this process
 
+With `prune:` in the sweep file, runs pause at rungs and the worst points of each (size, variant) are pruned
+(successive halving): the local and debug executors go rung by rung to the end; with slurm, run the command
+again once a rung's runs have paused to take the next one. The summary says what pruning saved.
+
 --dry-run prints the runs, their resources and GPU-hours, and writes DIR/slurm/*.sbatch (submit them with
 sbatch, no Python needed) without submitting anything. Trailing `key.sub=value` arguments override the
 sweep file's own keys, e.g. `resources.partition=debug sizes.tiny.seeds=1`.
@@ -29,7 +33,7 @@ from typing import Optional
 
 import yaml
 
-from launchers import cancel, record, runstate, snapshot, spec, sweep_lock
+from launchers import cancel, prune_sweep, record, runstate, snapshot, spec, sweep_lock
 from launchers.entry import config_path
 from launchers.estimate import check_gpu, cost, grid_costs
 from launchers.expand import Run, check_safe, data_path, expand
@@ -163,6 +167,10 @@ def main(argv: list[str]) -> int:
 def submit(args: argparse.Namespace, sweep: spec.Sweep, out: Path) -> int:
     """Everything from reading sweep.json to the last job id recorded; the caller holds the sweep's lock."""
     runs = expand(sweep, out, data_path(sweep, out))
+    if sweep.spec.prune is not None:  # rungs that cannot be placed are refused before anything is written
+        from launchers import prune_submit
+
+        rungs = prune_submit.rung_lines(sweep.spec.prune, runs)
     old = record.load(out)
     rec = record.merge(old, sweep, runs)  # refuses a changed run before anything is written
     todo, skipped = to_submit(runs, old)
@@ -176,6 +184,8 @@ def submit(args: argparse.Namespace, sweep: spec.Sweep, out: Path) -> int:
     scripts = render(out, sweep.spec.name, runs, python, rec["code"]["path"], configs)
     if args.dry_run:
         print_plan(sweep, runs, todo, skipped)
+        if sweep.spec.prune is not None:
+            print("\n".join(rungs))
         for s in scripts:
             print(f"rendered {s['script']} ({len(s['runs'])} runs{', array ' + s['array'] if s['array'] else ''}): "
                   f"{s['submit']}")
@@ -184,6 +194,9 @@ def submit(args: argparse.Namespace, sweep: spec.Sweep, out: Path) -> int:
     for rid, state in skipped.items():
         print(f"{rid}: {state}, leaving it alone")
     rec = record.update(out, record.keep_cancellations(rec))
+    if sweep.spec.prune is not None:
+        return prune_submit.submit(args, sweep, out, runs, configs, python, to_submit)
+    prune_sweep.clear_pauses(todo)  # without prune, a run paused or pruned earlier trains to its end
     if not todo:
         print(f"nothing to submit: all {len(runs)} runs are completed, queued or running")
         return 0

@@ -1,7 +1,8 @@
 """`rrtrain train CONFIG [key=value ...]`, and the same run distributed:
 `torchrun --nproc_per_node=N -m rrtrain.train CONFIG [key=value ...]`.
 
-Exit status: 0 completed, 1 failed, 2 bad input, 3 diverged, 4 stalled, 75 preempted (stopped by a signal at a step
+Exit status: 0 completed, 1 failed, 2 bad input, 3 diverged, 4 stalled, 5 paused (after the step its run directory's
+pause.json named, checkpointed: start it again to go on), 75 preempted (stopped by a signal at a step
 boundary after writing a checkpoint: restart the same command to resume), 73 another live copy of this run
 holds its directory (`run.lock`; nothing was written).
 """
@@ -40,11 +41,12 @@ def default_callbacks(cfg: "Config", stop: "StopFlag") -> list["Callback"]:
         Throughput,
     )
     from rrtrain.training.console import Console
+    from rrtrain.training.pause import PauseAt
 
     t = cfg.train
     return [Throughput(t.log_every), MetricsWriter(), NonfiniteGuard(t.on_nonfinite, t.max_nonfinite),
             MonitorCallback(cfg.monitor), Console(t.log_every), Evaluator(t.eval_every), Checkpointer(t.ckpt_every),
-            StopSignal(stop, t.stop_check_every)]
+            PauseAt(t.stop_check_every), StopSignal(stop, t.stop_check_every)]
 
 
 def user_callback(path: str) -> "Callback":

@@ -29,7 +29,10 @@ FLAGGED_STATUSES = frozenset({"stalled", "diverged", "failed"})
 UNFINISHED_STATUSES = frozenset({"preempted", "running"})
 """Statuses of runs that have not reached the end of their schedule; listed, never averaged."""
 
-KNOWN_STATUSES = FLAGGED_STATUSES | UNFINISHED_STATUSES | {"completed"}
+PRUNED_STATUSES = frozenset({"pruned", "paused"})
+"""Runs a pruned sweep stopped at a rung (successive halving): listed, never averaged, whatever the options."""
+
+KNOWN_STATUSES = FLAGGED_STATUSES | UNFINISHED_STATUSES | PRUNED_STATUSES | {"completed"}
 
 TRAIN_KINDS = frozenset({"train"})
 EVAL_KINDS = frozenset({"eval", "val"})
@@ -92,6 +95,8 @@ class Run:
             return "unusable", "variant or size unknown (no readable final.json or config.yaml)"
         if not self.has_final:
             return "unfinished", "no final.json yet (running or unfinished)"
+        if self.status in PRUNED_STATUSES:  # before the flags: --include-flagged never brings one into a mean
+            return "unfinished", f"status {self.status} (stopped at a rung of the sweep's pruning)"
         if self.status in FLAGGED_STATUSES or self.flags:
             why = [f"status {self.status}"] if self.status in FLAGGED_STATUSES else []
             if self.flags:

@@ -10,6 +10,8 @@ A run directory (DESIGN.md, "Command-line contract") holds:
 - `final.json`      written once, when the run ends for any reason: status, reason, progress, flags;
 - `run.lock`        names the live writer (host, pid, job); its mtime is the writer's heartbeat;
 - `cancelled.json`  written by `rrtrain sweep --cancel-flagged` before it stops the run: why, which flags, when;
+- `pause.json`      written by `rrtrain sweep` before it starts a run of a pruned sweep: the step to pause at
+                    (a rung of its successive halving; `launchers.prune`); absent: train to the end;
 - `ranks/`          where each rank of a distributed run ran (`rrtrain.rundir.ranks`).
 
 Any directory holding `final.json` or `metrics.jsonl`, at any depth, is a run; one with `metrics.jsonl` and no
@@ -30,6 +32,7 @@ DATA_CACHE = "data_cache"
 FINAL = "final.json"
 LOCK = "run.lock"
 CANCELLED = "cancelled.json"
+PAUSE = "pause.json"
 RANKS = "ranks"
 
 #: the files whose presence makes a directory a run

@@ -6,16 +6,23 @@ signal at a step boundary); `rrtrain sweep --cancel-flagged` writes `cancelled.j
 writes it. `rrtrain status` asks the same function about a cancelled run that could not write (killed hard).
 `keeps_recorded` says when final.json's recorded ending stands against a new attempt's: nothing already
 written is lost to a resume refused for bad input, nor a finished result to a later failure.
+
+Successive halving (`launchers.prune`) adds two endings that are not for good: `paused`, a run that stopped
+after the step its `pause.json` named (checkpointed, its schedule untouched), and `pruned`, a paused run its
+sweep stopped at that rung as one of its group's worst (`pruned`, the one change made to a final.json after
+the run wrote it). Both resume, exactly, when their sweep submits them again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from rrtrain.rundir.readers import Cancelled
 
-EXIT_CODES = {"completed": 0, "failed": 1, "diverged": 3, "stalled": 4, "preempted": 75}
+EXIT_CODES = {"completed": 0, "failed": 1, "diverged": 3, "stalled": 4, "paused": 5, "preempted": 75}
+#: a run's pause at the step its pause.json named, and the status its sweep then gives the worst of a rung
+PAUSED, PRUNED = "paused", "pruned"
 #: endings a resubmission leaves alone, and that a cancellation marker does not change
 ENDED_FOR_GOOD = ("completed", "diverged", "stalled")
 #: the flag a cancelled run carries (final.json `flags`, `rrtrain status`)
@@ -56,3 +63,14 @@ def keeps_recorded(recorded: Optional[str], status: str, training_started: bool)
     if recorded is None or status != "failed":
         return False
     return not training_started or recorded in ENDED_FOR_GOOD
+
+
+def pruned(final: dict[str, Any], rung: dict[str, Any]) -> dict[str, Any]:
+    """The final.json of a paused run its sweep prunes: status `pruned`, the reason saying at which rung and why
+    (`rung["why"]`), the rung's record under `pruned`, every other field as the run wrote it."""
+    out = dict(final)
+    out["status"] = PRUNED
+    out["reason"] = f"pruned at {rung.get('why', 'a rung of the sweep')}" + (
+        f"; {final['reason']}" if final.get("reason") else "")
+    out["pruned"] = dict(rung)
+    return out

@@ -176,6 +176,26 @@ def read_cancelled(run_dir: str | os.PathLike[str]) -> Optional[Cancelled]:
                      time=fields.number(data.get("time")))
 
 
+@dataclass(frozen=True)
+class Pause:
+    """`pause.json`: end the run `paused` (checkpointed) after optimizer step `step`, for `reason`."""
+
+    step: int
+    reason: str = ""
+
+
+def read_pause(run_dir: str | os.PathLike[str], problems: Optional[list[str]] = None) -> Optional[Pause]:
+    """The run's pause request, or None (no file; or unusable: said in `problems`)."""
+    data = read_json_object(Path(run_dir) / layout.PAUSE, layout.PAUSE, problems)
+    if data is None:
+        return None
+    step = fields.integer(data.get("step"))
+    if step is None or step < 1:
+        return _refuse(problems, f"{layout.PAUSE} unreadable: 'step' is not a positive integer "
+                                 f"(got {data.get('step')!r:.40})")
+    return Pause(step=step, reason=fields.text(data.get("reason")) or "")
+
+
 # -- who the run is ------------------------------------------------------------------------------
 
 

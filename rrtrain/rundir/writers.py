@@ -30,3 +30,14 @@ def write_final(run_dir: str | os.PathLike[str], final: dict[str, Any]) -> Path:
 def write_cancelled(run_dir: str | os.PathLike[str], reason: str, flags: list[str]) -> None:
     """cancelled.json, before the run is signalled: the run reads it to say why it ended."""
     atomic_write_json(Path(run_dir) / layout.CANCELLED, {"reason": reason, "flags": sorted(flags), "time": time.time()})
+
+
+def write_pause(run_dir: str | os.PathLike[str], step: int, reason: str) -> None:
+    """pause.json, before the run starts: it checkpoints and ends `paused` after optimizer step `step`."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(run_dir) / layout.PAUSE, {"step": int(step), "reason": reason, "time": time.time()})
+
+
+def clear_pause(run_dir: str | os.PathLike[str]) -> None:
+    """No pause.json: the run trains to its end (a stale request must not pause a resubmitted run)."""
+    Path(run_dir, layout.PAUSE).unlink(missing_ok=True)
