@@ -133,3 +133,19 @@ def test_a_run_without_log_wandb_does_not_import_wandb(tmp_path, stories_data):
     rc, loaded = json.loads(proc.stdout.splitlines()[-1])
     assert rc == 0 and "rrtrain.training.trainer" in loaded  # it did train
     assert not [m for m in loaded if m.startswith(("wandb", "rrtrain.monitoring.wandb_logger"))], loaded
+
+
+@pytest.mark.distributed
+def test_two_ranks_make_one_wandb_run_in_the_run_directory(tmp_path, stories_data):
+    """Rank 0 alone talks to W&B; without $WANDB_DIR its files go into the run directory."""
+    run = tmp_path / "run"
+    e = {k: v for k, v in env().items() if k != "WANDB_DIR"}
+    proc = subprocess.run(train_cmd(run, stories_data, ["train.max_steps=2", "train.global_batch=4",
+                                                        "train.micro_batch=2", "data.eval_batches=1",
+                                                        "log.wandb.mode=offline"], nproc=2),
+                          cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (one,) = (run / "wandb").glob("offline-run-*")
+    recs = inspect(next(one.glob("*.wandb")))
+    assert of_type(recs, "run")[0]["run_id"] == wandb_run_id(run)
+    assert summary(recs)["world_size"] == 2 and sorted(history(recs, "train/loss")) == [1, 2]
