@@ -6,7 +6,7 @@ What W&B gets, from rank 0 only:
   timings at the step it was published: W&B's steps only increase);
 - the resolved config (config.yaml's content, and `resolved`: parameters, steps, tokens per step, ranks);
 - each flag as it is raised: a point `monitor/FLAG` = 1 at its step, an alert (title the flag, text its step
-  and reason) and the summary's `flags`, `flag_steps` and `flag_details`, shaped as final.json holds them;
+  and reason) and the summary's `flag/FLAG` = {step, detail};
 - at the end, final.json's fields in the summary (the outcome), and the W&B run finished with the run's exit
   code (a preempted run is marked preempting first).
 
@@ -176,11 +176,10 @@ class WandbLogger(Callback):
                 "flags": list(self.flags)}
 
     def _flag(self, name: str, step: int, detail: str) -> None:
-        """The summary's flags (final.json's shape) and an alert."""
+        """The summary's `flag/NAME` (a key per flag: a resumed start adds to the earlier starts' flags) and an
+        alert."""
         self.flags[name] = {"step": step, "detail": detail}
-        self._call(lambda: self.run.summary.update({
-            "flags": list(self.flags), "flag_steps": {k: v["step"] for k, v in self.flags.items()},
-            "flag_details": {k: v["detail"] for k, v in self.flags.items()}}))
+        self._call(lambda: self.run.summary.update({f"flag/{name}": {"step": step, "detail": detail}}))
         self._call(lambda: self.run.alert(title=name, text=f"{self.run.name}: {name} at step {step}: {detail}",
                                           level="WARN"))
 

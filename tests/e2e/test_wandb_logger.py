@@ -98,6 +98,8 @@ def test_the_first_start_in_wandb_series_config_flags_summary(two_starts):
     assert config["model"]["variant"] == "review" and config["train"]["max_steps"] == 8
     assert config["log"]["wandb"]["mode"] == "offline"
     assert (config["resolved"]["params"], config["resolved"]["total_steps"]) == (final(run)["params"], 8)
+    live = next(u["update"] for u in of_type(recs, "summary") if "flag/stalled" in u["update"])
+    assert live == {"flag/stalled": {"step": flag["step"], "detail": flag["detail"]}}  # as it was raised
     out = summary(recs)
     assert out["status"] == "completed" and out["flags"] == ["stalled"] and out["exit_code"] == 0
     assert out["flag_steps"] == {"stalled": flag["step"]} and out["flag_details"] == {"stalled": flag["detail"]}
@@ -119,6 +121,8 @@ def test_the_resumed_start_continues_the_same_wandb_run(two_starts):
     out = summary(second)
     assert (out["status"], out["step"], out["exit_code"]) == ("stalled", fin["step"], 4)
     assert out["flags"] == fin["flags"] and out["flag_details"]["cancelled"] == "stalled (test)"
+    assert out["flag/cancelled"] == {"step": fin["step"], "detail": "stalled (test)"}
+    assert "flag/stalled" not in out  # the first start's: this one did not say it again
     assert [x["exit_code"] for x in of_type(second, "exit")] == [4]
 
 
