@@ -5,7 +5,8 @@ A run's id is `SIZE-VARIANT-sSEED`, or `SIZE-VARIANT-POINT-sSEED` in a sweep wit
 setting, `lr3e-3`: `rrtrain.rundir.points`), and its directory `SWEEP_DIR/<id>`. Overrides apply in this order:
 the base training config, the sweep's `overrides`, the size's `overrides`, the axes (size, variant, seed,
 budget, matching, data, run dir), the grid point, then the run's own entry under `runs:` (which may move
-neither an axis nor a grid key).
+neither an axis nor a grid key). With `log.wandb` set, a run's `log.wandb.group` defaults to the sweep
+directory's name.
 """
 
 from __future__ import annotations
@@ -181,6 +182,9 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
                     set_key(data, "run.point", dict(point))
                 for key, value in spec.runs.get(rid, {}).items():
                     set_key(data, key, value)
+                wandb = data["log"].get("wandb") if isinstance(data.get("log"), dict) else None
+                if isinstance(wandb, dict) and wandb.get("group") is None:  # one W&B group per sweep
+                    set_key(data, "log.wandb.group", out.name)
                 try:
                     cfg = build(Config, data)
                     validate(cfg)

@@ -220,6 +220,24 @@ class MonitorConfig:
 
 
 @dataclass
+class WandbConfig:
+    """`log.wandb`: the run's scalars, config, flags and outcome also go to Weights & Biases (rank 0;
+    `pip install 'rrtrain[wandb]'`; rrtrain.monitoring.wandb_logger). Unset, wandb is never imported."""
+
+    project: Optional[str] = None  # None: WANDB_PROJECT, else W&B's default
+    entity: Optional[str] = None  # None: WANDB_ENTITY, else your default entity
+    mode: Optional[Literal["online", "offline", "disabled"]] = None  # None: WANDB_MODE, else online
+    group: Optional[str] = None  # runs of `rrtrain sweep` default to the sweep directory's name
+
+
+@dataclass
+class LogConfig:
+    """Where a run's records go besides metrics.jsonl and TensorBoard (which are always written)."""
+
+    wandb: Optional[WandbConfig] = None  # a mapping (may be empty: `log.wandb: {}`) turns W&B on
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -228,6 +246,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -257,6 +276,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         for arg in args:
             if arg is type(None):
                 continue
+            if dataclasses.is_dataclass(arg) and isinstance(value, dict):  # its own errors name the key
+                return build(arg, value, key)
             try:
                 return _coerce(value, arg, key)
             except UsageError:
@@ -487,6 +508,8 @@ def validate(cfg: Config) -> None:
     m.residual.check()  # each rule's knobs check themselves (declared by the registry)
     validate_callbacks(t.callbacks)
     validate_monitor(cfg.monitor)
+    if cfg.log.wandb is not None:
+        validate_wandb(cfg.log.wandb)
 
 
 #: `package.module:ClassName`: a callback class to import (rrtrain.train loads it)
@@ -514,3 +537,18 @@ def validate_monitor(mon: MonitorConfig) -> None:
     for key, value in non_negative.items():
         if value < 0:
             raise UsageError(f"{key} must not be negative, got {value}")
+
+
+#: characters W&B refuses in a project name (and that have no place in an entity's)
+WANDB_RESERVED = "/\\#?%:"
+
+
+def validate_wandb(w: WandbConfig) -> None:
+    for key, value in (("project", w.project), ("entity", w.entity), ("group", w.group)):
+        if value is None:
+            continue
+        if not value.strip() or len(value) > 128:
+            raise UsageError(f"log.wandb.{key} must be 1 to 128 characters, got {value!r}")
+        bad = sorted({c for c in value if c in WANDB_RESERVED}) if key != "group" else []
+        if bad:
+            raise UsageError(f"log.wandb.{key}: W&B refuses the characters {''.join(bad)!r} in {value!r}")

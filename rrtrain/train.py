@@ -44,9 +44,14 @@ def default_callbacks(cfg: "Config", stop: "StopFlag") -> list["Callback"]:
     from rrtrain.training.pause import PauseAt
 
     t = cfg.train
-    return [Throughput(t.log_every), MetricsWriter(), NonfiniteGuard(t.on_nonfinite, t.max_nonfinite),
-            MonitorCallback(cfg.monitor), Console(t.log_every), Evaluator(t.eval_every), Checkpointer(t.ckpt_every),
-            PauseAt(t.stop_check_every), StopSignal(stop, t.stop_check_every)]
+    callbacks = [Throughput(t.log_every), MetricsWriter(), NonfiniteGuard(t.on_nonfinite, t.max_nonfinite),
+                 MonitorCallback(cfg.monitor), Console(t.log_every), Evaluator(t.eval_every),
+                 Checkpointer(t.ckpt_every), PauseAt(t.stop_check_every), StopSignal(stop, t.stop_check_every)]
+    if cfg.log.wandb is not None:  # only then is the module (and, when the run starts, wandb) imported
+        from rrtrain.monitoring.wandb_logger import WandbLogger
+
+        callbacks.append(WandbLogger(cfg.log.wandb))
+    return callbacks
 
 
 def user_callback(path: str) -> "Callback":

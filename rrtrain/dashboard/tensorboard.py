@@ -1,12 +1,13 @@
 """`rrtrain dashboard SWEEP_DIR [--port P]`: TensorBoard on loopback over one logdir for the whole sweep.
 
 The logdir (`SWEEP_DIR/.dashboard/logdir`, rebuilt at each start and swapped in atomically) holds one run per
-run directory, named `SIZE/VARIANT/seedN`: symlinks to the run's own event files, plus one event file
-written here (a run of a grid is `SIZE/VARIANT/POINT/seedN`, POINT as in its id: `lr3e-3`) from `metrics.jsonl` (the source of truth) with
+run directory, named `SIZE/VARIANT/seedN` (so TensorBoard's run filter takes a size as `^SIZE/`, a variant as
+`/VARIANT/`; a run of a grid is `SIZE/VARIANT/POINT/seedN`, POINT as in its id: `lr3e-3`): symlinks to the run's
+own event files, plus one event file written here from `metrics.jsonl` (the source of truth) with
 - the curves again under per-size tags (`SIZE/train_loss`, `SIZE/val_loss`, `SIZE/grad_norm`,
   `SIZE/gate_mean/BLOCK`), so that a custom-scalars chart per size shows exactly that size's variants;
 - the HParams session (variant, size, seed, params, the grid keys -> final and best val loss, number of flags,
-  flags);
+  flags), the table showing variant, size and seed by default;
 - a histogram of each gated site's gate values at every diagnostic step (`gates/SITE`, from the trainer's
   `gate_hist` counts).
 Runs are found by final.json / metrics.jsonl anywhere under the sweep directory, as the report finds them.
@@ -30,6 +31,8 @@ from rrtrain.rundir.points import point_key, read_point
 
 HOST = "127.0.0.1"  # loopback only: on a cluster, reach it through an SSH tunnel
 SERIES = {"train_loss": "loss", "val_loss": "val_loss", "grad_norm": "grad_norm"}  # per-size tag -> metrics key
+#: the HParams columns shown by default (with flags and params, the first two of the rest by name)
+IDENTITY = ("variant", "size", "seed")
 
 
 #: a size or variant that becomes a directory of the logdir: a plain name, never a path (`..`, `/etc`)
@@ -124,13 +127,28 @@ def write_derived(run: Path, out: Path, size: str, variant: str, seed: str, fina
           "flags": ",".join(flags) or "none", "status": final.status or "running"}
     hp.update({k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
                for k, v in (point or {}).items()})  # the grid keys, under their dotted names
-    for summary in hparams(hp, metrics):
+    experiment, start, end = hparams(hp, metrics)
+    _show_first(experiment, IDENTITY)
+    for summary in (experiment, start, end):
         writer.file_writer.add_summary(summary)
     for key, value in metrics.items():
         writer.add_scalar(key, value, last_step)
     if sizes is not None:
         writer.add_custom_scalars(layout(sizes))
     writer.close()
+
+
+def _show_first(experiment: Any, names: tuple[str, ...]) -> None:
+    """Mark the HParams columns `names` as the ones that differ between runs. TensorBoard's HParams table shows
+    five columns by default: those marked so first, then the rest by name (which left `variant` out)."""
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    value = experiment.value[0]
+    data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
+    for info in data.experiment.hparam_infos:
+        if info.name in names:
+            info.differs = True
+    value.metadata.plugin_data.content = data.SerializeToString()
 
 
 def _list(value: Any) -> list[Any]:

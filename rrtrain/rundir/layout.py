@@ -12,7 +12,8 @@ A run directory (DESIGN.md, "Command-line contract") holds:
 - `cancelled.json`  written by `rrtrain sweep --cancel-flagged` before it stops the run: why, which flags, when;
 - `pause.json`      written by `rrtrain sweep` before it starts a run of a pruned sweep: the step to pause at
                     (a rung of its successive halving; `launchers.prune`); absent: train to the end;
-- `ranks/`          where each rank of a distributed run ran (`rrtrain.rundir.ranks`).
+- `ranks/`          where each rank of a distributed run ran (`rrtrain.rundir.ranks`);
+- `wandb/`          W&B's own files, with `log.wandb` and no `$WANDB_DIR` (`rrtrain.monitoring.wandb_logger`).
 
 Any directory holding `final.json` or `metrics.jsonl`, at any depth, is a run; one with `metrics.jsonl` and no
 `final.json` is still going (or died without a word).
@@ -34,11 +35,12 @@ LOCK = "run.lock"
 CANCELLED = "cancelled.json"
 PAUSE = "pause.json"
 RANKS = "ranks"
+WANDB = "wandb"
 
 #: the files whose presence makes a directory a run
 RUN_FILES = frozenset({FINAL, METRICS})
 #: directory names never searched for runs: large, and never holding one
-NOT_RUNS = frozenset({CHECKPOINTS, TENSORBOARD, DATA_CACHE, "__pycache__", ".git"})
+NOT_RUNS = frozenset({CHECKPOINTS, TENSORBOARD, DATA_CACHE, WANDB, "__pycache__", ".git"})
 
 
 def is_run_dir(filenames: Iterable[str]) -> bool:

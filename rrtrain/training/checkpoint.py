@@ -418,6 +418,8 @@ FREE |= {"train.callbacks"}
 FREE |= {f"monitor.{key}" for key in ("min_steps", "window", "min_improvement", "entropy_margin", "grad_ratio",
                                        "spike_sigma", "spike_patience", "on_stall", "on_diverge", "heartbeat_s",
                                        "peer_mad")}
+#: where the records also go (W&B): an observer, like a callback (a checkpoint from before the key has none)
+FREE |= {"log.wandb", "log.wandb.project", "log.wandb.entity", "log.wandb.mode", "log.wandb.group"}
 #: the parallel layout: accepted without consent and listed. Step s takes the same samples at any layout (the
 #: loader's order depends on the global batch only) and DCP reshards the saved state exactly, so only the
 #: reductions' rounding differs. (DeepSpeed refuses a changed world size when it loads its own checkpoint.)

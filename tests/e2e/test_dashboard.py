@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -134,3 +135,27 @@ def test_the_dashboard_in_a_browser(dashboard, chromium, tmp_path):
         browser.close()
     assert drawn == {"tiny/review/seed0", "tiny/standard/seed0"}, drawn
 
+
+
+def test_run_names_filter_a_size_or_a_variant_with_one_regex(dashboard):
+    """The regexes docs/user-guide.md ("Dashboard") gives for TensorBoard's run filter."""
+    runs = get(dashboard, "/data/runs")
+    assert {r for r in runs if re.search(r"^tiny/", r)} == {"tiny/review/seed0", "tiny/standard/seed0"}
+    assert {r for r in runs if re.search(r"/review/", r)} == {"tiny/review/seed0", "rr-60m/review/seed0"}
+    assert {r for r in runs if re.search(r"^rr-60m/standard/", r)} == {"rr-60m/standard/seed0"}
+
+
+def test_the_hparams_table_shows_variant_size_and_seed_by_default(dashboard, chromium):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"http://127.0.0.1:{dashboard}/#hparams", wait_until="networkidle")
+        table = page.locator("tf-hparams-table-view")
+        table.get_by_text("tiny/review/seed0", exact=True).first.wait_for(timeout=60_000)
+        shown = {name: table.get_by_text(name, exact=True).first.is_visible()
+                 for name in ("variant", "size", "seed")}
+        review = table.get_by_text("review", exact=True).first.is_visible()  # the variant column's values
+        browser.close()
+    assert shown == {"variant": True, "size": True, "seed": True} and review, shown

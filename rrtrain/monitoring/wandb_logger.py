@@ -1,0 +1,208 @@
+"""Weights & Biases for one run (`log.wandb`), for users who follow their runs there.
+
+What W&B gets, from rank 0 only:
+- every scalar the run writes to metrics.jsonl and TensorBoard, under TensorBoard's tags (`train/loss`,
+  `eval/val_loss`, `diag/block_grad_norm/000`, `ckpt/write_s`, ...) at the optimizer step (a checkpoint's
+  timings at the step it was published: W&B's steps only increase);
+- the resolved config (config.yaml's content, and `resolved`: parameters, steps, tokens per step, ranks);
+- each flag as it is raised: a point `monitor/FLAG` = 1 at its step, an alert (title the flag, text its step
+  and reason) and the summary's `flag/FLAG` = {step, detail};
+- at the end, final.json's fields in the summary (the outcome), and the W&B run finished with the run's exit
+  code (a preempted run is marked preempting first).
+
+One W&B run per run directory: its id is derived from the directory (`wandb_run_id`) and W&B is asked to
+resume it (`resume="allow"`), so a requeued or resumed run continues the same W&B run. Steps that W&B holds
+already (a run resumed from a checkpoint older than its last logged step) are not sent again: W&B refuses
+steps below its last one, and by determinism they are the same values. W&B's files go to `$WANDB_DIR`, else
+into the run directory (`wandb/`). wandb is imported when the run starts and only here, so a run without
+`log.wandb` never loads it; a W&B that cannot start (no network in online mode) costs the run its W&B record,
+said in one line, not the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import math
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from rrtrain.config import WandbConfig
+from rrtrain.core.errors import UsageError
+from rrtrain.rundir import layout
+from rrtrain.rundir.outcome import EXIT_CODES
+from rrtrain.rundir.readers import read_json_object
+from rrtrain.training.callbacks import DIAG_KEYS  # a training record's keys that TensorBoard gets under diag/
+from rrtrain.training.loop import Callback, Loop
+
+
+def wandb_run_id(run_dir: str | os.PathLike[str]) -> str:
+    """The W&B run id of a run directory: its name (characters W&B accepts) and a hash of its absolute path,
+    so every start of the same directory gets the same id and two sweeps' `tiny-review-s0` do not meet."""
+    path = str(Path(run_dir).resolve())
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(path).name)[:48].strip("-.") or "run"
+    return f"{stem}-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
+
+
+def scalars(record: dict[str, Any], prefix: str) -> dict[str, float]:
+    """A record's values as TensorBoard gets them (`rrtrain.rundir.metrics.MetricsLogger.log`): numbers as
+    `PREFIX/KEY`, lists of numbers as `PREFIX/KEY/000`...; `step`, `kind`, other values and non-finite numbers
+    are left out."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if key in ("step", "kind"):
+            continue
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            out[f"{prefix}/{key}"] = value
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    out[f"{prefix}/{key}/{i:03d}"] = v
+    return out
+
+
+class WandbLogger(Callback):
+    """Mirrors the run to W&B (see the module docstring); does nothing on ranks other than 0."""
+
+    # after the monitor (70), so the flags raised on a batch of records reach it before those records do
+    name, priority = "wandb", 55
+
+    def __init__(self, cfg: WandbConfig) -> None:
+        if importlib.util.find_spec("wandb") is None:  # refused before the run writes anything
+            raise UsageError("log.wandb is set but the wandb package is not installed: "
+                             "pip install 'rrtrain[wandb]' (or unset log.wandb)")
+        self.cfg = cfg
+        self.run: Any = None  # the wandb Run on rank 0 while it is open
+        self.floor = 0  # steps below this are in W&B already (a resumed W&B run)
+        self.last = 0  # the highest step sent
+        self.pending: dict[int, dict[str, float]] = {}  # flag points waiting for their step's records
+        self.flags: dict[str, dict[str, Any]] = {}  # name -> {"step", "detail"}, as raised
+
+    # -- the hooks ------------------------------------------------------------------------------
+
+    def on_start(self, loop: Loop) -> None:
+        if not loop.facts.is_main:
+            return
+        f = loop.facts
+        try:
+            import wandb
+
+            c = self.cfg
+            settings = {k: v for k, v in (("project", c.project), ("entity", c.entity), ("group", c.group),
+                                          ("mode", c.mode)) if v is not None}
+            if "WANDB_DIR" not in os.environ:
+                settings["dir"] = str(f.run_dir)
+            self.run = wandb.init(id=wandb_run_id(f.run_dir), resume="allow", name=f.config.run.name or
+                                  Path(f.run_dir).name, job_type="train", **settings)
+            self.run.config.update({**f.config.to_dict(), "resolved": {
+                "params": f.params, "total_steps": loop.total_steps, "tokens_per_step": f.tokens_per_step,
+                "warmup_steps": f.warmup_steps, "world_size": f.world_size, "accum": f.accum,
+                "wandb_run_id": self.run.id}}, allow_val_change=True)
+        except Exception as err:  # noqa: BLE001 - W&B's failure must not end the run
+            self._give_up(err)
+            return
+        self.floor = int(self.run.step or 0) if self.run.resumed else 0
+        self.last = self.floor - 1
+
+    def on_train_records(self, loop: Loop, records: list[dict[str, Any]]) -> None:
+        if self.run is None:
+            return
+        for rec in records:
+            step = rec["step"]
+            train = {k: v for k, v in rec.items() if k not in DIAG_KEYS}
+            diag = {k: v for k, v in rec.items() if k in DIAG_KEYS}
+            self._send(step, {**scalars(train, "train"), **scalars(diag, "diag"), **self.pending.pop(step, {})})
+
+    def on_eval(self, loop: Loop, record: dict[str, Any]) -> None:
+        if self.run is not None:
+            self._send_pending()
+            self._send(record["step"], scalars(record, "eval"))
+
+    def on_checkpoint(self, loop: Loop, record: dict[str, Any]) -> None:
+        if self.run is not None:
+            self._send_pending()
+            self._send(record.get("published_at", record["step"]), scalars(record, "ckpt"))
+
+    def on_flag(self, loop: Loop, flag: dict[str, Any]) -> None:
+        if self.run is None:
+            return
+        self._flag(flag["flag"], flag["step"], flag["detail"])
+        if flag["step"] > self.last:  # its step's records are still to come: the point goes with them
+            self.pending.setdefault(flag["step"], {})[f"monitor/{flag['flag']}"] = 1.0
+        else:
+            self._send(flag["step"], {f"monitor/{flag['flag']}": 1.0})
+
+    def on_end(self, loop: Loop) -> None:
+        if self.run is None:
+            return
+        self._send_pending()
+        final = self._final(loop)
+        try:
+            # flags not raised on the loop (cancelled, nonfinite_steps, diverged by non-finite steps, ...)
+            steps, details, names = (final.get(k) if isinstance(final.get(k), kind) else kind()
+                                     for k, kind in (("flag_steps", dict), ("flag_details", dict), ("flags", list)))
+            for name in names:
+                if not isinstance(name, str) or name in self.flags:
+                    continue
+                at = steps.get(name) if isinstance(steps.get(name), int) else loop.step
+                if loop.resumed_at is not None and at <= loop.resumed_at:
+                    continue  # raised before this start: W&B has had it since then
+                self._flag(name, at, str(details.get(name) or final.get("reason") or ""))
+                self._send(at, {f"monitor/{name}": 1.0})
+            if self.run is None:
+                return
+            self.run.summary.update(final)
+            if final.get("status") == "preempted":
+                self.run.mark_preempting()
+            code = final.get("exit_code")
+            self.run.finish(exit_code=code if isinstance(code, int) else EXIT_CODES.get(loop.status, 1))
+        except Exception as err:  # noqa: BLE001
+            self._give_up(err)
+        self.run = None
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _final(self, loop: Loop) -> dict[str, Any]:
+        """final.json as this run wrote it; when it is missing or left by an earlier start (this one could not
+        write it), the loop's own ending."""
+        data = read_json_object(Path(loop.facts.run_dir) / layout.FINAL)
+        if data is not None and data.get("status") == loop.status and data.get("step") == loop.step:
+            return data
+        return {"status": loop.status, "reason": loop.reason, "step": loop.step, "tokens": loop.tokens,
+                "final_val_loss": loop.last_val_loss, "exit_code": EXIT_CODES.get(loop.status, 1),
+                "flags": list(self.flags)}
+
+    def _flag(self, name: str, step: int, detail: str) -> None:
+        """The summary's `flag/NAME` (a key per flag: a resumed start adds to the earlier starts' flags) and an
+        alert."""
+        self.flags[name] = {"step": step, "detail": detail}
+        self._call(lambda: self.run.summary.update({f"flag/{name}": {"step": step, "detail": detail}}))
+        self._call(lambda: self.run.alert(title=name, text=f"{self.run.name}: {name} at step {step}: {detail}",
+                                          level="WARN"))
+
+    def _send(self, step: int, values: dict[str, float]) -> None:
+        """One history row at `step` (rows of one step merge); a step below the last one sent is dropped, as W&B
+        would drop it (the summary keeps every flag)."""
+        if values and step >= max(self.last, self.floor):
+            self._call(lambda: self.run.log(values, step=step))
+            self.last = step
+
+    def _send_pending(self) -> None:
+        for step in sorted(self.pending):
+            self._send(step, self.pending.pop(step))
+
+    def _call(self, action: Any) -> None:
+        if self.run is None:
+            return
+        try:
+            action()
+        except Exception as err:  # noqa: BLE001 - W&B's failure must not end the run
+            self._give_up(err)
+
+    def _give_up(self, err: BaseException) -> None:
+        print(f"rrtrain: W&B logging off for this run: {type(err).__name__}: {err}".splitlines()[0],
+              file=sys.stderr, flush=True)
+        self.run = None
