@@ -157,7 +157,10 @@ def _unreadable_since(path: Path) -> Optional[tuple[int, int, int, float]]:
 
 def describe(info: dict[str, Any]) -> str:
     job = f", job {info['job_id']}" if info.get("job_id") else ""
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(fields.number(info.get("started")) or 0))
+    try:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(fields.finite(info.get("started")) or 0))
+    except (OverflowError, OSError, ValueError):  # a time no calendar has: the lock is not ours to trust anyway
+        since = "an unreadable time"
     return f"host {info.get('host')} pid {info.get('pid')}{job}, since {since}"
 
 

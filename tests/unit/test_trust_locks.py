@@ -143,3 +143,9 @@ def test_a_filesystem_without_flock_still_locks_by_identity(tmp_path, monkeypatc
     with pytest.raises(runlock.RunLocked):
         runlock.RunLock(tmp_path).acquire(0)
     held.release()
+
+
+def test_a_remote_lock_with_an_impossible_start_time_is_described_without_a_traceback(tmp_path):
+    _write_lock(tmp_path, "{\"host\": \"another-node\", \"pid\": 7, \"started\": 1e300, \"job_id\": [1]}")
+    with pytest.raises(runlock.RunLocked, match="host another-node pid 7"):
+        runlock.RunLock(tmp_path).acquire(0)  # a fresh heartbeat from another host: honoured
