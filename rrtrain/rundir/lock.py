@@ -83,7 +83,9 @@ def _holds_flock(pid: int, path: str | os.PathLike[str]) -> Optional[bool]:
         return None
     for line in table.splitlines():
         parts = line.split()
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[4] == str(pid) and parts[5].rsplit(":", 1)[-1] == str(inode):
+        # an NFS client turns flock into a whole-file POSIX lock: it is listed as POSIX there
+        if (len(parts) >= 6 and parts[1] in ("FLOCK", "POSIX") and parts[4] == str(pid)
+                and parts[5].rsplit(":", 1)[-1] == str(inode)):
             return True
     return False
 
@@ -118,13 +120,16 @@ def _same_process(info: dict[str, Any]) -> Optional[int]:
 
 def holder_alive(info: dict[str, Any]) -> bool:
     """Whether the lock's holder proves itself: on this host, the process it names is alive with the start time
-    and command line recorded and holds the lock file's flock (where the kernel's lock table cannot be read, the
-    first three suffice); elsewhere, a fresh heartbeat."""
+    and command line recorded and holds the lock file's flock (where the kernel's lock table cannot be read, or
+    the holder's filesystem refused flock, the first three suffice: waiting is the safe side); elsewhere, a
+    fresh heartbeat."""
     if info.get("host") == socket.gethostname():
         pid = _same_process(info)
         if pid is None:
             return False
         path = info.get("lock_path")
+        if info.get("flock") is False:  # its filesystem refused flock: identity is all there is to go on
+            return True
         return isinstance(path, str) and _holds_flock(pid, path) is not False
     return time.time() - (fields.number(info.get("heartbeat")) or 0.0) < STALE_S
 
@@ -152,7 +157,10 @@ def _unreadable_since(path: Path) -> Optional[tuple[int, int, int, float]]:
 
 def describe(info: dict[str, Any]) -> str:
     job = f", job {info['job_id']}" if info.get("job_id") else ""
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(fields.number(info.get("started")) or 0))
+    try:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(fields.finite(info.get("started")) or 0))
+    except (OverflowError, OSError, ValueError):  # a time no calendar has: the lock is not ours to trust anyway
+        since = "an unreadable time"
     return f"host {info.get('host')} pid {info.get('pid')}{job}, since {since}"
 
 
@@ -165,12 +173,13 @@ class RunLock:
         self.nonce = uuid.uuid4().hex
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._fd: Optional[int] = None  # the lock file, open while held
+        self._fd: Optional[int] = None  # the lock file, open (and flock-ed) while held
+        self.flocked = False
 
     def _content(self) -> bytes:
         pid = os.getpid()
         info = {"host": socket.gethostname(), "pid": pid, "pid_start": _start_time(pid), "cmdline": _cmdline(pid),
-                "job_id": job_id(), "started": time.time(), "nonce": self.nonce}
+                "flock": self.flocked, "job_id": job_id(), "started": time.time(), "nonce": self.nonce}
         return (json.dumps(info) + "\n").encode()
 
     def _try_create(self) -> bool:
@@ -181,7 +190,11 @@ class RunLock:
         except FileExistsError:
             return False
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody else can hold it
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody else can hold it
+                self.flocked = True
+            except OSError:  # a filesystem without flock (Lustre mounted without it): the lock says so
+                self.flocked = False
             content = self._content()
             if os.write(fd, content) != len(content):
                 raise OSError(f"short write to {self.path}")

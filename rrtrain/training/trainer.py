@@ -329,8 +329,7 @@ class Trainer:
             return True
         recorded = read_final(self.run_dir)
         if keeps_recorded(recorded.status if recorded else None, self.status, self.started):
-            print(f"rrtrain: {layout.FINAL} keeps the ending it records ({recorded.status}); this attempt "
-                  f"{self.status}: {self.reason}", file=sys.stderr, flush=True)
+            # the attempt's error is the caller's one line; final.json keeps the ending it records
             if self.lock is not None:
                 self.lock.release()
             return True

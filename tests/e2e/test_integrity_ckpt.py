@@ -61,10 +61,14 @@ def test_no_intact_checkpoint_refuses_to_start_afresh(tmp_path, stories_data):
         with open(largest_file(ckpt), "r+b") as f:
             f.seek(100)
             f.write(b"\xff" * 64)  # same length, different bytes
+    before = (run / "final.json").read_bytes()
     proc = train(run, stories_data, "train.max_steps=2", "train.ckpt_every=1", "train.keep_ckpts=2", expect=2)
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "no usable checkpoint" in proc.stderr and "does not match its xxh64 checksum" in proc.stderr, proc.stderr
-    assert final(run)["status"] == "failed" and "no usable checkpoint" in final(run)["reason"]
+    assert (run / "final.json").read_bytes() == before  # refused before training: the completed ending stands
+    (run / "final.json").unlink()
+    train(run, stories_data, "train.max_steps=2", "train.ckpt_every=1", "train.keep_ckpts=2", expect=2)
+    assert final(run)["status"] == "failed" and "no usable checkpoint" in final(run)["reason"]  # none recorded
 
 
 def test_a_finished_run_started_again_keeps_its_checkpoint(tmp_path, stories_data, finished_run):

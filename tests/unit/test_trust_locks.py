@@ -123,3 +123,29 @@ def test_a_lock_left_by_a_failed_write_is_removed(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         runlock.RunLock(tmp_path).acquire(0)
     assert not (tmp_path / runlock.LOCK_NAME).exists()
+
+
+def test_a_filesystem_without_flock_still_locks_by_identity(tmp_path, monkeypatch):
+    """Lustre mounted without flock refuses it: the lock says so, a live holder is still honoured on its
+    pid, start time and command line, and without the flock proof nothing signals it."""
+    real = runlock.fcntl.flock
+
+    def no_flock(fd, op):  # noqa: ANN001
+        if op & runlock.fcntl.LOCK_EX and op & runlock.fcntl.LOCK_NB:
+            raise OSError(38, "Function not implemented")
+        return real(fd, op)
+
+    monkeypatch.setattr(runlock.fcntl, "flock", no_flock)
+    held = runlock.RunLock(tmp_path).acquire(0)
+    info = runlock.read(tmp_path)
+    assert info["flock"] is False and runlock.holder_alive(info)
+    assert runlock.signallable_pid(tmp_path) is None
+    with pytest.raises(runlock.RunLocked):
+        runlock.RunLock(tmp_path).acquire(0)
+    held.release()
+
+
+def test_a_remote_lock_with_an_impossible_start_time_is_described_without_a_traceback(tmp_path):
+    _write_lock(tmp_path, "{\"host\": \"another-node\", \"pid\": 7, \"started\": 1e300, \"job_id\": [1]}")
+    with pytest.raises(runlock.RunLocked, match="host another-node pid 7"):
+        runlock.RunLock(tmp_path).acquire(0)  # a fresh heartbeat from another host: honoured
