@@ -1,8 +1,9 @@
 """`rrtrain dashboard SWEEP_DIR [--port P]`: TensorBoard on loopback over one logdir for the whole sweep.
 
 The logdir (`SWEEP_DIR/.dashboard/logdir`, rebuilt at each start and swapped in atomically) holds one run per
-run directory, named `SIZE/VARIANT/seedN`: symlinks to the run's own event files, plus one event file
-written here (a run of a grid is `SIZE/VARIANT/POINT/seedN`, POINT as in its id: `lr3e-3`) from `metrics.jsonl` (the source of truth) with
+run directory, named `SIZE/VARIANT/seedN` (`SIZE/VARIANT/POINT/seedN` in a grid, POINT as in its id: `lr3e-3`):
+symlinks to the run's own event files, plus one event file written here from `metrics.jsonl` (the source of
+truth) with
 - the curves again under per-size tags (`SIZE/train_loss`, `SIZE/val_loss`, `SIZE/grad_norm`,
   `SIZE/gate_mean/BLOCK`), so that a custom-scalars chart per size shows exactly that size's variants;
 - the HParams session (variant, size, seed, params, the grid keys -> final and best val loss, number of flags,

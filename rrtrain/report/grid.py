@@ -167,7 +167,8 @@ def middle_point(runs: list[Run]) -> dict[str, Any]:
             values.setdefault(k, set()).add(v)
     out = {}
     for k, vs in values.items():
-        ordered = sorted(vs, key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v)))
+        ordered = sorted(vs, key=lambda v: (not isinstance(v, (int, float)),
+                                            v if isinstance(v, (int, float)) else str(v)))
         out[k] = ordered[(len(ordered) - 1) // 2]
     return out
 
@@ -186,7 +187,8 @@ def parse_shared(text: str, runs: list[Run]) -> dict[str, Any]:
         if not eq or not key:
             raise UsageError(f"--shared: {part.strip()!r} is not KEY=VALUE (e.g. train.lr=3e-3)")
         if key not in tried:
-            raise UsageError(f"--shared: {key!r} is not a grid key of these runs ({', '.join(sorted(tried)) or 'none'})")
+            raise UsageError(f"--shared: {key!r} is not a grid key of these runs "
+                             f"({', '.join(sorted(tried)) or 'none'})")
         match = [v for v in tried[key] if str(v) == raw or _same_number(v, raw)]
         if not match:
             raise UsageError(f"--shared: {key}={raw} was not tried; tried: {', '.join(sorted(map(str, tried[key])))}")

@@ -115,7 +115,8 @@ def grid_summary(ga: GridAnalysis) -> dict[str, Any]:
         "rule": ga.rule, "select_seeds": ga.select_seeds, "keys": ga.keys, "shared": ga.shared,
         "shared_source": ga.shared_source,
         "groups": [{"size": g.size, "variant": g.variant, "chosen": g.chosen, "failed_everywhere": g.failed_everywhere,
-                    "params": g.params, "edge": g.edge, "points": [dataclasses.asdict(p) for p in g.points]} for g in ga.groups],
+                    "params": g.params, "edge": g.edge, "points": [dataclasses.asdict(p) for p in g.points]}
+                   for g in ga.groups],
         "lr_fits": [dataclasses.asdict(f) for f in ga.lr_fits],
         "notes": ga.notes,
     })
