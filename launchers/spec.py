@@ -211,7 +211,8 @@ def parse_grid(data: Any, where: str) -> dict[str, list]:
     out: dict[str, list] = {}
     for key, values in _flat_grid(data, "").items():
         if key in GRID_FORBIDDEN:
-            raise UsageError(f"{where}.{key}: {key} is an axis of the sweep (or names its runs): it cannot be a grid key")
+            raise UsageError(f"{where}.{key}: {key} is an axis of the sweep (or names its runs): "
+                             "it cannot be a grid key")
         if not isinstance(values, list) or not values:
             raise UsageError(f"{where}.{key}: expected a non-empty list of values, got {values!r}")
         for v in values:

@@ -46,6 +46,8 @@ class GroupChoice:
     points: list[PointScore]
     chosen: dict[str, Any] | None  # None: the variant failed at every point of this size
     params: float | None  # mean parameter count of the chosen point's runs (any seed)
+    #: numeric keys whose chosen value is the smallest or largest tried: the best may lie beyond the grid
+    edge: list[str] = field(default_factory=list)
 
     @property
     def failed_everywhere(self) -> bool:
@@ -141,7 +143,19 @@ def choose(runs: list[Run], k: int) -> list[GroupChoice]:
         if chosen is not None:
             ps = [r.params for r in by_point[_key(chosen)] if r.params]
             params = statistics.fmean(ps) if ps else None
-        out.append(GroupChoice(size, variant, scores, chosen, params))
+        out.append(GroupChoice(size, variant, scores, chosen, params, _at_edge(chosen, [p.point for p in scores])))
+    return out
+
+
+def _at_edge(chosen: dict[str, Any] | None, tried: list[dict[str, Any]]) -> list[str]:
+    if chosen is None:
+        return []
+    out = []
+    for key, value in sorted(chosen.items()):
+        values = {p[key] for p in tried if key in p}
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if numeric and len(values) >= 2 and value in (min(values), max(values)):
+            out.append(key)
     return out
 
 
@@ -153,7 +167,8 @@ def middle_point(runs: list[Run]) -> dict[str, Any]:
             values.setdefault(k, set()).add(v)
     out = {}
     for k, vs in values.items():
-        ordered = sorted(vs, key=lambda v: (not isinstance(v, (int, float)), v if isinstance(v, (int, float)) else str(v)))
+        ordered = sorted(vs, key=lambda v: (not isinstance(v, (int, float)),
+                                            v if isinstance(v, (int, float)) else str(v)))
         out[k] = ordered[(len(ordered) - 1) // 2]
     return out
 
@@ -172,7 +187,8 @@ def parse_shared(text: str, runs: list[Run]) -> dict[str, Any]:
         if not eq or not key:
             raise UsageError(f"--shared: {part.strip()!r} is not KEY=VALUE (e.g. train.lr=3e-3)")
         if key not in tried:
-            raise UsageError(f"--shared: {key!r} is not a grid key of these runs ({', '.join(sorted(tried)) or 'none'})")
+            raise UsageError(f"--shared: {key!r} is not a grid key of these runs "
+                             f"({', '.join(sorted(tried)) or 'none'})")
         match = [v for v in tried[key] if str(v) == raw or _same_number(v, raw)]
         if not match:
             raise UsageError(f"--shared: {key}={raw} was not tried; tried: {', '.join(sorted(map(str, tried[key])))}")
@@ -235,6 +251,10 @@ def analyze_grid(runs: list[Run], opts: Options, sweep_dir: Path | None = None) 
         notes.append(f"no run has a seed ≥ {k}: nothing is left to test on (run more seeds, or lower --select-seeds)")
     selected = _analyze_or_none(_test_runs(grid_runs, k, selected_at), opts, notes, "at the selected settings")
     at_shared = _analyze_or_none(_test_runs(grid_runs, k, shared_at), opts, notes, "at the shared setting")
+    for g in groups:
+        if g.edge:
+            notes.append(f"{g.size} {g.variant}: the chosen {', '.join(g.edge)} is at the edge of the values tried; "
+                         "the best may lie beyond them (widen the grid)")
     keys = sorted({key for r in grid_runs for key in r.point})
     fits = lr_fits(groups, opts, sweep_dir, notes) if LR_KEY in keys else []
     return GridAnalysis(rule_text(k), k, keys, groups, shared, source, selected, at_shared, fits, notes)
@@ -276,10 +296,15 @@ def lr_fits(groups: list[GroupChoice], opts: Options, sweep_dir: Path | None, no
             f.reason = str(err)
             continue
         f.a, f.b = 10 ** fit.intercept, fit.slope
+        reasons = []
         if half is not None:
             f.b_lo, f.b_hi = fit.slope - half, fit.slope + half
         else:
-            f.reason = "two sizes: the line goes through both, so b has no interval (needs three sizes)"
+            reasons.append("two sizes: the line goes through both, so b has no interval (needs three sizes)")
+        edge = [g.size for g in gs if LR_KEY in g.edge]
+        if edge:
+            reasons.append(f"the best lr at {', '.join(edge)} is at the edge of the grid: the fit may be off")
+        f.reason = "; ".join(reasons)
         largest = max(f.params)
         for name, n in targets:
             if n <= largest or name in f.sizes:

@@ -28,7 +28,8 @@ def _side_by_side(ga: GridAnalysis) -> list[str]:
 
     rows = []
     for g in ga.groups:
-        rows.append([g.size, g.variant, describe_point(g.chosen), cell(ga.selected, g.size, g.variant),
+        edge = f" (at the edge: {', '.join(g.edge)})" if g.edge else ""
+        rows.append([g.size, g.variant, describe_point(g.chosen) + edge, cell(ga.selected, g.size, g.variant),
                      cell(ga.at_shared, g.size, g.variant)])
     return _table(["Size", "variant", "selected point", "at the selected point (test seeds)",
                    f"at the shared point {point_label(ga.shared)}"], rows)
@@ -98,7 +99,8 @@ def grid_text(ga: GridAnalysis) -> str:
             L.append(f"  {g.size} {g.variant}: FAILED at every point ("
                      + "; ".join(f"{point_label(p.point)}: {p.why_out}" for p in g.points) + ")")
         else:
-            L.append(f"  {g.size} {g.variant}: {point_label(g.chosen)}")
+            edge = f" (at the edge of the grid: {', '.join(g.edge)})" if g.edge else ""
+            L.append(f"  {g.size} {g.variant}: {point_label(g.chosen)}{edge}")
     for f in ga.lr_fits:
         if f.b is not None:
             ci = f" (95% interval of b [{f.b_lo:+.3f}, {f.b_hi:+.3f}])" if f.b_lo is not None else ""
@@ -113,7 +115,8 @@ def grid_summary(ga: GridAnalysis) -> dict[str, Any]:
         "rule": ga.rule, "select_seeds": ga.select_seeds, "keys": ga.keys, "shared": ga.shared,
         "shared_source": ga.shared_source,
         "groups": [{"size": g.size, "variant": g.variant, "chosen": g.chosen, "failed_everywhere": g.failed_everywhere,
-                    "params": g.params, "points": [dataclasses.asdict(p) for p in g.points]} for g in ga.groups],
+                    "params": g.params, "edge": g.edge, "points": [dataclasses.asdict(p) for p in g.points]}
+                   for g in ga.groups],
         "lr_fits": [dataclasses.asdict(f) for f in ga.lr_fits],
         "notes": ga.notes,
     })

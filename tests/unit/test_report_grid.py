@@ -65,6 +65,9 @@ def test_selection_never_tests_on_the_seed_it_chose_with(sweep):
     # reusing seed 0 would flip it: review's mean over all four seeds is below standard's
     assert np.mean(LOSSES[("review", 1e-3)]) < np.mean(LOSSES[("standard", 1e-3)])
     assert "seed 0" in ga.rule and "seeds ≥ 1" in ga.rule
+    assert {g.variant: g.edge for g in ga.groups} == {"review": ["train.lr"], "standard": ["train.lr"],
+                                                      "review_convex": []}
+    assert any("review: the chosen train.lr is at the edge" in n for n in ga.notes)
 
 
 def test_more_selection_seeds_and_the_shared_point(sweep):
@@ -86,6 +89,8 @@ def test_default_shared_point_is_the_middle(tmp_path):
             write_run(tmp_path, "tiny", "standard", seed, {"train.lr": lr}, 2.1 + seed / 100)
     ga = analyze_grid(find_runs(tmp_path), Options())
     assert ga.shared == {"train.lr": 3e-3} and "middle" in ga.shared_source
+    assert {g.variant: (g.chosen, g.edge) for g in ga.groups} == {"review": ({"train.lr": 1e-3}, ["train.lr"]),
+                                                                  "standard": ({"train.lr": 1e-3}, ["train.lr"])}
 
 
 def test_failing_at_every_point_is_reported_with_the_points(sweep, tmp_path):
