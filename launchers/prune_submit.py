@@ -90,9 +90,7 @@ def submit(args: argparse.Namespace, sweep: Sweep, out: Path, runs: list[Run], c
             from launchers import debug_executor
 
             jobs, codes = debug_executor.submit(go, configs)
-        rec = record.load(out) or rec
-        record.add_submission(rec, args.executor, jobs)
-        record.save(out, rec)
+        rec = record.record_submission(out, rec, args.executor, jobs)  # cancellations may have been recorded meanwhile
         for rid, c in codes.items():
             bad.pop(rid, None)
             if c not in (0, PAUSED_EXIT):
@@ -115,11 +113,9 @@ def submit_slurm(go: list[Run], out: Path, sweep: Sweep, rec: dict) -> None:
     try:
         jobs = slurm_executor.submit(go, out, sweep.spec.name, rec["code"]["path"])
     except slurm_executor.SubmitError as err:
-        record.add_submission(rec, "slurm", err.jobs)
-        record.save(out, rec)
+        record.record_submission(out, rec, "slurm", err.jobs)
         raise UsageError(str(err)) from None
-    record.add_submission(rec, "slurm", jobs)
-    record.save(out, rec)
+    record.record_submission(out, rec, "slurm", jobs)
     for rid, job in jobs.items():
         print(f"{rid}: job {job}")
     print(f"submitted {len(jobs)} runs; when they have paused or ended (rrtrain status {out}), run this command "
