@@ -131,6 +131,7 @@ def test_cli_refuses_bad_grid_with_exit_2(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "grid train.lr: value 'fast'" in proc.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_resubmission_skips_finished_points_and_adds_new(tmp_path):

@@ -66,11 +66,13 @@ def test_cli_exit_2_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("name", ["paper.yaml", "demo.yaml"])
+@pytest.mark.parametrize("name", ["paper.yaml", "demo.yaml", "tuned.yaml"])
 def test_shipped_sweeps_expand(tmp_path, name):
     sweep = spec.load(REPO / "configs" / "sweeps" / name)
     runs = expand(sweep, tmp_path / "out", data_path(sweep, tmp_path / "out"))
     assert len({r.id for r in runs}) == len(runs)
+    if name == "tuned.yaml":  # 3 variants x 2 sizes x 3 learning rates x 3 seeds
+        assert len(runs) == 54 and {r.point["train.lr"] for r in runs} == {3e-3, 1e-2, 3e-2}
     if name == "paper.yaml":
         seeds = {s: len({r.seed for r in runs if r.size == s}) for s in sweep.size_specs}
         assert seeds == {"rr-60m": 3, "rr-150m": 3, "rr-320m": 2, "rr-590m": 3, "rr-1b": 3}
