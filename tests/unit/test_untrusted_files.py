@@ -438,7 +438,7 @@ def test_status_never_crashes_on_any_file(real_sweep, data):
             json.loads([line for line in out.splitlines() if line.startswith("{")][-1])  # --json stays JSON
 
 
-@settings(max_examples=25, **SETTINGS)
+@settings(max_examples=8, **SETTINGS)
 @given(data=st.data())
 def test_report_never_crashes_on_any_file(real_sweep, data):
     which, body = data.draw(damage(real_sweep))
