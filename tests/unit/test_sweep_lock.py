@@ -74,7 +74,7 @@ def test_a_planted_link_is_never_followed(tmp_path):
         with sweep_lock.hold_sweep(sweep):
             pass
     assert victim.read_text() == "precious"
-    (sweep / sweep_lock.RECORD_LOCK).mkdir()
+    os.mkfifo(sweep / sweep_lock.RECORD_LOCK)
     with pytest.raises(UsageError, match="not a regular file"):
         record.update(sweep, lambda rec: rec)
 
