@@ -33,7 +33,7 @@ from typing import Optional
 
 import yaml
 
-from launchers import cancel, prune_sweep, record, runstate, snapshot, spec, sweep_lock
+from launchers import cancel, prune_submit, prune_sweep, record, runstate, snapshot, spec, sweep_lock
 from launchers.entry import config_path
 from launchers.estimate import check_gpu, cost, grid_costs
 from launchers.expand import Run, check_safe, data_path, expand
@@ -160,17 +160,15 @@ def main(argv: list[str]) -> int:
     sweep = spec.load(args.sweep, args.overrides)
     check_gpu(sweep.spec.gpu)
     out = sweep_dir(sweep, args.out)
-    with sweep_lock.hold_sweep(out, args.lock_wait):  # one submission at a time (launchers.sweep_lock)
-        return submit(args, sweep, out)
-
-
-def submit(args: argparse.Namespace, sweep: spec.Sweep, out: Path) -> int:
-    """Everything from reading sweep.json to the last job id recorded; the caller holds the sweep's lock."""
+    # a bad sweep file, and rungs that cannot be placed, are refused before anything is created
     runs = expand(sweep, out, data_path(sweep, out))
-    if sweep.spec.prune is not None:  # rungs that cannot be placed are refused before anything is written
-        from launchers import prune_submit
+    rungs = prune_submit.rung_lines(sweep.spec.prune, runs) if sweep.spec.prune is not None else []
+    with sweep_lock.hold_sweep(out, args.lock_wait):  # one submission at a time (launchers.sweep_lock)
+        return submit(args, sweep, out, runs, rungs)
 
-        rungs = prune_submit.rung_lines(sweep.spec.prune, runs)
+
+def submit(args: argparse.Namespace, sweep: spec.Sweep, out: Path, runs: list[Run], rungs: list[str]) -> int:
+    """Everything from reading sweep.json to the last job id recorded; the caller holds the sweep's lock."""
     old = record.load(out)
     rec = record.merge(old, sweep, runs)  # refuses a changed run before anything is written
     todo, skipped = to_submit(runs, old)
@@ -184,7 +182,7 @@ def submit(args: argparse.Namespace, sweep: spec.Sweep, out: Path) -> int:
     scripts = render(out, sweep.spec.name, runs, python, rec["code"]["path"], configs)
     if args.dry_run:
         print_plan(sweep, runs, todo, skipped)
-        if sweep.spec.prune is not None:
+        if rungs:
             print("\n".join(rungs))
         for s in scripts:
             print(f"rendered {s['script']} ({len(s['runs'])} runs{', array ' + s['array'] if s['array'] else ''}): "

@@ -138,3 +138,9 @@ def checkpoint_tensors(run_dir: Path) -> dict[str, torch.Tensor]:
 def max_rel_diff(a: dict[int, float], b: dict[int, float]) -> float:
     assert sorted(a) == sorted(b), (sorted(a), sorted(b))
     return max(abs(a[k] - b[k]) / abs(a[k]) for k in a)
+
+
+def train_state(step: int, **more) -> dict:
+    """The smallest train_state.json a checkpoint may hold (rrtrain.rundir.train_state checks it on reading)."""
+    return {"step": step, "tokens": 0, "skipped": 0, "wall_s": 0.0, "best_val_loss": float("inf"),
+            "last_val_loss": None, "loader": {"samples_consumed": 0}, "config": {}, "world_size": 1, **more}

@@ -77,17 +77,33 @@ def _holds_flock(pid: int, path: str | os.PathLike[str]) -> Optional[bool]:
         inode = os.stat(path).st_ino
     except OSError:
         return False
-    try:
-        table = Path("/proc/locks").read_text()
-    except OSError:
-        return None
-    for line in table.splitlines():
-        parts = line.split()
-        # an NFS client turns flock into a whole-file POSIX lock: it is listed as POSIX there
-        if (len(parts) >= 6 and parts[1] in ("FLOCK", "POSIX") and parts[4] == str(pid)
-                and parts[5].rsplit(":", 1)[-1] == str(inode)):
-            return True
+    for fresh in (False, True):  # a recent copy of the table may say yes; only the current one may say no
+        table = _lock_table(fresh)
+        if table is None:
+            return None
+        for line in table.splitlines():
+            parts = line.split()
+            # an NFS client turns flock into a whole-file POSIX lock: it is listed as POSIX there
+            if (len(parts) >= 6 and parts[1] in ("FLOCK", "POSIX") and parts[4] == str(pid)
+                    and parts[5].rsplit(":", 1)[-1] == str(inode)):
+                return True
     return False
+
+
+_LOCK_TABLE: list[Any] = [0.0, None]  # when /proc/locks was last read, and what it said
+LOCK_TABLE_TTL_S = 1.0
+
+
+def _lock_table(fresh: bool) -> Optional[str]:
+    """/proc/locks, read again unless `fresh` is false and the last read is under LOCK_TABLE_TTL_S old (`rrtrain
+    status` asks about hundreds of runs at once); None when it cannot be read."""
+    now = time.monotonic()
+    if fresh or _LOCK_TABLE[1] is None or now - _LOCK_TABLE[0] > LOCK_TABLE_TTL_S:
+        try:
+            _LOCK_TABLE[:] = [now, Path("/proc/locks").read_text()]
+        except OSError:
+            return None
+    return _LOCK_TABLE[1]
 
 
 def read(run_dir: str | os.PathLike[str]) -> Optional[dict[str, Any]]:

@@ -15,7 +15,9 @@ from rrtrain.core.errors import UsageError
 from rrtrain.rundir import fields
 
 #: what an encoded value may contain (it ends up in directory names, job names and shell scripts)
-TOKEN = re.compile(r"^[A-Za-z0-9._+]+$")
+TOKEN = re.compile(r"[A-Za-z0-9._+]+")
+#: a grid key as a point may record it: a dotted config key (its last part starts every id fragment)
+KEY = re.compile(r"[a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+")
 
 
 def encode_value(value: Any) -> str:
@@ -36,7 +38,7 @@ def encode_value(value: Any) -> str:
         m = repr(float(mantissa)).removesuffix(".0")
         return f"{m}e{int(exp)}"
     text = str(value)
-    if not TOKEN.match(text):
+    if not TOKEN.fullmatch(text):  # fullmatch: `$` would let a final newline through
         raise UsageError(f"grid value {text!r} cannot be part of a run id: use letters, digits and ._+ only")
     return text
 
@@ -60,9 +62,19 @@ def point_label(point: dict[str, Any]) -> str:
 
 def read_point(config: Any) -> dict[str, Any]:
     """The point recorded in a resolved config (`run.point`), as untrusted data: {} when absent or malformed;
-    only scalar values are kept."""
+    only dotted config keys with scalar values that encode in safe characters are kept (a point names
+    directories of the dashboard's logdir)."""
     raw = fields.dig(config, "run", "point")
     if not isinstance(raw, dict):
         return {}
-    return {str(k): v for k, v in raw.items()
-            if isinstance(v, (str, int, float, bool)) and not (isinstance(v, float) and not math.isfinite(v))}
+    return {k: v for k, v in raw.items() if isinstance(k, str) and KEY.fullmatch(k) and _encodes(v)}
+
+
+def _encodes(value: Any) -> bool:
+    if not isinstance(value, (str, int, float, bool)) or (isinstance(value, int) and abs(value) > fields.INT_MAX):
+        return False
+    try:
+        encode_value(value)
+    except UsageError:
+        return False
+    return True

@@ -16,6 +16,7 @@ from rrtrain.config import Config, ModelConfig
 from rrtrain.core.dist import DistInfo
 from rrtrain.model.transformer import build_model
 from rrtrain.parallel import build_engine
+from trainutil import train_state
 
 INFO = DistInfo(0, 1, 0, torch.device("cpu"))
 
@@ -64,7 +65,7 @@ def test_async_save_writes_its_step_and_publishes_only_when_finished(tmp_path, h
     train_step(engine, 1)  # moments and step counts exist
     mgr = CheckpointManager(tmp_path, keep=2, info=INFO, asynchronous=True)
     saved = snapshot(engine)
-    mgr.start(engine, 1, {"step": 1})
+    mgr.start(engine, 1, train_state(1))
     train_step(engine, 2)  # changes every weight and moment while the write waits
     moved = snapshot(engine)
     assert not torch.equal(moved["tok_emb.weight"], saved["tok_emb.weight"])
@@ -74,9 +75,9 @@ def test_async_save_writes_its_step_and_publishes_only_when_finished(tmp_path, h
     assert sorted(p.name for p in root.iterdir()) == [".tmp_step_00000001"]  # nothing published, no latest
     assert mgr.latest() is None  # what a resume would see now: no checkpoint
     with pytest.raises(RuntimeError, match="step 1 is still in flight"):
-        mgr.start(engine, 2, {"step": 2})  # at most one save in flight
+        mgr.start(engine, 2, train_state(2))  # at most one save in flight
     with pytest.raises(RuntimeError, match="step 1 is still in flight"):
-        mgr.save(engine, 2, {"step": 2})
+        mgr.save(engine, 2, train_state(2))
 
     held_writer.set()
     done = mgr.finish()

@@ -41,3 +41,15 @@ def test_grid_runs_are_named_by_point_and_carry_the_grid_keys(tmp_path):
     hp = session_hparams(logdir / "tiny" / "review" / "lr3e-3" / "seed0")
     assert hp["train.lr"] == 0.003 and hp["variant"] == "review"
     assert "train.lr" not in session_hparams(logdir / "tiny" / "standard" / "seed0")
+
+
+def test_a_recorded_point_that_could_name_a_path_is_dropped():
+    """run.point is read from a run's config.yaml, which anyone may have written: only dotted config keys with
+    values that encode in safe characters survive, so a point never names `..`, a slash or a newline."""
+    from rrtrain.rundir.points import point_key, read_point
+
+    hostile = {"run": {"point": {"a.": "..", "../x": 1, "train.lr": "1e-3\n", "x/y.z": 2, "train.a/b": 3,
+                                 "train.warmup_steps": 10 ** 30, "train.seed_x": [1], "train.lr_min": 0.5}}}
+    point = read_point(hostile)
+    assert point == {"train.lr_min": 0.5}
+    assert point_key(point) == "lr_min0.5"

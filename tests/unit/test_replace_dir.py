@@ -14,6 +14,7 @@ from rrtrain.core import io as rrio
 from rrtrain.training.checkpoint import CheckpointManager
 from rrtrain.core.dist import DistInfo
 from test_ckpt_async import tiny_engine, train_step
+from trainutil import train_state
 
 INFO = DistInfo(0, 1, 0, torch.device("cpu"))
 
@@ -60,15 +61,15 @@ def test_a_step_saved_again_keeps_the_old_checkpoint_until_the_new_one_is_in(tmp
     engine = tiny_engine(0)
     train_step(engine, 1)
     mgr = CheckpointManager(tmp_path, keep=2, info=INFO)
-    mgr.save(engine, 1, {"step": 1, "mark": "first"})
+    mgr.save(engine, 1, train_state(1, mark="first"))
     train_step(engine, 2)
     fail_moving_in(monkeypatch, ".tmp_step_00000001")
     with pytest.raises(OSError, match="injected"):
-        mgr.save(engine, 1, {"step": 1, "mark": "second"})
+        mgr.save(engine, 1, train_state(1, mark="second"))
     monkeypatch.undo()
     kept = mgr.latest()
     assert kept is not None and kept.name == "step_00000001"
     assert mgr.read_train_state(kept)["mark"] == "first" and mgr.problem(kept) is None
-    mgr.save(engine, 1, {"step": 1, "mark": "second"})  # and without the failure, the new one replaces it
+    mgr.save(engine, 1, train_state(1, mark="second"))  # and without the failure, the new one replaces it
     assert mgr.read_train_state(mgr.latest())["mark"] == "second"
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000001"]
