@@ -67,11 +67,14 @@ def sweep_dir(sweep: spec.Sweep, out: Optional[str]) -> Path:
     p = Path(out) if out is not None else Path(sweep.spec.out).expanduser()
     if out is None and not p.is_absolute():
         p = sweep.path.parent / p
-    p = Path(check_safe(str(p.resolve()), "sweep directory"))
-    why = unwritable_reason(p)  # a file in the way, a read-only mount: one line now, not a traceback later
+    return Path(check_safe(str(p.resolve()), "sweep directory"))
+
+
+def check_writable(out: Path) -> None:
+    """A file in the way, a read-only mount: one line now, not a traceback later (creates `out`)."""
+    why = unwritable_reason(out)
     if why is not None:
-        raise UsageError(f"sweep directory {p} cannot be written: {why}")
-    return p
+        raise UsageError(f"sweep directory {out} cannot be written: {why}")
 
 
 def to_submit(runs: list[Run], rec: Optional[dict]) -> tuple[list[Run], dict[str, str]]:
@@ -163,6 +166,7 @@ def main(argv: list[str]) -> int:
     # a bad sweep file, and rungs that cannot be placed, are refused before anything is created
     runs = expand(sweep, out, data_path(sweep, out))
     rungs = prune_submit.rung_lines(sweep.spec.prune, runs) if sweep.spec.prune is not None else []
+    check_writable(out)
     with sweep_lock.hold_sweep(out, args.lock_wait):  # one submission at a time (launchers.sweep_lock)
         return submit(args, sweep, out, runs, rungs)
 
