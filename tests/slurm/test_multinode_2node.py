@@ -164,9 +164,6 @@ def test_time_limit_warning_requeues_the_two_node_submitit_job_and_it_resumes_ex
     assert stop["status"] == "preempted" and stop["signal"] == "SIGUSR2" and 2 <= stop["step"] < STEPS, stop
     assert stop["world_size"] == 4
     assert f"resumed at step {stop['step']}" in logs, logs
-    for task in (1, 2, 3):  # the requeue's TERM ended the other ranks at once, not KillWait later its KILL
-        err = (out / "slurm" / "submitit" / job / f"{job}_{task}_log.err").read_text()
-        assert "SIGTERM while rank 0 requeues the job: this task ends" in err, err[-3000:]
     fin = final(run)
     assert fin["status"] == "completed" and fin["step"] == STEPS and fin["world_size"] == 4, fin
     assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, STEPS + 1)), "each step once"
