@@ -43,7 +43,7 @@ def test_the_logdir_names_runs_and_is_swapped_in_whole(tmp_path):
 def test_one_chart_per_quantity_and_size_matching_only_that_size():
     got = layout(["rr-60m", "tiny"])
     assert list(got) == ["size rr-60m", "size tiny"]
-    assert got["size tiny"]["train loss"] == ["Multiline", ["^tiny/train_loss$"]]
+    assert got["size tiny"]["train loss"] == ["Multiline", ["^tiny/train_loss$", "^tiny/flags$"]]  # flags' markers
     assert got["size rr-60m"]["gate mean per block"] == ["Multiline", [r"^rr\-60m/gate_mean/\d+$"]]
 
 
