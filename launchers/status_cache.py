@@ -1,6 +1,7 @@
 """What `rrtrain status --watch` keeps between refreshes, so that a refresh reads only what changed.
 
-Per run: its metrics.jsonl followed by `rrtrain.rundir.tail.MetricsTail` (only appended bytes are read), its
+Per run: its metrics.jsonl followed by `rrtrain.rundir.tail.MetricsTail` (first its end only, as `rrtrain
+status` reads it, then only the bytes appended since), its
 final.json and cancelled.json parsed again only when their identity (inode, size, mtime) changes, and its
 sweep-level verdict (`rrtrain.monitoring.sweep_flags.read_run`, which reads the tail of metrics.jsonl and the
 config) read again only when final.json, metrics.jsonl or config.yaml changed. sweep.json too is parsed again
@@ -37,6 +38,7 @@ class StatusCache:
         tail = self.tails.get(path)
         if tail is None:
             tail = self.tails[path] = MetricsTail(path)
+            tail.start_at_end()  # the latest values from the file's end (status never needs its history)
         tail.refresh()
         return tail.latest()
 

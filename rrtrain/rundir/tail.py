@@ -75,6 +75,29 @@ class MetricsTail:
         self.flags = {}
         self.generation += 1
 
+    def start_at_end(self) -> None:
+        """Begin after the file's last whole line, the state seeded from its end only
+        (`readers.latest_records`: the last training, evaluation and throughput records; flags raised earlier
+        are not seen): for a reader that wants the latest values of a long file, not its history (`rrtrain
+        status --watch`). The records it may see again at the next refresh are the newest: applying them again
+        leaves the same state."""
+        from rrtrain.rundir.readers import latest_records
+
+        try:
+            with untrusted.open_regular(self.path) as fh:
+                st = os.fstat(fh.fileno())
+                back = min(st.st_size, 64 * 1024)
+                fh.seek(st.st_size - back)
+                end = fh.read(back).rfind(b"\n")
+        except OSError:
+            return
+        if end < 0:
+            return  # no whole line near the end (or none at all): read from the start
+        self.offset, self.ident = st.st_size - back + end + 1, (st.st_dev, st.st_ino)
+        latest = latest_records(self.path)
+        self.train, self.val, self.speed = latest.train, latest.val, latest.speed
+        self.last_step = max((r["step"] for r in (latest.train, latest.val, latest.speed) if r), default=None)
+
     def refresh(self) -> list[dict[str, Any]]:
         """The records appended since the last refresh (their `step` a whole number, as an int), the derived
         state updated. After a replacement they are the new file's records from its start (`generation` says
