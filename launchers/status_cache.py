@@ -11,7 +11,6 @@ early_stall) are still judged at every refresh, from the kept verdicts.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from pathlib import Path
 from typing import Any, Optional
@@ -31,6 +30,7 @@ class StatusCache:
         self.verdicts: dict[Path, tuple[tuple[Optional[FileKey], ...], Any]] = {}
         self.verdict_reads = 0  # how many verdicts were read from the files (a test counts them)
         self.record: Optional[tuple[FileKey, Optional[dict[str, Any]], list[str]]] = None
+        self.resolved: dict[str, str] = {}
 
     def latest(self, run_dir: Path) -> Latest:
         """The newest training, evaluation and throughput records, from the bytes appended since last time."""
@@ -56,12 +56,19 @@ class StatusCache:
         key = file_key(record.path(sweep_dir))
         if key is not None and self.record is not None and self.record[0] == key:
             problems.extend(self.record[2])
-            return copy.deepcopy(self.record[1])
+            return self.record[1]  # the same object: `rrtrain status` only reads it
         found: list[str] = []
         rec = record.load(sweep_dir, found)
         problems.extend(found)
-        self.record = (key, copy.deepcopy(rec), found) if key is not None else None
+        self.record = (key, rec, found) if key is not None else None
         return rec
+
+    def resolve(self, path: str | Path) -> str:
+        """`str(Path(path).resolve())`, kept (a run directory does not move while it is watched)."""
+        got = self.resolved.get(str(path))
+        if got is None:
+            got = self.resolved[str(path)] = str(Path(path).resolve())
+        return got
 
     def read_run(self, path: Path, root: Path, tail_bytes: int) -> Any:
         """`sweep_flags.read_run`, kept while the run's final.json, metrics.jsonl and config.yaml are unchanged;

@@ -73,11 +73,12 @@ def add_sweep_flags(sweep_dir: Path, rec: dict[str, Any], rows: list[dict[str, A
     a running run has raised so far) to the rows; no_heartbeat only where the run is running."""
     from rrtrain.monitoring.sweep_flags import NO_HEARTBEAT, judge_sweep
 
-    verdicts = {str(v.path.resolve()): v for v in
+    resolve = cache.resolve if cache is not None else (lambda p: str(Path(p).resolve()))
+    verdicts = {resolve(v.path): v for v in
                 judge_sweep(sweep_dir, cancel.monitor_config(rec), tail_bytes=STATUS_TAIL_BYTES, live_only=True,
                             reader=cache.read_run if cache is not None else None)}
     for row in rows:
-        verdict = verdicts.get(str(Path(row["dir"]).resolve()))
+        verdict = verdicts.get(resolve(row["dir"]))
         if verdict is None:
             continue
         for name, why in verdict.flags.items():
