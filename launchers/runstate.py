@@ -69,15 +69,17 @@ def classify(final: Optional[Final], lock: Optional[dict], scheduler: Optional[s
     return decide(ended, "", cancelled).status
 
 
-def run_row(run_id: str, entry: dict, scheduler: Optional[str], submitted: bool) -> dict[str, Any]:
-    """One status row (the `rrtrain status --json` contract)."""
+def run_row(run_id: str, entry: dict, scheduler: Optional[str], submitted: bool,
+            cache: Optional[Any] = None) -> dict[str, Any]:
+    """One status row (the `rrtrain status --json` contract). `cache`: a `launchers.status_cache.StatusCache`
+    (`status --watch`), which reads only what changed since the last refresh."""
     run_dir = Path(entry["dir"])
-    final = readers.read_final(run_dir)
+    final = cache.final(run_dir) if cache is not None else readers.read_final(run_dir)
     lock = runlock.read(run_dir)
     metrics = readers.metrics_path(run_dir)
-    latest = readers.latest_records(metrics)
+    latest = cache.latest(run_dir) if cache is not None else readers.latest_records(metrics)
     train, val, speed = latest.train, latest.val, latest.speed
-    cancelled = readers.read_cancelled(run_dir)
+    cancelled = cache.cancelled(run_dir) if cache is not None else readers.read_cancelled(run_dir)
     state = classify(final, lock, scheduler, started=train is not None or os.path.exists(metrics),
                      submitted=submitted, cancelled=cancelled)
     step = train["step"] if train else (final.step if final else None)

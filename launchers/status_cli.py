@@ -14,10 +14,11 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from launchers import cancel, prune_sweep, record, runstate
 from launchers.scheduler import squeue_states
+from launchers.status_cache import StatusCache
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir.points import short_name
@@ -35,10 +36,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def collect(sweep_dir: Path) -> dict[str, Any]:
-    """The status object: {"sweep", "dir", "runs": [...], "counts": {state: n}}."""
+def collect(sweep_dir: Path, cache: Optional[StatusCache] = None) -> dict[str, Any]:
+    """The status object: {"sweep", "dir", "runs": [...], "counts": {state: n}}. `cache` (`--watch`): what
+    earlier refreshes read, so that this one reads only what changed."""
     problems: list[str] = []
-    rec = record.load(sweep_dir, problems)  # run entries that cannot be used are left out, one line each
+    # run entries that cannot be used are left out, one line each
+    rec = cache.load_record(sweep_dir, problems) if cache is not None else record.load(sweep_dir, problems)
     if rec is None:
         raise UsageError(f"{sweep_dir}: no sweep.json here (not a sweep directory written by `rrtrain sweep`)")
     for line in problems:
@@ -51,8 +54,8 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
     for rid, entry in rec["runs"].items():
         executor, job = last.get(rid, ("", None))
         sched = queue.get(job) if queue is not None and executor == "slurm" and job else None
-        rows.append(runstate.run_row(rid, entry, sched, submitted=rid in last))
-    add_sweep_flags(sweep_dir, rec, rows)
+        rows.append(runstate.run_row(rid, entry, sched, submitted=rid in last, cache=cache))
+    add_sweep_flags(sweep_dir, rec, rows, cache)
     order = {s: i for i, s in enumerate(runstate.ATTENTION)}
     rows.sort(key=lambda r: (order.get(r["state"], 0), not r["flags"], r["id"]))
     counts = Counter(r["state"] for r in rows)
@@ -64,15 +67,18 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
     return out
 
 
-def add_sweep_flags(sweep_dir: Path, rec: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+def add_sweep_flags(sweep_dir: Path, rec: dict[str, Any], rows: list[dict[str, Any]],
+                    cache: Optional[StatusCache] = None) -> None:
     """Add the sweep-level flags (`rrtrain.monitoring.sweep_flags`: no_heartbeat, lagging, early_stall, and the in-run flags
     a running run has raised so far) to the rows; no_heartbeat only where the run is running."""
     from rrtrain.monitoring.sweep_flags import NO_HEARTBEAT, judge_sweep
 
-    verdicts = {str(v.path.resolve()): v for v in
-                judge_sweep(sweep_dir, cancel.monitor_config(rec), tail_bytes=STATUS_TAIL_BYTES, live_only=True)}
+    resolve = cache.resolve if cache is not None else (lambda p: str(Path(p).resolve()))
+    verdicts = {resolve(v.path): v for v in
+                judge_sweep(sweep_dir, cancel.monitor_config(rec), tail_bytes=STATUS_TAIL_BYTES, live_only=True,
+                            reader=cache.read_run if cache is not None else None)}
     for row in rows:
-        verdict = verdicts.get(str(Path(row["dir"]).resolve()))
+        verdict = verdicts.get(resolve(row["dir"]))
         if verdict is None:
             continue
         for name, why in verdict.flags.items():
@@ -125,8 +131,9 @@ def main(argv: list[str]) -> int:
     sweep_dir = Path(args.sweep_dir)
     if args.interval <= 0:
         raise UsageError(f"--interval must be positive, got {args.interval}")
+    cache = StatusCache() if args.watch else None  # a refresh reads only what changed since the last one
     while True:
-        status = collect(sweep_dir)
+        status = collect(sweep_dir, cache)
         text = json.dumps(status) if args.json else table(status)
         if args.watch and not args.json and sys.stdout.isatty():
             sys.stdout.write("\x1b[H\x1b[2J")

@@ -1,4 +1,6 @@
-"""`rrtrain dashboard SWEEP_DIR [--port P]`: TensorBoard on loopback over one logdir for the whole sweep.
+"""`rrtrain dashboard SWEEP_DIR [--port P] [--refresh S]`: TensorBoard on loopback over one logdir for the whole
+sweep, kept live: every `--refresh` seconds the logdir takes what the runs wrote since (`rrtrain.dashboard.live`:
+new runs, new steps, flags, changed outcomes), appended, while TensorBoard runs as a child process.
 
 The logdir (`SWEEP_DIR/.dashboard/logdir`, rebuilt at each start and swapped in atomically) holds one run per
 run directory, named `SIZE/VARIANT/seedN` (so TensorBoard's run filter takes a size as `^SIZE/`, a variant as
@@ -7,9 +9,12 @@ own event files, plus one event file written here from `metrics.jsonl` (the sour
 - the curves again under per-size tags (`SIZE/train_loss`, `SIZE/val_loss`, `SIZE/grad_norm`,
   `SIZE/gate_mean/BLOCK`), so that a custom-scalars chart per size shows exactly that size's variants;
 - the HParams session (variant, size, seed, params, the grid keys -> final and best val loss, number of flags,
-  flags), the table showing variant, size and seed by default;
+  flags), the table showing variant, size and seed by default: a run of its own, `NAME/STATUS`, replaced when
+  the outcome changes;
+- the monitor's flags: a `flags` text entry (step, reason) and a `SIZE/flags` marker on the train-loss chart;
 - a histogram of each gated site's gate values at every diagnostic step (`gates/SITE`, from the trainer's
   `gate_hist` counts).
+The `_sweep` pseudo-run holds the custom-scalars layout and the sweep's summary table (text).
 Runs are found by final.json / metrics.jsonl anywhere under the sweep directory, as the report finds them.
 """
 
@@ -26,13 +31,13 @@ from typing import Any, Optional
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir import fields, readers
-from rrtrain.rundir.layout import TENSORBOARD, run_dirs
+from rrtrain.rundir.layout import run_dirs
+from rrtrain.dashboard import live
+from rrtrain.dashboard.live import IDENTITY, SERIES, layout  # noqa: F401  (the names this module always had)
 from rrtrain.rundir.points import point_key, read_point
 
 HOST = "127.0.0.1"  # loopback only: on a cluster, reach it through an SSH tunnel
-SERIES = {"train_loss": "loss", "val_loss": "val_loss", "grad_norm": "grad_norm"}  # per-size tag -> metrics key
-#: the HParams columns shown by default (with flags and params, the first two of the rest by name)
-IDENTITY = ("variant", "size", "seed")
+REFRESH_S = 10.0  # the logdir's default refresh interval
 
 
 #: a size or variant that becomes a directory of the logdir: a plain name, never a path (`..`, `/etc`)
@@ -62,101 +67,49 @@ def run_point(run: Path) -> dict[str, Any]:
     return read_point(readers.read_config(run))
 
 
-def layout(sizes: list[str]) -> dict[str, dict[str, list]]:
-    """The custom-scalars layout: one category per size, its variants on one chart per quantity."""
-    out = {}
-    for size in sizes:
-        s = re.escape(size)
-        out[f"size {size}"] = {
-            "train loss": ["Multiline", [rf"^{s}/train_loss$"]],
-            "val loss": ["Multiline", [rf"^{s}/val_loss$"]],
-            "grad norm": ["Multiline", [rf"^{s}/grad_norm$"]],
-            "gate mean per block": ["Multiline", [rf"^{s}/gate_mean/\d+$"]],
-        }
-    return out
+class LiveLogdir:
+    """What the dashboard keeps between refreshes: the build directory TensorBoard reads, one feed per run shown
+    (`rrtrain.dashboard.live.RunFeed`), the `_sweep` pseudo-run, and the runs skipped (never looked at again)."""
+
+    def __init__(self, sweep: Path, build: Path) -> None:
+        self.sweep, self.build = sweep, build
+        self.feeds: dict[Path, live.RunFeed] = {}
+        self.names: list[str] = []
+        self.skipped: set[Path] = set()
+        self.sweep_feed = live.SweepFeed(build / live.SWEEP_RUN)
+
+    def add(self, run: Path, ident: tuple[str, str, str, readers.Final]) -> None:
+        size, variant, seed, _ = ident
+        point = run_point(run)
+        name = f"{size}/{variant}/{point_key(point)}/{seed}" if point else f"{size}/{variant}/{seed}"
+        while name in self.names:  # the same identity twice (e.g. a rerun in another directory)
+            name += "+"
+        self.names.append(name)
+        feed = live.RunFeed(run, self.build / name, name, size, variant, seed, point)
+        feed.refresh()
+        self.feeds[run] = feed
+
+    def refresh(self) -> int:
+        """Find the runs that appeared, append what is new for every run; the number of runs that changed."""
+        home = self.sweep / ".dashboard"
+        added = 0
+        for run in run_dirs(self.sweep):
+            if run in self.feeds or run in self.skipped or home in run.parents:
+                continue
+            ident = run_identity(run)
+            why = unsafe_identity(*ident[:3])
+            if why is not None:
+                self.skipped.add(run)
+                print(f"rrtrain dashboard: skipping {run}: {why}", file=sys.stderr, flush=True)
+                continue
+            self.add(run, ident)
+            added += 1
+        return added + live.refresh_all(list(self.feeds.values()), self.sweep_feed)
 
 
-def _gate_histogram(writer, tag: str, counts: list[float], step: int) -> None:
-    """One site's gate values at one diagnostic step, from the trainer's counts in equal bins on [0, 1]
-    (each value stands at its bin's centre for the summary statistics)."""
-    total = float(sum(counts))
-    if not total:
-        return
-    n = len(counts)
-    limits = [(i + 1) / n for i in range(n)]
-    centres = [(i + 0.5) / n for i in range(n)]
-    used = [x for x, k in zip(centres, counts) if k]
-    writer.add_histogram_raw(tag, min=used[0], max=used[-1], num=total,
-                             sum=sum(k * x for k, x in zip(counts, centres)),
-                             sum_squares=sum(k * x * x for k, x in zip(counts, centres)),
-                             bucket_limits=limits, bucket_counts=[float(k) for k in counts], global_step=step)
-
-
-def write_derived(run: Path, out: Path, size: str, variant: str, seed: str, final: readers.Final,
-                  sizes: Optional[list[str]], point: Optional[dict[str, Any]] = None) -> None:
-    """The dashboard's own event file for one run (see the module docstring)."""
-    from torch.utils.tensorboard import SummaryWriter
-    from torch.utils.tensorboard.summary import hparams
-
-    writer = SummaryWriter(str(out), filename_suffix=".rrtrain-dashboard")
-    last_step = 0
-    for rec in readers.read_tail(readers.metrics_path(run), None, only=None):
-        step = fields.step(rec.get("step"))
-        if step is None:
-            continue
-        last_step = max(last_step, step)
-        if rec.get("kind") == "diag":
-            for i, g in enumerate(_list(rec.get("gate_mean"))):
-                if fields.is_number(g):
-                    writer.add_scalar(f"{size}/gate_mean/{i:03d}", g, step)
-            for i, counts in enumerate(_list(rec.get("gate_hist"))):
-                if isinstance(counts, list) and all(fields.is_number(k) and k >= 0 for k in counts):
-                    _gate_histogram(writer, f"gates/{i:03d}", counts, step)
-            continue
-        if rec.get("kind") is not None:
-            continue
-        for tag, key in SERIES.items():
-            value = rec.get(key)
-            if fields.is_number(value):
-                writer.add_scalar(f"{size}/{tag}", value, step)
-    flags = list(final.flags)
-    metrics = {"hparams/final_val_loss": final.final_val_loss, "hparams/best_val_loss": final.best_val_loss,
-               "hparams/n_flags": float(len(flags))}
-    metrics = {k: float(v) for k, v in metrics.items() if v is not None}
-    hp = {"variant": variant, "size": size, "seed": seed, "params": final.params or 0.0,
-          "flags": ",".join(flags) or "none", "status": final.status or "running"}
-    hp.update({k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v))
-               for k, v in (point or {}).items()})  # the grid keys, under their dotted names
-    experiment, start, end = hparams(hp, metrics)
-    _show_first(experiment, IDENTITY)
-    for summary in (experiment, start, end):
-        writer.file_writer.add_summary(summary)
-    for key, value in metrics.items():
-        writer.add_scalar(key, value, last_step)
-    if sizes is not None:
-        writer.add_custom_scalars(layout(sizes))
-    writer.close()
-
-
-def _show_first(experiment: Any, names: tuple[str, ...]) -> None:
-    """Mark the HParams columns `names` as the ones that differ between runs. TensorBoard's HParams table shows
-    five columns by default: those marked so first, then the rest by name (which left `variant` out)."""
-    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
-
-    value = experiment.value[0]
-    data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
-    for info in data.experiment.hparam_infos:
-        if info.name in names:
-            info.differs = True
-    value.metadata.plugin_data.content = data.SerializeToString()
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def build_logdir(sweep_dir: str | os.PathLike[str]) -> tuple[Path, list[str]]:
-    """Build the sweep's logdir aside and swap it in with one rename; returns (logdir, run names)."""
+def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLogdir]] = None) -> tuple[Path, list[str]]:
+    """Build the sweep's logdir aside and swap it in with one rename; returns (logdir, run names). `state`:
+    a list that receives the `LiveLogdir` the refresher keeps appending to."""
     sweep = Path(sweep_dir)
     if not sweep.is_dir():
         raise UsageError(f"{sweep}: not a directory")
@@ -180,19 +133,14 @@ def build_logdir(sweep_dir: str | os.PathLike[str]) -> tuple[Path, list[str]]:
     home.mkdir(exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix="build-", dir=home))
     build.chmod(0o755)
-    names: list[str] = []
-    sizes = sorted({i[0] for i in idents})
-    for run, (size, variant, seed, final) in zip(runs, idents):
-        point = run_point(run)
-        name = f"{size}/{variant}/{point_key(point)}/{seed}" if point else f"{size}/{variant}/{seed}"
-        while name in names:  # the same identity twice (e.g. a rerun in another directory)
-            name += "+"
-        names.append(name)
-        out = build / name
-        out.mkdir(parents=True)
-        for event in sorted((run / TENSORBOARD).glob("events.out.tfevents.*")):
-            (out / event.name).symlink_to(event.resolve())
-        write_derived(run, out, size, variant, seed, final, sizes if len(names) == 1 else None, point)
+    kept = LiveLogdir(sweep, build)
+    for run, ident in zip(runs, idents):
+        kept.add(run, ident)
+    kept.skipped.update(d for d in found if d not in kept.feeds)
+    kept.sweep_feed.refresh(list(kept.feeds.values()))
+    names = list(kept.names)
+    if state is not None:
+        state.append(kept)
     link, tmp_link = home / "logdir", home / f".logdir.{os.getpid()}"
     old = link.resolve() if link.is_symlink() else None
     tmp_link.unlink(missing_ok=True)
@@ -207,11 +155,56 @@ def main(argv: list[str]) -> int:
     parser = CommandParser(prog="rrtrain dashboard", description="TensorBoard on loopback over a sweep's runs")
     parser.add_argument("sweep_dir")
     parser.add_argument("--port", type=int, default=6006)
+    parser.add_argument("--refresh", type=float, default=REFRESH_S, metavar="S",
+                        help=f"seconds between refreshes of the logdir (default {REFRESH_S:g})")
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
-    logdir, names = build_logdir(args.sweep_dir)
-    print(f"rrtrain dashboard: {len(names)} runs from {args.sweep_dir} at http://{HOST}:{args.port}/", flush=True)
+    if not 0 < args.refresh <= 24 * 3600:
+        raise UsageError(f"--refresh must be a positive number of seconds (at most a day), got {args.refresh}")
+    state: list[LiveLogdir] = []
+    logdir, names = build_logdir(args.sweep_dir, state)
+    print(f"rrtrain dashboard: {len(names)} runs from {args.sweep_dir} at http://{HOST}:{args.port}/ "
+          f"(refreshed every {args.refresh:g} s)", flush=True)
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", HOST,
-           "--port", str(args.port), "--reload_interval", "15"]
-    os.execv(sys.executable, cmd)  # TensorBoard takes over this process: Ctrl-C and signals reach it directly
+           "--port", str(args.port), "--reload_interval", f"{min(args.refresh, 15.0):g}",
+           # the derived event files grow beside the runs' own, and TensorBoard reads every one that grows
+           "--reload_multifile", "true", "--load_fast", "false"]
+    return serve(cmd, state[0], args.refresh)
+
+
+def serve(cmd: list[str], kept: LiveLogdir, every: float) -> int:
+    """Run TensorBoard as a child and refresh the logdir beside it until TensorBoard ends, or this process is
+    told to (Ctrl-C, TERM: TensorBoard is stopped too). A refresh that fails (a disk error) is said in one
+    line and tried again at the next interval; it never stops TensorBoard."""
+    import signal
+    import subprocess
+    import time
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    child = subprocess.Popen(cmd)
+    try:
+        while child.poll() is None:
+            deadline = time.monotonic() + every
+            while child.poll() is None and time.monotonic() < deadline:
+                time.sleep(min(0.5, every))
+            if child.poll() is not None:
+                break
+            try:
+                kept.refresh()
+            except OSError as err:
+                print(f"rrtrain dashboard: refresh failed ({err}); trying again in {every:g} s",
+                      file=sys.stderr, flush=True)
+        return child.returncode
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()

@@ -23,7 +23,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from rrtrain.config import MonitorConfig, build, validate_monitor
 from rrtrain.core.errors import UsageError
@@ -170,13 +170,15 @@ def lagging(verdict: RunVerdict, peers: list[RunVerdict], cfg: MonitorConfig) ->
 
 
 def judge_sweep(sweep_dir: str | os.PathLike[str], cfg: Optional[MonitorConfig] = None, now: Optional[float] = None,
-                tail_bytes: int = TAIL_BYTES, live_only: bool = False) -> list[RunVerdict]:
+                tail_bytes: int = TAIL_BYTES, live_only: bool = False,
+                reader: Optional[Callable[[Path, Path, int], RunVerdict]] = None) -> list[RunVerdict]:
     """Every run under `sweep_dir`, with its in-run flags and the sweep-level ones, sorted by path. `cfg`: the
     thresholds for runs whose config.yaml has no `monitor` section (every other run is judged under its own).
-    `live_only`: judge only the runs still going (the ended ones keep the flags they recorded; `rrtrain status`)."""
+    `live_only`: judge only the runs still going (the ended ones keep the flags they recorded; `rrtrain status`).
+    `reader`: reads one run (default `read_run`; `rrtrain status --watch` passes one that keeps unchanged runs)."""
     cfg, now = cfg or MonitorConfig(), time.time() if now is None else now
     root = Path(sweep_dir)
-    runs = [read_run(d, root, tail_bytes) for d in run_dirs(root)]
+    runs = [(reader or read_run)(d, root, tail_bytes) for d in run_dirs(root)]
     by_size: dict[Any, list[RunVerdict]] = {}
     for run in runs:
         by_size.setdefault(run.size, []).append(run)

@@ -57,7 +57,8 @@ def run_dirs(sweep_dir: str | os.PathLike[str], skip: Optional[list[Path]] = Non
     found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if d not in NOT_RUNS and (here / d).resolve() not in skipped)
+        dirnames[:] = sorted(d for d in dirnames
+                             if d not in NOT_RUNS and not (skipped and (here / d).resolve() in skipped))
         if is_run_dir(filenames):
             found.append(here)
     return sorted(found)

@@ -1,5 +1,5 @@
 """`rrtrain dashboard` on a small finished sweep, in a real browser (Debian's chromium driven by Playwright)
-and through TensorBoard's HTTP data API."""
+and through TensorBoard's HTTP data API; and open while a sweep runs (the live refresh)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 import urllib.parse
@@ -105,7 +106,8 @@ def test_runs_and_scalars_through_the_http_api(dashboard, sweep):
     titles = {c["title"]: [ch["title"] for ch in c["chart"]] for c in layout["category"]}
     assert titles["size tiny"] == ["train loss", "val loss", "grad norm", "gate mean per block"], titles
     final = json.loads((sweep / "tiny-review-s0" / "final.json").read_text())
-    val = get(dashboard, "/data/plugin/scalars/scalars", run="tiny/review/seed0", tag="hparams/final_val_loss")
+    # the HParams session is a run of its own, NAME/STATUS
+    val = get(dashboard, "/data/plugin/scalars/scalars", run="tiny/review/seed0/completed", tag="hparams/final_val_loss")
     assert val[-1][2] == pytest.approx(final["final_val_loss"], rel=1e-6)
     assert [r for r in records(sweep / "tiny-review-s0") if r.get("kind") == "diag"]
 
@@ -130,7 +132,7 @@ def test_the_dashboard_in_a_browser(dashboard, chromium, tmp_path):
         drawn = set()
         for r in responses:
             query = urllib.parse.parse_qs(urllib.parse.urlparse(r.url).query)
-            if query.get("tag") == ["^tiny/train_loss$"] and any(r.json().get("tag_to_events", {}).values()):
+            if r.json().get("tag_to_events", {}).get("tiny/train_loss"):  # the chart's regexes: loss and flags
                 drawn.add(query["run"][0])
         browser.close()
     assert drawn == {"tiny/review/seed0", "tiny/standard/seed0"}, drawn
@@ -138,8 +140,12 @@ def test_the_dashboard_in_a_browser(dashboard, chromium, tmp_path):
 
 
 def test_run_names_filter_a_size_or_a_variant_with_one_regex(dashboard):
-    """The regexes docs/user-guide.md ("Dashboard") gives for TensorBoard's run filter."""
-    runs = get(dashboard, "/data/runs")
+    """The regexes docs/user-guide.md ("Dashboard") gives for TensorBoard's run filter (the HParams sessions,
+    NAME/STATUS, go with their run)."""
+    every = get(dashboard, "/data/runs")
+    assert {r for r in every if re.search(r"^tiny/review/", r)} == {"tiny/review/seed0", "tiny/review/seed0/completed"}
+    assert {r for r in every if re.search(r"/seed0\+*$", r)} == {f"{s}/{v}/seed0" for s, v, _ in RUNS}
+    runs = [r for r in every if r.rpartition("/")[2].startswith("seed")]
     assert {r for r in runs if re.search(r"^tiny/", r)} == {"tiny/review/seed0", "tiny/standard/seed0"}
     assert {r for r in runs if re.search(r"/review/", r)} == {"tiny/review/seed0", "rr-60m/review/seed0"}
     assert {r for r in runs if re.search(r"^rr-60m/standard/", r)} == {"rr-60m/standard/seed0"}
@@ -153,9 +159,157 @@ def test_the_hparams_table_shows_variant_size_and_seed_by_default(dashboard, chr
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(f"http://127.0.0.1:{dashboard}/#hparams", wait_until="networkidle")
         table = page.locator("tf-hparams-table-view")
-        table.get_by_text("tiny/review/seed0", exact=True).first.wait_for(timeout=60_000)
+        table.get_by_text("tiny/review/seed0/completed", exact=True).first.wait_for(timeout=60_000)
         shown = {name: table.get_by_text(name, exact=True).first.is_visible()
                  for name in ("variant", "size", "seed")}
         review = table.get_by_text("review", exact=True).first.is_visible()  # the variant column's values
         browser.close()
     assert shown == {"variant": True, "size": True, "seed": True} and review, shown
+
+
+# -- live: the dashboard open while a sweep runs ---------------------------------------------------------------
+
+
+def _sweep_spec(tmp_path: Path, data: Path) -> Path:
+    """Two tiny runs one after the other (local executor, --parallel 1): review trains 60 steps, standard (a
+    learning rate of 1e-9) is stopped as stalled at step 8."""
+    import yaml
+
+    body = {"name": "live", "config": "tiny.yaml", "data": str(data), "variants": ["review", "standard"],
+            "match": "review", "sizes": {"tiny": {"seeds": 1, "overrides": {"train.max_steps": 60}}},
+            "overrides": {"train.global_batch": 8, "train.micro_batch": 8, "train.log_every": 1,
+                          "train.eval_every": 10, "train.ckpt_every": 0, "data.eval_batches": 1,
+                          "model.n_layers": 2},
+            "runs": {"tiny-standard-s0": {"train.lr": 1e-9, "train.warmup_steps": 1, "monitor.min_steps": 8,
+                                          "monitor.window": 4, "monitor.on_stall": "stop"}},
+            "resources": {"time_min": 10, "signal_delay_s": 30}}
+    spec = tmp_path / "live.yaml"
+    spec.write_text(yaml.safe_dump(body, sort_keys=False))
+    return spec
+
+
+def _chart(page, port: int, size: str) -> dict[str, dict[str, int]]:
+    """What the size's train-loss chart drew, per series (`SIZE/train_loss`, `SIZE/flags`): run -> points."""
+    drawn: dict[str, dict[str, int]] = {}
+
+    def seen(r) -> None:
+        if "/custom_scalars/scalars" not in r.url or not r.ok:
+            return
+        query = urllib.parse.parse_qs(urllib.parse.urlparse(r.url).query)
+        for tag, points in r.json().get("tag_to_events", {}).items():
+            if points:
+                drawn.setdefault(tag, {})[query["run"][0]] = len(points)
+
+    page.goto("about:blank")  # a fresh load: the app fetches every series again
+    page.on("response", seen)
+    page.goto(f"http://127.0.0.1:{port}/#custom_scalars", wait_until="networkidle")
+    page.get_by_text(f"size {size}", exact=True).first.wait_for(timeout=60_000)
+    page.get_by_text("train loss", exact=True).first.wait_for(timeout=60_000)
+    page.wait_for_load_state("networkidle")
+    page.wait_for_timeout(1500)
+    page.remove_listener("response", seen)
+    return drawn
+
+
+def _signal_tree(proc: subprocess.Popen, sig: int) -> None:
+    """Signal a process and everything below it (SIGSTOP holds the sweep still while the first view is taken:
+    the test does not depend on how fast this machine trains)."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _hparams_rows(page, port: int, wait: str, names: list[str]) -> dict[str, bool]:
+    """Which of `names` the HParams table shows (its session names), once `wait` is shown."""
+    page.goto("about:blank")
+    page.goto(f"http://127.0.0.1:{port}/#hparams", wait_until="networkidle")
+    table = page.locator("tf-hparams-table-view")
+    table.get_by_text(wait, exact=True).first.wait_for(timeout=60_000)
+    page.wait_for_load_state("networkidle")
+    return {n: table.get_by_text(n, exact=True).count() > 0 for n in names}
+
+
+def test_the_dashboard_follows_a_running_sweep(chromium, stories_data, tmp_path):
+    """Opened while the sweep's first run trains: without a restart, the per-size chart grows, the run that
+    starts later appears, the stalled run's outcome replaces its HParams row and its flag shows (text, marker,
+    the sweep table)."""
+    from playwright.sync_api import sync_playwright
+
+    out = tmp_path / "sweep"
+    sweep = subprocess.Popen([PY, "-m", "rrtrain", "sweep", str(_sweep_spec(tmp_path, stories_data)), "--out",
+                              str(out), "--executor", "local", "--parallel", "1"], cwd=REPO, env=env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    port = free_port()
+    dash = None
+    try:
+        first = None
+        deadline = time.time() + 300
+        while first is None:  # the first run has trained a few steps
+            assert sweep.poll() is None and time.time() < deadline, "the sweep's first run did not start"
+            for run in sorted(out.glob("tiny-*-s0")):
+                if len(losses(run)) >= 2:
+                    first = run
+            time.sleep(0.2)
+        _signal_tree(sweep, signal.SIGSTOP)  # held mid-run until the first view is taken
+        assert not (first / "final.json").exists()
+        second = ({out / "tiny-review-s0", out / "tiny-standard-s0"} - {first}).pop()
+        assert not (second / "metrics.jsonl").exists()
+        dash = subprocess.Popen([PY, "-m", "rrtrain", "dashboard", str(out), "--port", str(port), "--refresh", "2"],
+                                cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        assert "1 runs" in dash.stdout.readline()
+        name = {out / "tiny-review-s0": "tiny/review/seed0", out / "tiny-standard-s0": "tiny/standard/seed0"}
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            deadline = time.time() + 120
+            while True:
+                try:
+                    if get(port, "/data/runs"):
+                        break
+                except OSError:
+                    pass
+                assert dash.poll() is None and time.time() < deadline, "TensorBoard did not come up"
+                time.sleep(0.5)
+            before = _chart(page, port, "tiny")
+            sessions = [f"{n}/{s}" for n in name.values() for s in ("running", "stalled", "completed")]
+            rows_before = _hparams_rows(page, port, f"{name[first]}/running", sessions)
+            _signal_tree(sweep, signal.SIGCONT)
+            assert sweep.wait(timeout=400) is not None
+            deadline = time.time() + 60
+            while f"{name[out / 'tiny-standard-s0']}/stalled" not in get(port, "/data/runs"):
+                assert time.time() < deadline, get(port, "/data/runs")
+                time.sleep(1)
+            time.sleep(4)  # two refreshes: TensorBoard has read what the last one appended
+            after = _chart(page, port, "tiny")
+            rows_after = _hparams_rows(page, port, f"{name[out / 'tiny-standard-s0']}/stalled", sessions)
+            page.screenshot(path=str(Path(os.environ.get("RRTRAIN_SCREENSHOT_DIR", tmp_path)) / "live.png"),
+                            full_page=True)
+            browser.close()
+        assert dash.poll() is None  # the same TensorBoard throughout
+        loss_tag = "tiny/train_loss"
+        assert set(before.get(loss_tag, {})) == {name[first]}, (before, after)
+        assert after[loss_tag][name[first]] > before[loss_tag][name[first]], (before, after)
+        assert name[second] in after[loss_tag], after  # the run that started after the dashboard
+        assert after.get("tiny/flags") == {name[out / "tiny-standard-s0"]: 1}, after  # the stall's marker
+        assert {n for n, shown in rows_before.items() if shown} == {f"{name[first]}/running"}, rows_before
+        # the outcomes replaced the rows: the stalled run's, the completed run's, no running row left
+        assert {n for n, shown in rows_after.items() if shown} == {
+            f"{name[out / 'tiny-standard-s0']}/stalled", f"{name[out / 'tiny-review-s0']}/completed"}, rows_after
+        flags = get(port, "/data/plugin/text/text", run=name[out / "tiny-standard-s0"], tag="flags/text_summary")
+        assert len(flags) == 1 and "stalled</strong> at step 8" in flags[0]["text"], flags
+        table = get(port, "/data/plugin/text/text", run="_sweep", tag="sweep/text_summary")[-1]["text"]
+        assert "stalled" in table and "completed" in table, table
+    finally:
+        _signal_tree(sweep, signal.SIGCONT)
+        kill_group(sweep)
+        if dash is not None:
+            kill_group(dash)

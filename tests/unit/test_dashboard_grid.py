@@ -21,7 +21,7 @@ def session_hparams(run_dir) -> dict:
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    (events,) = run_dir.glob("*.rrtrain-dashboard")
+    (events,) = run_dir.glob("*/*.rrtrain-dashboard")  # the session: a run of its own, NAME/STATUS
     for event in EventFileLoader(str(events)).Load():
         for value in event.summary.value:
             if value.tag == "_hparams_/session_start_info":

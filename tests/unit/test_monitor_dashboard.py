@@ -43,11 +43,12 @@ def test_the_logdir_names_runs_and_is_swapped_in_whole(tmp_path):
 def test_one_chart_per_quantity_and_size_matching_only_that_size():
     got = layout(["rr-60m", "tiny"])
     assert list(got) == ["size rr-60m", "size tiny"]
-    assert got["size tiny"]["train loss"] == ["Multiline", ["^tiny/train_loss$"]]
+    assert got["size tiny"]["train loss"] == ["Multiline", ["^tiny/train_loss$", "^tiny/flags$"]]  # flags' markers
     assert got["size rr-60m"]["gate mean per block"] == ["Multiline", [r"^rr\-60m/gate_mean/\d+$"]]
 
 
 def test_bad_input_is_one_line_and_status_2(tmp_path):
-    for args in ([str(tmp_path / "missing")], [str(tmp_path)], [str(tmp_path), "--port", "0"]):
+    for args in ([str(tmp_path / "missing")], [str(tmp_path)], [str(tmp_path), "--port", "0"],
+                 [str(tmp_path), "--refresh", "0"], [str(tmp_path), "--refresh", "nan"]):
         proc = subprocess.run([sys.executable, "-m", "rrtrain", "dashboard", *args], capture_output=True, text=True)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
