@@ -180,8 +180,8 @@ def read_metrics(path: Path) -> Metrics:
             bad += 1
             continue
         kind = rec.get("kind")
-        if kind is not None and kind not in TRAIN_KINDS | EVAL_KINDS:
-            continue
+        if kind is not None and (not isinstance(kind, str) or kind not in TRAIN_KINDS | EVAL_KINDS):
+            continue  # another kind of line (a list as kind is not hashable: not a kind at all)
         step = fields.count(rec.get("step"))
         malformed = False
         for key, table in (("loss", train), ("val_loss", val)):
