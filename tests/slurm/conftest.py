@@ -22,12 +22,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from slurmutil import NODES, START, STOP  # noqa: E402
+from slurmutil import NODES, SESSION_LOCK, START, STATE, STOP  # noqa: E402
 
-STATE = Path(os.environ.get("RRTRAIN_SLURM_DIR", "/var/tmp/rrtrain-slurm"))
-#: beside STATE, not in it: stop.sh removes STATE (test_cluster.py stops and starts the cluster mid-session),
-#: and a lock file removed under its holder lets a second session take a new one and restart the cluster
-SESSION_LOCK = STATE.parent / f"{STATE.name}.session.lock"
 SHARED = Path(os.environ.get("RRTRAIN_SLURM_SHARED", "/var/tmp/rrtrain-slurm-tests"))
 
 
