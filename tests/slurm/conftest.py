@@ -22,9 +22,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from slurmutil import NODES, START, STOP  # noqa: E402
+from slurmutil import NODES, SESSION_LOCK, START, STATE, STOP  # noqa: E402
 
-STATE = Path(os.environ.get("RRTRAIN_SLURM_DIR", "/var/tmp/rrtrain-slurm"))
 SHARED = Path(os.environ.get("RRTRAIN_SLURM_SHARED", "/var/tmp/rrtrain-slurm-tests"))
 
 
@@ -47,12 +46,12 @@ def _running() -> bool:
 def cluster_session() -> Iterator[None]:
     """This session's hold on the machine's one local cluster: a second pytest session (or a second xdist
     worker, were the Slurm tests not kept on one) would restart and stop it under the first one's jobs."""
-    STATE.mkdir(parents=True, exist_ok=True)
-    with open(STATE / "session.lock", "a") as lock:
+    STATE.parent.mkdir(parents=True, exist_ok=True)
+    with open(SESSION_LOCK, "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pytest.fail(f"another test session holds the local Slurm cluster ({STATE / 'session.lock'}); the "
+            pytest.fail(f"another test session holds the local Slurm cluster ({SESSION_LOCK}); the "
                         "Slurm tests run in one session (and on one xdist worker: tests/conftest.py) at a time",
                         pytrace=False)
         yield

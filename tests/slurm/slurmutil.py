@@ -4,11 +4,17 @@ MinJobAge (300 s) after they end."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+STATE = Path(os.environ.get("RRTRAIN_SLURM_DIR", "/var/tmp/rrtrain-slurm"))  # start.sh's state directory
+#: the test session's hold on the cluster (conftest.py); beside STATE, not in it: stop.sh removes STATE
+#: (test_cluster.py stops and starts the cluster mid-session), and a lock file removed under its holder would
+#: let a second session take a new one and restart the cluster under the first one's jobs
+SESSION_LOCK = STATE.parent / f"{STATE.name}.session.lock"
 START = REPO / "slurm" / "local" / "start.sh"
 STOP = REPO / "slurm" / "local" / "stop.sh"
 ON_NODE = REPO / "slurm" / "local" / "on-node.sh"

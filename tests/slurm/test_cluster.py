@@ -5,12 +5,15 @@ mount behind, and start.sh brings the same cluster back."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import subprocess
 import time
 from pathlib import Path
 
-from slurmutil import NODES, ON_NODE, START, STOP, cancel, sbatch, wait_done
+import pytest
+
+from slurmutil import NODES, ON_NODE, SESSION_LOCK, START, STOP, cancel, sbatch, wait_done
 
 NAMES = [f"rrnode{i}" for i in range(1, NODES + 1)]
 ADDRS = {f"rrnode{i}": f"198.18.0.{10 + i}" for i in range(1, NODES + 1)}
@@ -95,3 +98,6 @@ def test_stop_leaves_nothing_and_start_brings_the_cluster_back(slurm_cluster):
                                timeout=300)
     assert start.returncode == 0, start.stderr
     assert nodes_state() == {n: "debug* idle" for n in NAMES}
+    with open(SESSION_LOCK, "a") as other:  # this session still holds the cluster: a second one is refused
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
