@@ -56,6 +56,8 @@ def read_manifest(path: str) -> dict[str, Any]:
         manifest = json.loads(text)
     except json.JSONDecodeError as err:
         raise UsageError(f"{MANIFEST} of '{path}' is not valid JSON ({err.msg})") from err
+    except ValueError as err:  # e.g. an integer of more digits than Python converts
+        raise UsageError(f"{MANIFEST} of '{path}' is not a manifest ({str(err).splitlines()[0][:120]})") from None
     except RecursionError:
         raise UsageError(f"{MANIFEST} of '{path}' is nested too deeply to be a manifest") from None
     missing = [k for k in _REQUIRED if not isinstance(manifest, dict) or k not in manifest]

@@ -28,9 +28,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
+from rrtrain.core import untrusted
 from rrtrain.rundir import fields, layout
 
 LOCK_NAME = layout.LOCK
+#: a lock names its holder in well under a kB
+MAX_LOCK_BYTES = 64 * 1024
 LOCKED_EXIT = 73  # EX_CANTCREAT: another copy of this run holds its directory
 HEARTBEAT_S = 10.0
 STALE_S = 60.0
@@ -111,13 +114,13 @@ def read(run_dir: str | os.PathLike[str]) -> Optional[dict[str, Any]]:
     holder. `heartbeat` (the file's mtime) and `lock_path` are added from the file itself."""
     path = Path(run_dir) / LOCK_NAME
     try:
-        info = json.loads(path.read_text())
+        info = json.loads(untrusted.read_bytes(path, MAX_LOCK_BYTES))  # a FIFO or a huge file: no holder
         if not isinstance(info, dict):
             return None
         info["heartbeat"] = path.stat().st_mtime
         info["lock_path"] = str(path)
         return info
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -34,6 +35,7 @@ from rrtrain.dashboard.tensorboard import build_logdir
 from rrtrain.data.manifest import read_manifest
 from rrtrain.report.collect import find_runs
 from rrtrain.rundir import fields, layout, ranks, readers
+from rrtrain.rundir import lock as runlock
 from rrtrain.rundir import train_state as train_state_file
 from rrtrain.rundir.metrics import MetricsLogger
 from trainutil import PY, REPO, env
@@ -381,7 +383,11 @@ def sandboxed(real: Path):
 FILES = {  # a file the commands read -> what it holds in a real sweep (the base of the one-field changes)
     "final": f"{RID}/{layout.FINAL}", "metrics": f"{RID}/{layout.METRICS}", "config": f"{RID}/{layout.CONFIG}",
     "sweep": "sweep.json", "ranks": f"{RID}/{layout.RANKS}/rank0.json", "cancelled": f"{RID}/{layout.CANCELLED}",
+    "lock": f"{RID}/{layout.LOCK}",
 }
+#: a run.lock as a live holder writes it (this test's own pid: nothing here signals, `status` only reads it)
+LOCK_BASE = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": "1", "cmdline": ["python", "-m", "rrtrain"],
+             "job": None, "flock": True, "started": 1.0}
 
 
 def file_content(real: Path, which: str) -> st.SearchStrategy[bytes]:
@@ -404,6 +410,8 @@ def file_content(real: Path, which: str) -> st.SearchStrategy[bytes]:
 
         return st.one_of(content(rec), st.tuples(st.sampled_from(sorted(entry)), json_value).map(with_entry),
                          json_value.map(lambda v: dump({**rec, "submissions": [{"executor": "local", "jobs": v}]}).encode()))
+    if which == "lock":
+        return content(LOCK_BASE)
     base = json.loads(path.read_text()) if path.exists() else {"reason": "x", "flags": ["stalled"], "time": 1.0}
     return content(base)
 
@@ -480,6 +488,11 @@ def test_every_reader_takes_any_content(real_sweep, data):
         readers.latest_records(readers.metrics_path(run))
         readers.read_tail(readers.metrics_path(run), None, only=None)
         ranks.nodes(run)
+        info = runlock.read(run)
+        if info is not None:
+            runlock.holder_alive(info)
+            runlock.describe(info)
+        assert runlock.signallable_pid(run) is None  # nothing in the sandbox holds the lock's flock
         find_runs(work)
         try:
             record.load(work, problems)
@@ -528,5 +541,22 @@ def test_the_resume_readers_take_any_content(real_sweep, real_train_state, data,
             problems: list[str] = []
             final = readers.read_final(d, problems)
             assert final is None or all(v is None or math.isfinite(v) for v in (final.final_val_loss, final.params))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(data=st.data())
+def test_the_manifest_reader_takes_any_content(stories_data, data):
+    """A dataset's manifest.json, replaced by anything: read_manifest returns a checked manifest or refuses in
+    one line (UsageError), nothing else."""
+    base = json.loads((Path(stories_data) / "manifest.json").read_text())
+    d = Path(tempfile.mkdtemp(prefix="manifest-"))
+    try:
+        (d / "manifest.json").write_bytes(data.draw(content(base)))
+        try:
+            read_manifest(str(d))
+        except UsageError as err:
+            assert "\n" not in str(err)
     finally:
         shutil.rmtree(d, ignore_errors=True)
