@@ -268,6 +268,10 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check (and gently convert) `value` against the annotation `tp`; raise a one-line UsageError."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**63 - 1:
+        # beyond any setting, and beyond what Python prints past 4,300 digits: refused before any message shows it
+        raise UsageError(f"{key}: an integer of {len(str(abs(value))) if abs(value) < 10**4000 else 'thousands of'} "
+                         "digits is not a setting")
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
@@ -395,6 +399,8 @@ def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
         raise UsageError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
     except RecursionError:
         raise UsageError(f"{path}: nested too deeply to be a config") from None
+    except ValueError as err:  # a value YAML reads but Python cannot hold, e.g. an integer of 5,000 digits
+        raise UsageError(f"{path}: not a config ({str(err).splitlines()[0][:120]})") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -431,7 +437,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise UsageError(f"override '{text}' has an empty key")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, RecursionError):  # ValueError: e.g. an integer of 5,000 digits
         value = raw
     return parts, value
 

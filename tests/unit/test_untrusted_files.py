@@ -560,3 +560,16 @@ def test_the_manifest_reader_takes_any_content(stories_data, data):
             assert "\n" not in str(err)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_an_integer_of_thousands_of_digits_in_a_config_is_one_line(tmp_path):
+    """Python refuses to convert integers past 4,300 digits: YAML's reader and any message that printed one
+    raised ValueError through the command."""
+    digits = "9" * 5000
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"base: {REPO / 'configs/train/tiny.yaml'}\ntrain:\n  seed: {digits}\n")
+    no_traceback(*run_cli("train", cfg))
+    assert run_cli("train", cfg)[0] == 2
+    code, out = run_cli("train", REPO / "configs/train/tiny.yaml", f"run.name={digits}", "data.path=/nonexistent")
+    no_traceback(code, out)
+    assert code == 2
