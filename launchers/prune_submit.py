@@ -14,7 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Optional
 
-from launchers import cancel, prune_sweep, record
+from launchers import prune_sweep, record
+from launchers.run_here import run_here
 from launchers.estimate import cost
 from launchers.expand import Run
 from launchers.spec import PruneSpec, Sweep
@@ -76,20 +77,11 @@ def submit(args: argparse.Namespace, sweep: Sweep, out: Path, runs: list[Run], c
         if args.executor == "slurm":
             submit_slurm(go, out, sweep, rec)
             break
-        if args.executor == "local":
-            from launchers import local_executor
-
-            try:
-                poll = (lambda: cancel.cancel_flagged(out)) if sweep.spec.monitor.cancel else None
-                jobs, codes = local_executor.submit(go, python, rec["code"]["path"], configs,
-                                                    out / "slurm" / "logs", args.parallel, on_poll=poll)
-            except KeyboardInterrupt:
-                print("interrupted: the running runs were stopped at a step boundary; submit again to resume them")
-                return 130
-        else:
-            from launchers import debug_executor
-
-            jobs, codes = debug_executor.submit(go, configs)
+        ran = run_here(args.executor, go, python, rec["code"]["path"], configs, out, args.parallel,
+                       sweep.spec.monitor.cancel)
+        if ran is None:
+            return 130
+        jobs, codes = ran
         rec = record.record_submission(out, rec, args.executor, jobs)  # cancellations may have been recorded meanwhile
         for rid, c in codes.items():
             bad.pop(rid, None)

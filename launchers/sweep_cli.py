@@ -38,6 +38,7 @@ from launchers.entry import config_path
 from launchers.estimate import check_gpu, cost, grid_costs
 from launchers.expand import Run, check_safe, data_path, expand
 from launchers.render import render
+from launchers.run_here import run_here
 from launchers.scheduler import squeue_states
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
@@ -216,20 +217,10 @@ def submit(args: argparse.Namespace, sweep: spec.Sweep, out: Path, runs: list[Ru
             print(f"{rid}: job {job}")
         print(f"submitted {len(jobs)} runs; follow them with: rrtrain status {out}")
         return 0
-    if args.executor == "local":
-        from launchers import local_executor
-
-        try:
-            poll = (lambda: cancel.cancel_flagged(out)) if sweep.spec.monitor.cancel else None
-            jobs, codes = local_executor.submit(todo, python, code, configs, out / "slurm" / "logs", args.parallel,
-                                                on_poll=poll)
-        except KeyboardInterrupt:
-            print("interrupted: the running runs were stopped at a step boundary; submit again to resume them")
-            return 130
-    else:
-        from launchers import debug_executor
-
-        jobs, codes = debug_executor.submit(todo, configs)
+    ran = run_here(args.executor, todo, python, code, configs, out, args.parallel, sweep.spec.monitor.cancel)
+    if ran is None:
+        return 130
+    jobs, codes = ran
     rec = record.record_submission(out, rec, args.executor, jobs)  # cancellations may have been recorded meanwhile
     stopped = {rid for rid in codes if read_cancelled(Path(rec["runs"][rid]["dir"])) is not None}
     bad = {rid: c for rid, c in codes.items() if c != 0 and rid not in stopped}
