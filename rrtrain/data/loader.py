@@ -34,7 +34,7 @@ from rrtrain.core.errors import UsageError
 from rrtrain.core.lazy_import import streaming_module
 from rrtrain.core.signals import ignore_stop_signals
 from rrtrain.data.manifest import is_remote, read_manifest
-from rrtrain.data.shm import clean_stale_shm, shm_guard
+from rrtrain.data.shm import clean_stale_shm, shm_guard, unlink_at_exit_under_lock
 
 STATE_VERSION = 1
 COLUMN = "tokens"
@@ -113,6 +113,7 @@ def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str,
             raise UsageError(f"cannot open '{path}' split '{split}': {str(err).splitlines()[0]}") from err
         except FileNotFoundError as err:
             raise UsageError(f"'{path}' has no '{split}' split ({err.filename})") from err
+        unlink_at_exit_under_lock()
         opened = _SPLITS[key] = _Split(ds, manifest["dtype"], int(manifest["seq_len"]) + 1)
         return opened
 

@@ -9,7 +9,10 @@ trainings at once (a sweep's parallel runs, a job array, a test suite):
   Streaming's own cleaner unlinks every segment from prefix 0 up to the first free one, live runs' included
   (their later workers and ranks cannot attach, and the next dataset may take their prefix), and stops at the
   first gap, so names above it leak for good. `unlink_stale` removes the segments of every prefix whose run
-  is gone (`live_prefixes`), above gaps too, and nothing else.
+  is gone (`live_prefixes`), above gaps too, and nothing else;
+- a run that exits unlinks its names while another run looks for a free prefix, and that run's ranks find
+  different ones ("prefix=N was not registered by local leader"): `unlink_at_exit_under_lock` makes the exit
+  take the same lock.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import contextlib
 import fcntl
 import os
 import re
+import atexit
 import tempfile
 import threading
-from typing import Iterator
+import time
+from typing import IO, Iterator, Optional
 
 import torch
 
@@ -30,8 +35,13 @@ from rrtrain.core.lazy_import import streaming_module
 SHM_LOCK = "/dev/shm/rrtrain-streaming.lock" if os.path.isdir("/dev/shm") else os.path.join(tempfile.gettempdir(),
                                                                                           "rrtrain-streaming.lock")
 
+#: seconds an exiting process waits for the lock before streaming unlinks its names anyway (a wedged holder
+#: must not stop an exit)
+EXIT_LOCK_WAIT_S = 10.0
+
 _shm_lock = threading.Lock()
 _shm_cleaned = False
+_exit_lock: "Optional[IO[str]]" = None
 
 
 @contextlib.contextmanager
@@ -56,6 +66,47 @@ def shm_guard(local_rank: int = 0) -> Iterator[None]:
     finally:
         if handle is not None:
             handle.close()  # releases the lock
+
+
+def _lock_before_streaming_exits() -> None:
+    """atexit: take the machine's lock before streaming's exit handlers unlink this process's names, and keep
+    it until the process is gone (the kernel drops it)."""
+    global _exit_lock
+    if _exit_lock is not None:
+        return
+    try:
+        handle = open(SHM_LOCK, "a")
+    except OSError:
+        return
+    deadline = time.monotonic() + EXIT_LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+    _exit_lock = handle
+
+
+def _release_after_streaming_exits() -> None:
+    """atexit, registered before any dataset exists, so it runs after streaming's handlers."""
+    global _exit_lock
+    if _exit_lock is not None:
+        _exit_lock.close()
+        _exit_lock = None
+
+
+atexit.register(_release_after_streaming_exits)
+
+
+def unlink_at_exit_under_lock() -> None:
+    """Call after opening a dataset: streaming registered its exit handlers (which unlink the names this
+    process created); ours, registered after them, runs before them (atexit runs last-in first-out) and
+    takes the lock, so no other run looks for a free prefix while they go."""
+    atexit.unregister(_lock_before_streaming_exits)
+    atexit.register(_lock_before_streaming_exits)
 
 
 def in_use(shm_dir: str = "/dev/shm", proc: str = "/proc") -> set[str]:
@@ -85,10 +136,10 @@ def in_use(shm_dir: str = "/dev/shm", proc: str = "/proc") -> set[str]:
 def live_prefixes(names: list[str], used: set[str]) -> set[str]:
     """The streaming prefixes of `names` whose run is alive.
 
-    Every process that opens a dataset maps the `_locals` segment of every prefix on the machine, to compare
-    local dirs, and keeps it until exit: a `_locals` in use says nothing about its own run. The other segments
-    (barrier, epoch state, cache usage, ...) are opened by their run's processes alone, so one of them in use
-    means the run lives. A prefix that has nothing but its `_locals` is judged by that."""
+    A prefix lives while a process maps one of its segments other than `_locals` (every reader maps every
+    `_locals`), or its `_locals` when that is all it has. Streaming's search for a free prefix also opens every
+    segment below the first free one and keeps it mapped until exit: a dead run's names that another live run
+    looked past stay "alive" until that run exits. They are only skipped meanwhile, never taken."""
     by_prefix: dict[str, list[str]] = {}
     for name in names:
         by_prefix.setdefault(name[:6], []).append(name)
@@ -126,7 +177,8 @@ def unlink_stale(shm_dir: str = "/dev/shm", proc: str = "/proc") -> int:
 
 def clean_stale_shm(local_rank: int = 0) -> None:
     """Remove shared memory leaked by dead streaming runs, once per process, before any dataset; every rank
-    calls it (inside `shm_guard`, whose barrier makes the other local ranks wait for the leader).
+    calls it (inside `shm_guard`, whose barrier makes the other local ranks wait for the leader), and no rank
+    returns before the leader is done.
 
     Where there is no /dev/shm (not Linux), streaming's own cleaner is all there is: it unlinks on local
     rank 0 (streaming reads $LOCAL_RANK; launchers that do not set it get ours) and waits at a barrier."""
@@ -138,6 +190,10 @@ def clean_stale_shm(local_rank: int = 0) -> None:
         if os.path.isdir("/dev/shm") and os.path.isdir("/proc"):
             if leader:
                 unlink_stale()
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                # every rank looks for the first free prefix on its own: one that looked while the leader was
+                # still unlinking saw a later prefix than the leader registered, and could not find it
+                torch.distributed.barrier()
         else:
             had_env = "LOCAL_RANK" in os.environ
             if not had_env:

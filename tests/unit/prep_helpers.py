@@ -63,7 +63,11 @@ def read_split(path: str | os.PathLike, split: str) -> np.ndarray:
     """All rows of a split in storage order, through streaming's own StreamingDataset."""
     from streaming import StreamingDataset
 
-    ds = StreamingDataset(local=str(path), split=split, shuffle=False, batch_size=1)
+    from rrtrain.data.shm import shm_guard, unlink_at_exit_under_lock
+
+    with shm_guard():  # as the trainer opens one: other tests' runs may be probing for a free prefix
+        ds = StreamingDataset(local=str(path), split=split, shuffle=False, batch_size=1)
+        unlink_at_exit_under_lock()
     rows = np.stack([ds[i]["tokens"] for i in range(ds.num_samples)])
     del ds
     return rows

@@ -83,9 +83,13 @@ def test_epoch_order_is_streamings_own_single_rank_order(ids_data, tmp_path):
     """We keep streaming's shuffle (py1e, canonical nodes) and only change how positions map to ranks."""
     from streaming import StreamingDataset
 
+    from rrtrain.data.shm import shm_guard, unlink_at_exit_under_lock
+
     for ncn, block in ((1, 1 << 18), (2, 60), (4, 50)):
-        ds = StreamingDataset(local=ids_data, split="train", shuffle=True, shuffle_seed=7, num_canonical_nodes=ncn,
-                              batch_size=1, shuffle_block_size=block)
+        with shm_guard():  # as the trainer opens one: other tests' runs may be probing for a free prefix
+            ds = StreamingDataset(local=ids_data, split="train", shuffle=True, shuffle_seed=7,
+                                  num_canonical_nodes=ncn, batch_size=1, shuffle_block_size=block)
+            unlink_at_exit_under_lock()
         for epoch in range(2):
             theirs = [int(s["tokens"][0]) for s in ds]
             ours = epoch_order(np.asarray(ds.samples_per_shard), num_canonical_nodes=ncn, seed=7, epoch=epoch,
@@ -203,7 +207,9 @@ def test_dataloader_workers_ignore_the_trainers_signals(ids_data, tmp_path):
 _CRASH = """
 import os, signal, sys
 from streaming import StreamingDataset
-ds = StreamingDataset(remote=sys.argv[1], local=sys.argv[2], split="train", batch_size=1)
+from rrtrain.data.shm import shm_guard
+with shm_guard():
+    ds = StreamingDataset(remote=sys.argv[1], local=sys.argv[2], split="train", batch_size=1)
 ds[0]
 os.killpg(0, signal.SIGKILL)  # the whole job dies, multiprocessing's resource tracker included
 """

@@ -4,6 +4,7 @@ processes failed with `FileExistsError: '/0001xx_locals'` on this machine."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from trainutil import PY, REPO, env
@@ -63,3 +64,40 @@ def test_a_live_runs_segments_are_kept(tmp_path):
     finally:
         for m in mapped:
             m.close()
+
+
+
+OPEN_THEN_EXIT = """
+import sys, rrtrain.data.loader as D
+D.eval_batches(sys.argv[1], micro_batch=2, n_batches=1, rank=0, world_size=1, cache_dir=sys.argv[2])
+print(*{f"{split.ds._shm_prefix_int:06d}" for split in D._SPLITS.values()}, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_run_unlinks_its_names_at_exit_only_under_the_lock(stories_data, tmp_path):
+    """A run that ends unlinks its streaming names. Were that to happen while another run's ranks look for a
+    free prefix one after the other, they would find different ones ("prefix=N was not registered by local
+    leader"). So the exit waits for the lock that the look is made under."""
+    import fcntl
+    import time
+
+    from rrtrain.data.shm import SHM_LOCK
+
+    proc = subprocess.Popen([PY, "-c", OPEN_THEN_EXIT, str(stories_data), str(tmp_path / "cache")], cwd=REPO,
+                            env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        prefixes = proc.stdout.readline().split()
+        assert prefixes, proc.stderr.read()
+        names = [f"/dev/shm/{p}_locals" for p in prefixes]
+        with open(SHM_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            time.sleep(1.5)
+            assert proc.poll() is None and all(map(os.path.exists, names))  # waiting to unlink
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        assert not any(map(os.path.exists, names))  # then unlinked
+    finally:
+        proc.kill()
+        proc.wait()
