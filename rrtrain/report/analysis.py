@@ -22,7 +22,7 @@ import numpy as np
 from rrtrain.report import stats
 from rrtrain.report.collect import Run
 from rrtrain.report.options import Options, choose_variants
-from rrtrain.report.spikes import SpikeScore, spike_score
+from rrtrain.report.spikes import SpikeScore
 
 
 @dataclass
@@ -164,8 +164,7 @@ def _select(runs: list[Run], opts: Options) -> tuple[list[RunRow], list[str]]:
             included, note = False, f"flagged ({run.reason}); no final_val_loss"
         else:
             included, note = False, run.reason
-        sp = spike_score(run.metrics.train_loss) if len(run.metrics.train_loss) else None
-        rows.append(RunRow(run, included, note, sp))
+        rows.append(RunRow(run, included, note, run.metrics.spike))
     notes: list[str] = []
     # The same (size, variant, seed) twice would count one seed twice: keep the run that got furthest.
     groups: dict[tuple[Any, ...], list[RunRow]] = {}

@@ -6,6 +6,11 @@ A run directory is any directory holding `final.json` or `metrics.jsonl` (DESIGN
 contract"), at any depth. `final.json` is written once, when a run ends for any reason; a directory
 with `metrics.jsonl` and no `final.json` is a run still going (or one that died without a word).
 
+Each run is read once and reduced at once (`RunMetrics.of`): what the analysis and the plots use of its
+metrics.jsonl (counts, the last training point, the spike score of the whole training curve, and the curves cut
+to at most `curves.MAX_CURVE_POINTS` points each); its full series is dropped before the next run is read, so
+the report's memory grows with the number of runs by a bounded amount each, whatever their length.
+
 Nothing here decides what goes into a mean: `Run.category` only sorts runs into ok / flagged /
 unfinished / unusable, and `rrtrain.report.analysis` applies `--include-flagged`.
 """
@@ -21,6 +26,8 @@ import numpy as np
 
 from rrtrain.rundir import fields, layout, readers
 from rrtrain.rundir.layout import run_dirs
+from rrtrain.report.curves import downsample
+from rrtrain.report.spikes import SpikeScore, spike_score
 from rrtrain.rundir.points import read_point
 
 FLAGGED_STATUSES = frozenset({"stalled", "diverged", "failed"})
@@ -57,6 +64,40 @@ class Metrics:
 
 
 @dataclass
+class RunMetrics:
+    """What the report keeps of one run's metrics.jsonl: the plotted curves (at most `MAX_CURVE_POINTS` points
+    each, `curves.downsample`), and what was computed on the whole series before it was dropped."""
+
+    train_steps: np.ndarray
+    train_loss: np.ndarray
+    val_steps: np.ndarray
+    val_loss: np.ndarray
+    train_points: int = 0  # training steps logged (the whole curve)
+    val_points: int = 0
+    last_train_step: int | None = None
+    last_train_loss: float | None = None
+    spike: SpikeScore | None = None  # of the whole training curve; None when it has no point
+    lines: int = 0
+    bad_lines: int = 0
+    relogged: int = 0
+
+    @classmethod
+    def of(cls, m: Metrics) -> "RunMetrics":
+        ts, tl = downsample(m.train_steps, m.train_loss)
+        vs, vl = downsample(m.val_steps, m.val_loss)
+        n = len(m.train_loss)
+        return cls(ts, tl, vs, vl, train_points=n, val_points=len(m.val_loss),
+                   last_train_step=int(m.train_steps[-1]) if n else None,
+                   last_train_loss=float(m.train_loss[-1]) if n else None,
+                   spike=spike_score(m.train_loss) if n else None,
+                   lines=m.lines, bad_lines=m.bad_lines, relogged=m.relogged)
+
+    @classmethod
+    def empty(cls) -> "RunMetrics":
+        return cls.of(Metrics.empty())
+
+
+@dataclass
 class Run:
     """One run directory, as read from disk."""
 
@@ -74,7 +115,7 @@ class Run:
     final_val_loss: float | None = None
     best_val_loss: float | None = None
     wall_s: float | None = None
-    metrics: Metrics = field(default_factory=Metrics.empty)
+    metrics: RunMetrics = field(default_factory=RunMetrics.empty)
     problems: list[str] = field(default_factory=list)
     final_error: str | None = None  # why final.json could not be used at all
     point: dict = field(default_factory=dict)  # the grid point (config.yaml `run.point`); {} without a grid
@@ -157,7 +198,7 @@ def read_run(run_dir: Path, root: Path) -> Run:
     run.variant, run.size, run.seed = who.variant, who.size, who.seed
     metrics = readers.metrics_path(run_dir)
     if metrics.is_file():
-        run.metrics = read_metrics(metrics)
+        run.metrics = RunMetrics.of(read_metrics(metrics))  # the full series goes out of scope here
         if run.metrics.bad_lines:
             run.problems.append(f"{layout.METRICS}: {run.metrics.bad_lines} unreadable line(s) skipped")
     return run

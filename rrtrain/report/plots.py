@@ -136,7 +136,8 @@ def build_curves(a: Analysis) -> tuple[Figure, list[int]]:
     """Training (top row) and validation (bottom row) loss per size; one colour per variant.
 
     Every run with logged losses is drawn, flagged and unfinished ones included, so a flagged run's
-    curve shows why. Convex-gate variants (the registry's `convex` rules) are dashed.
+    curve shows why. Convex-gate variants (the registry's `convex` rules) are dashed. A long curve arrives cut
+    to its envelope (`rrtrain.report.curves.downsample`), which draws the same pixels at this width.
     """
     sizes = [s.size for s in a.sizes]
     runs_by_size = {s: [r.run for r in a.rows if r.run.size == s and r.run.variant] for s in sizes}

@@ -255,8 +255,8 @@ def _run_table(rows: list[RunRow]) -> list[str]:
 
 
 def _last_step(r: RunRow) -> Any:
-    m = r.run.metrics
-    return int(m.train_steps[-1]) if len(m.train_steps) else DASH
+    step = r.run.metrics.last_train_step
+    return step if step is not None else DASH
 
 
 def _run_lists(flagged: list[RunRow], unfinished: list[RunRow], unusable: list[RunRow], include: bool) -> list[str]:
@@ -318,9 +318,8 @@ def results_csv(a: Analysis) -> str:
             "category": run.category, "included": int(r.included), "note": r.note or run.reason,
             "flags": ";".join(run.flags), "params": _int_or_blank(run.params), "step": run.step,
             "tokens": run.tokens, "final_val_loss": run.final_val_loss, "best_val_loss": run.best_val_loss,
-            "wall_s": run.wall_s, "train_points": len(m.train_loss),
-            "last_train_loss": float(m.train_loss[-1]) if len(m.train_loss) else None,
-            "val_points": len(m.val_loss), "spike_score": sp.score if sp else None,
+            "wall_s": run.wall_s, "train_points": m.train_points, "last_train_loss": m.last_train_loss,
+            "val_points": m.val_points, "spike_score": sp.score if sp else None,
             "spikes": sp.spikes if sp else None, "nonfinite_losses": sp.nonfinite if sp else None,
             "relogged_steps": m.relogged, "bad_lines": m.bad_lines, "problems": "; ".join(run.problems),
         })
