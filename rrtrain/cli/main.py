@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("rrtrain.cli.demo", "the embedded default, end to end"),
     "sweep": ("launchers.sweep_cli", "expand a sweep file and submit its runs (slurm, local, debug)"),
     "status": ("launchers.status_cli", "one row per run of a sweep: state, step, loss, flags"),
-    "dashboard": ("rrtrain.dashboard.tensorboard", "TensorBoard on loopback over a sweep's runs (per-size charts, HParams)"),
+    "dashboard": ("rrtrain.cli.dashboard", "TensorBoard on loopback over a sweep's runs (per-size charts, HParams)"),
     "check-rule": ("rrtrain.cli.check_rule", "the generic checks on one residual rule (built-in or installed)"),
 }
 

@@ -13,7 +13,10 @@ new session is written as a new small run and the old one's directory removed (T
 directory is gone).
 
 The `_sweep` pseudo-run holds the custom-scalars layout (appended again when a size appears) and the sweep's
-summary table (the `sweep` text entry), appended at each refresh that changed something.
+summary table (the `sweep` text entry), appended at each refresh that changed it. The table is what the
+`summary` callable given to `SweepFeed` returns, asked at every refresh (`rrtrain dashboard` gives it the
+`rrtrain status` table: `rrtrain.cli.dashboard`; this package knows nothing of launchers); without one, or
+when it has none (a directory of runs with no sweep.json), a table built from the feeds here.
 
 A run whose files are unchanged (metrics.jsonl, final.json, cancelled.json and its event directory, by stat)
 costs four stats a refresh; nothing here waits on a run being written.
@@ -26,7 +29,7 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from rrtrain.rundir import fields, layout as rundir_layout, readers
 from rrtrain.rundir.outcome import CANCELLED, PRUNED, cancelled_status
@@ -303,13 +306,18 @@ class RunFeed:
                 f"{num(fields.finite(val), '.4f')} | {flags.replace('|', '/')} |")
 
 
+#: the sweep's summary as markdown, asked at every refresh; None: it has none (the feeds' own table is shown)
+Summary = Callable[[], Optional[str]]
+
+
 class SweepFeed:
     """The `_sweep` pseudo-run: the custom-scalars layout and the sweep's summary table, appended as they
-    change (a new step each time)."""
+    change (a new step each time). `summary` gives the table (see the module docstring)."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, summary: Optional[Summary] = None) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.file = EventFile(out / f"events.out.tfevents.{int(time.time()):010d}.rrtrain{SUFFIX}")
+        self.summary = summary
         self.sizes: list[str] = []
         self.step = 0
         self.table = ""
@@ -323,19 +331,27 @@ class SweepFeed:
             self.step += 1
             events.append(event(summary.custom_scalars(layout(sizes)), self.step))
             self.sizes = sizes
-        order = {"failed": 0, "diverged": 1, "stalled": 2, "unknown": 3, "running": 5}
-        rows = sorted(feeds, key=lambda f: (order.get(f.status, 4), not f.flags, f.name))
-        counts: dict[str, int] = {}
-        for f in feeds:
-            counts[f.status] = counts.get(f.status, 0) + 1
-        table = "\n".join(["| run | state | step | loss | val | flags |", "| --- | --- | --- | --- | --- | --- |",
-                           *(f.row() for f in rows), "",
-                           "  ".join(f"{s}: {n}" for s, n in sorted(counts.items())) + f"  (total {len(feeds)})"])
+        table = self.summary() if self.summary is not None else None
+        if table is None:
+            table = feeds_table(feeds)
         if table != self.table:
             self.step += 1
             events.append(text("sweep", table, self.step))
             self.table = table
         self.file.append(events)
+
+
+def feeds_table(feeds: list[RunFeed]) -> str:
+    """The sweep table the dashboard builds from its own feeds (run, state, step, losses, flags), for a directory
+    of runs that has no other summary; the runs needing attention first."""
+    order = {"failed": 0, "diverged": 1, "stalled": 2, "unknown": 3, "running": 5}
+    rows = sorted(feeds, key=lambda f: (order.get(f.status, 4), not f.flags, f.name))
+    counts: dict[str, int] = {}
+    for f in feeds:
+        counts[f.status] = counts.get(f.status, 0) + 1
+    return "\n".join(["| run | state | step | loss | val | flags |", "| --- | --- | --- | --- | --- | --- |",
+                      *(f.row() for f in rows), "",
+                      "  ".join(f"{s}: {n}" for s, n in sorted(counts.items())) + f"  (total {len(feeds)})"])
 
 
 def refresh_all(feeds: list[RunFeed], sweep: Optional[SweepFeed]) -> int:

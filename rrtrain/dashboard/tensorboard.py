@@ -14,7 +14,8 @@ own event files, plus one event file written here from `metrics.jsonl` (the sour
 - the monitor's flags: a `flags` text entry (step, reason) and a `SIZE/flags` marker on the train-loss chart;
 - a histogram of each gated site's gate values at every diagnostic step (`gates/SITE`, from the trainer's
   `gate_hist` counts).
-The `_sweep` pseudo-run holds the custom-scalars layout and the sweep's summary table (text).
+The `_sweep` pseudo-run holds the custom-scalars layout and the sweep's summary table (text): the `summary`
+callable's (`rrtrain dashboard` gives the `rrtrain status` table, `rrtrain.cli.dashboard`), asked at every refresh.
 Runs are found by final.json / metrics.jsonl anywhere under the sweep directory, as the report finds them.
 """
 
@@ -26,7 +27,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
@@ -71,12 +72,12 @@ class LiveLogdir:
     """What the dashboard keeps between refreshes: the build directory TensorBoard reads, one feed per run shown
     (`rrtrain.dashboard.live.RunFeed`), the `_sweep` pseudo-run, and the runs skipped (never looked at again)."""
 
-    def __init__(self, sweep: Path, build: Path) -> None:
+    def __init__(self, sweep: Path, build: Path, summary: Optional[live.Summary] = None) -> None:
         self.sweep, self.build = sweep, build
         self.feeds: dict[Path, live.RunFeed] = {}
         self.names: list[str] = []
         self.skipped: set[Path] = set()
-        self.sweep_feed = live.SweepFeed(build / live.SWEEP_RUN)
+        self.sweep_feed = live.SweepFeed(build / live.SWEEP_RUN, summary)
 
     def add(self, run: Path, ident: tuple[str, str, str, readers.Final]) -> None:
         size, variant, seed, _ = ident
@@ -107,9 +108,11 @@ class LiveLogdir:
         return added + live.refresh_all(list(self.feeds.values()), self.sweep_feed)
 
 
-def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLogdir]] = None) -> tuple[Path, list[str]]:
+def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLogdir]] = None,
+                 summary: Optional[live.Summary] = None) -> tuple[Path, list[str]]:
     """Build the sweep's logdir aside and swap it in with one rename; returns (logdir, run names). `state`:
-    a list that receives the `LiveLogdir` the refresher keeps appending to."""
+    a list that receives the `LiveLogdir` the refresher keeps appending to; `summary`: the `_sweep` table's
+    source (`rrtrain.dashboard.live.SweepFeed`)."""
     sweep = Path(sweep_dir)
     if not sweep.is_dir():
         raise UsageError(f"{sweep}: not a directory")
@@ -133,7 +136,7 @@ def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLog
     home.mkdir(exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix="build-", dir=home))
     build.chmod(0o755)
-    kept = LiveLogdir(sweep, build)
+    kept = LiveLogdir(sweep, build, summary)
     for run, ident in zip(runs, idents):
         kept.add(run, ident)
     kept.skipped.update(d for d in found if d not in kept.feeds)
@@ -151,7 +154,9 @@ def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLog
     return link, names
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], summary_of: Optional[Callable[[Path], live.Summary]] = None) -> int:
+    """`summary_of(SWEEP_DIR)`: the source of the `_sweep` table (`rrtrain.cli.dashboard` gives `rrtrain
+    status`'s); None: the table the dashboard builds from its own feeds."""
     parser = CommandParser(prog="rrtrain dashboard", description="TensorBoard on loopback over a sweep's runs")
     parser.add_argument("sweep_dir")
     parser.add_argument("--port", type=int, default=6006)
@@ -163,7 +168,8 @@ def main(argv: list[str]) -> int:
     if not 0 < args.refresh <= 24 * 3600:
         raise UsageError(f"--refresh must be a positive number of seconds (at most a day), got {args.refresh}")
     state: list[LiveLogdir] = []
-    logdir, names = build_logdir(args.sweep_dir, state)
+    summary = summary_of(Path(args.sweep_dir)) if summary_of is not None else None
+    logdir, names = build_logdir(args.sweep_dir, state, summary)
     print(f"rrtrain dashboard: {len(names)} runs from {args.sweep_dir} at http://{HOST}:{args.port}/ "
           f"(refreshed every {args.refresh:g} s)", flush=True)
     cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", HOST,

@@ -9,7 +9,7 @@ line every 100 steps; ~150 MB), 499 ended and one still going:
     (target < 0.5 s);
   - `rrtrain report` (wall, peak RSS);
   - the dashboard on the first 200 runs: building the logdir, then a refresh with one run advancing, then one
-    with nothing changed.
+    with nothing changed; and what its `_sweep` tab (the status table) adds to a refresh on the 500 runs.
 Figures go to docs/performance.md ("Watching a sweep").
 """
 
@@ -122,6 +122,28 @@ def test_status_full_vs_watch_refresh(sweep):
 def test_report_memory(sweep, tmp_path):
     wall, rss = command("report", str(sweep), "--out", str(tmp_path / "report"))
     print(f"rrtrain report: {wall:.1f} s, peak RSS {rss:.0f} MB (the largest child so far)")
+
+
+def test_dashboard_sweep_tab_refresh(sweep):
+    """The `_sweep` tab's table (`rrtrain status`'s, `rrtrain.cli.dashboard.StatusSummary`) on the 500 runs: what
+    it adds to each dashboard refresh, with one run advancing."""
+    from rrtrain.cli.dashboard import StatusSummary
+
+    summary = StatusSummary(sweep)
+    t = time.perf_counter()
+    assert summary() is not None
+    first = time.perf_counter() - t
+    running = sweep / "tiny-review-s0"
+    start = STEPS + 10_001  # above any step another test appended
+    times = []
+    for k in range(5):
+        advance(running, start + 10 * k)
+        t = time.perf_counter()
+        table = summary()
+        times.append(time.perf_counter() - t)
+        assert f"{start + 10 * k + 9}/" in table
+    print(f"dashboard sweep tab (the status table) on {RUNS} runs: first {first:.2f} s; a refresh with one run "
+          f"advancing (median of 5): {sorted(times)[len(times) // 2]:.3f} s")
 
 
 def test_dashboard_refresh_on_200_runs(sweep, tmp_path):

@@ -12,6 +12,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -240,7 +241,7 @@ def _hparams_rows(page, port: int, wait: str, names: list[str]) -> dict[str, boo
 def test_the_dashboard_follows_a_running_sweep(chromium, stories_data, tmp_path):
     """Opened while the sweep's first run trains: without a restart, the per-size chart grows, the run that
     starts later appears, the stalled run's outcome replaces its HParams row and its flag shows (text, marker,
-    the sweep table)."""
+    the sweep tab, which is `rrtrain status`'s table)."""
     from playwright.sync_api import sync_playwright
 
     out = tmp_path / "sweep"
@@ -306,8 +307,14 @@ def test_the_dashboard_follows_a_running_sweep(chromium, stories_data, tmp_path)
             f"{name[out / 'tiny-standard-s0']}/stalled", f"{name[out / 'tiny-review-s0']}/completed"}, rows_after
         flags = get(port, "/data/plugin/text/text", run=name[out / "tiny-standard-s0"], tag="flags/text_summary")
         assert len(flags) == 1 and "stalled</strong> at step 8" in flags[0]["text"], flags
-        table = get(port, "/data/plugin/text/text", run="_sweep", tag="sweep/text_summary")[-1]["text"]
-        assert "stalled" in table and "completed" in table, table
+        # the sweep tab is the `rrtrain status` table, refreshed: the same text as the command prints now
+        html = get(port, "/data/plugin/text/text", run="_sweep", tag="sweep/text_summary")[-1]["text"]
+        shown = re.search(r"<pre><code>(.*?)</code></pre>", html, re.S)
+        assert shown is not None, html
+        status = subprocess.run([PY, "-m", "rrtrain", "status", str(out)], cwd=REPO, env=env(), capture_output=True,
+                                text=True, timeout=120, check=True).stdout
+        assert unescape(shown.group(1)).rstrip("\n") == status.rstrip("\n"), (shown.group(1), status)
+        assert re.search(r"tiny-standard-s0 .* stalled .*stalled", status) and "completed: 1" in status, status
     finally:
         _signal_tree(sweep, signal.SIGCONT)
         kill_group(sweep)

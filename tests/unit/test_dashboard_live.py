@@ -139,3 +139,53 @@ def test_a_replaced_metrics_file_is_read_again(tmp_path):
     kept.refresh()
     acc = accumulate(logdir / "tiny" / "review" / "seed0")
     assert steps(acc, "tiny/train_loss") == list(range(1, 9))  # TensorBoard purged the cut steps, each once
+
+
+def test_the_sweep_tab_is_the_status_table_refreshed(tmp_path, monkeypatch):
+    """`rrtrain dashboard` on a sweep written by `rrtrain sweep` (a sweep.json): the `_sweep` text is the `rrtrain
+    status` table (the same text, as a markdown code block), asked again at every refresh through one
+    StatusCache (a refresh reads only the new bytes), and the dashboard cancels nothing."""
+    from launchers import cancel, record, status_cli
+    from rrtrain.cli.dashboard import StatusSummary
+    from rrtrain.cli.main import COMMANDS
+
+    assert COMMANDS["dashboard"][0] == "rrtrain.cli.dashboard"  # what `rrtrain dashboard` runs
+    sweep = tmp_path / "sweep"
+    entries = {}
+    for variant in ("review", "standard"):
+        rid = f"tiny-{variant}-s0"
+        make_run(sweep / rid, "tiny", variant, range(1, 4))
+        entries[rid] = {"size": "tiny", "variant": variant, "seed": 0, "dir": str(sweep / rid), "resources": {},
+                        "config": {"model": {"size": "tiny", "variant": variant}, "data": {"path": None},
+                                   "train": {"seed": 0, "max_steps": 10, "tokens": None, "global_batch": 8},
+                                   "run": {"dir": str(sweep / rid)}}}
+    record.save(sweep, {"version": 1, "name": "tab", "runs": entries, "submissions": [], "cancel_flagged": True})
+    cancels = []
+    monkeypatch.setattr(cancel, "cancel_flagged", lambda *a, **k: cancels.append(a) or [])
+
+    def shown() -> list[str]:
+        acc = accumulate(logdir / "_sweep")
+        return [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("sweep/text_summary")]
+
+    def status() -> str:
+        return "\n".join("    " + line for line in status_cli.table(status_cli.collect(sweep, act=False)).splitlines())
+
+    summary = StatusSummary(sweep)
+    state: list[LiveLogdir] = []
+    logdir, _ = build_logdir(sweep, state, summary)
+    kept = state[0]
+    first = shown()
+    assert first == [status()]
+    assert "sched" in first[0] and "tok/s" in first[0] and "3/10" in first[0]  # status's columns: step / total
+    advancing = sweep / "tiny-review-s0" / "metrics.jsonl"
+    read = {p: t.bytes_read for p, t in summary.cache.tails.items()}
+    add(sweep / "tiny-review-s0", range(4, 6))
+    assert kept.refresh() == 1
+    now = shown()
+    assert len(now) == 2 and now[-1] == status() and "5/10" in now[-1]
+    grown = {p: t.bytes_read - read[p] for p, t in summary.cache.tails.items()}
+    assert grown[advancing] == len(lines(range(4, 6))) and sum(grown.values()) == grown[advancing]
+    assert kept.refresh() == 0 and len(shown()) == 2  # the same table: nothing appended
+    assert cancels == []  # the dashboard only shows; `rrtrain status` on the same sweep acts
+    status_cli.collect(sweep)
+    assert len(cancels) == 1
