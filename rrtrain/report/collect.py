@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rrtrain.rundir import fields, layout, readers
-from rrtrain.rundir.layout import run_dirs
 from rrtrain.report.curves import downsample
 from rrtrain.report.spikes import SpikeScore, spike_score
+from rrtrain.rundir import fields, layout, readers
+from rrtrain.rundir.layout import run_dirs
 from rrtrain.rundir.points import read_point
 
 FLAGGED_STATUSES = frozenset({"stalled", "diverged", "failed"})

@@ -311,8 +311,9 @@ def test_the_dashboard_follows_a_running_sweep(chromium, stories_data, tmp_path)
         html = get(port, "/data/plugin/text/text", run="_sweep", tag="sweep/text_summary")[-1]["text"]
         shown = re.search(r"<pre><code>(.*?)</code></pre>", html, re.S)
         assert shown is not None, html
-        status = subprocess.run([PY, "-m", "rrtrain", "status", str(out)], cwd=REPO, env=env(), capture_output=True,
-                                text=True, timeout=120, check=True).stdout
+        from launchers import status_cli
+
+        status = status_cli.table(status_cli.collect(out))  # what `rrtrain status OUT` prints (its `main`)
         assert unescape(shown.group(1)).rstrip("\n") == status.rstrip("\n"), (shown.group(1), status)
         assert re.search(r"tiny-standard-s0 .* stalled .*stalled", status) and "completed: 1" in status, status
     finally:
