@@ -214,6 +214,25 @@ def _not_a_lock_file(path: Path) -> Optional[str]:
     return own_files.kind(mode)
 
 
+def _open_guard(path: Path) -> Any:
+    """The take-over guard file, opened never through a link and only when it is a regular file (a FIFO would
+    block the opener); UsageError otherwise, naming it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        odd = _not_a_lock_file(path)
+        if odd is None:
+            raise
+        raise UsageError(f"{path} is {odd}, not the guard file rrtrain makes: move it out of the run directory "
+                         "and start the run again (it is left as it is)") from err
+    odd = None if stat.S_ISREG(os.fstat(fd).st_mode) else own_files.kind(os.fstat(fd).st_mode)
+    if odd:
+        os.close(fd)
+        raise UsageError(f"{path} is {odd}, not the guard file rrtrain makes: move it out of the run directory "
+                         "and start the run again (it is left as it is)")
+    return os.fdopen(fd, "r+b")
+
+
 def _unreadable_since(path: Path) -> Optional[tuple[int, int, int, float]]:
     """Which lock file this is (inode, size, mtime in ns) and its mtime in seconds; None when it is gone."""
     try:
@@ -278,7 +297,7 @@ class RunLock:
     def _take_over(self, seen: Optional[dict[str, Any]], seen_stat: Optional[tuple[int, int, int, float]], why: str) -> None:
         """Remove a lock whose holder is gone (`seen`) or that names none (`seen_stat`: unreadable), under a
         guard so two contenders cannot both remove one another's; says so on stderr."""
-        with open(self.run_dir / f".{LOCK_NAME}.guard", "a") as guard:
+        with _open_guard(self.run_dir / f".{LOCK_NAME}.guard") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
             now = read(self.run_dir)
             if seen is not None:

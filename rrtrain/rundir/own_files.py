@@ -6,12 +6,14 @@ a file a regular file (readable, not larger than rrtrain ever writes it), a dire
 file belongs (an append would write through it, wherever it points), a file that cannot be read -- is refused
 in one line naming the file and what it is, and is left exactly as it is: the user moves it away and starts
 the run again. A directory may be a symbolic link to a directory (checkpoints or TensorBoard files on another
-filesystem, on purpose). `run.lock` is the lock's own business (`rrtrain.rundir.lock`).
+filesystem, on purpose). Under `checkpoints/`: `latest` is a file, each `step_*` a directory. `run.lock` is the
+lock's own business (`rrtrain.rundir.lock`).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import stat
 from pathlib import Path
 from typing import Optional
@@ -79,12 +81,24 @@ def dir_problem(path: Path) -> Optional[str]:
     return None if stat.S_ISDIR(st.st_mode) else f"is {kind(st.st_mode)}, not a directory"
 
 
+def checkpoint_entries(root: Path) -> list[tuple[Path, Optional[str]]]:
+    """The names under `checkpoints/` that a save replaces or a resume reads: `latest` (a file), `step_*` and
+    rrtrain's own `.tmp_step_*` (directories); anything else there is not rrtrain's and is left alone."""
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:  # missing; or not a directory, which `dir_problem` says
+        return []
+    found = [(root / "latest", file_problem(root / "latest", MAX_JSON_BYTES))]
+    return found + [(root / n, dir_problem(root / n)) for n in names if n.startswith(("step_", ".tmp_step_"))]
+
+
 def problem(run_dir: str | os.PathLike[str]) -> Optional[str]:
     """One line naming the first of the run's own names that holds something rrtrain cannot use, and what to
     do; None when all are fine."""
     root = Path(run_dir)
     found = [(root / name, file_problem(root / name, limit)) for name, limit in FILES.items()]
-    found += [(root / name, dir_problem(root / name)) for name in DIRS]
+    found += [(root / name, dir_problem(root / name)) for name in (*DIRS, f"{layout.DATA_CACHE}/{socket.gethostname()}")]
+    found += checkpoint_entries(root / layout.CHECKPOINTS)
     for path, why in found:
         if why:
             return f"{path} {why}: move it out of the run directory and start the run again (it is left as it is)"

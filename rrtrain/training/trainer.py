@@ -319,9 +319,15 @@ class Trainer:
                                     "blocking_s": round(done.blocking_s, 6), "write_s": round(done.write_s, 6)})
 
     def load_callback_states(self, states: dict[str, Any]) -> None:
+        """Each callback's state from the checkpoint; one that does not fit its callback is one line naming it
+        (the checkpoint's train state is checked for shape, not each callback's contents)."""
         for callback in self.callbacks:
             if callback.name in states:
-                callback.load_state_dict(states[callback.name])
+                try:
+                    callback.load_state_dict(states[callback.name])
+                except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as err:
+                    raise UsageError(f"the checkpoint's train_state.json: callbacks.{callback.name} does not fit "
+                                     f"the callback ({type(err).__name__}: {err})".splitlines()[0]) from None
 
     def write_final(self) -> bool:
         """Rank 0 writes final.json; False (after saying why) when it cannot be written, e.g. on a full disk.

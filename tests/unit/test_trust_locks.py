@@ -233,3 +233,17 @@ def test_a_run_lock_that_is_not_a_file_is_refused_in_one_line_and_left_alone(tmp
         runlock.RunLock(tmp_path).acquire(5)  # at once: nothing to wait for
     assert "\n" not in str(refused.value)
     assert os.path.lexists(path) and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_take_over_guard_that_is_not_a_file_is_refused_without_waiting_or_writing_through(tmp_path, kind):
+    """The guard under which a stale lock is taken over: a FIFO there would block the opener for good, a link
+    would create a file wherever it points."""
+    from rrtrain.core.errors import UsageError
+
+    guard = tmp_path / f".{runlock.LOCK_NAME}.guard"
+    os.mkfifo(guard) if kind == "fifo" else guard.symlink_to(tmp_path / "planted")
+    _age(_write_lock(tmp_path, ""), runlock.STALE_S + 5)  # stale: a take-over is due
+    with pytest.raises(UsageError, match="not the guard file rrtrain makes"):
+        runlock.RunLock(tmp_path).acquire(0)
+    assert os.path.lexists(guard) and not (tmp_path / "planted").exists()

@@ -120,3 +120,47 @@ def test_an_overlong_metrics_line_is_skipped_without_being_held_whole(run_dir, m
     logger._truncate(2)
     assert path.read_bytes() == b'{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n'
     assert max(seen) <= 65
+
+
+@pytest.mark.parametrize("entry,make,expect", [
+    ("latest", lambda p: p.mkdir(), "is a directory, not a file"),
+    ("latest", lambda p: os.mkfifo(p), "is a FIFO, not a file"),
+    ("step_00000004", lambda p: p.write_text("x"), "is a file, not a directory"),
+    (".tmp_step_00000004", lambda p: os.mkfifo(p), "is a FIFO, not a directory"),
+])
+def test_a_checkpoint_name_holding_the_wrong_kind_is_refused(run_dir, entry, make, expect):
+    (run_dir / layout.CHECKPOINTS).mkdir()
+    (run_dir / layout.CHECKPOINTS / "step_00000002").mkdir()
+    (run_dir / layout.CHECKPOINTS / "notes.txt").write_text("the user's own: left alone")
+    assert own_files.problem(run_dir) is None
+    make(run_dir / layout.CHECKPOINTS / entry)
+    assert own_files.problem(run_dir).startswith(f"{run_dir / layout.CHECKPOINTS / entry} {expect}: ")
+
+
+def test_this_hosts_data_cache_must_be_a_directory(run_dir):
+    import socket
+
+    (run_dir / layout.DATA_CACHE).mkdir()
+    (run_dir / layout.DATA_CACHE / socket.gethostname()).write_text("x")
+    assert "is a file, not a directory" in own_files.problem(run_dir)
+
+
+def test_a_callback_state_that_does_not_fit_is_one_line():
+    """A checkpoint's train state is checked for shape (rrtrain.rundir.train_state), not each callback's
+    contents: one that does not fit its callback is a UsageError naming it, not a traceback."""
+    from rrtrain.config import MonitorConfig
+    from rrtrain.core.errors import UsageError
+    from rrtrain.monitoring.callback import MonitorCallback
+    from rrtrain.training.callbacks import NonfiniteGuard
+    from rrtrain.training.trainer import Trainer
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.callbacks = [NonfiniteGuard("skip", 5), MonitorCallback(MonitorConfig())]
+    trainer.load_callback_states({"nonfinite": {"streak": 2}})  # one that fits
+    trainer.load_callback_states({"monitor": trainer.callbacks[1].state_dict()})
+    for states, name in (({"nonfinite": {"streak": [1]}}, "nonfinite"), ({"nonfinite": "x"}, "nonfinite"),
+                         ({"monitor": {"ema": "1.0"}}, "monitor"), ({"monitor": {"raised": {"stalled": 3}}}, "monitor"),
+                         ({"monitor": {"recent": [1.0, None]}}, "monitor"), ({"monitor": [1]}, "monitor")):
+        with pytest.raises(UsageError, match=f"callbacks.{name} does not fit the callback") as refused:
+            trainer.load_callback_states(states)
+        assert "\n" not in str(refused.value)
