@@ -11,9 +11,10 @@ and nothing signals it. From
 another host, where none of that can be seen: its heartbeat (the file's mtime, touched every `HEARTBEAT_S`)
 is younger than `STALE_S`. A lock written by an older rrtrain (no command line, no flock: `is_legacy`) is
 honoured on the same host while the pid it names is alive with the recorded start time, runs an rrtrain
-command, and the lock's heartbeat is fresh; it is never signalled. A lock file that is empty or not a JSON object (a crash or a full disk between its
-creation and its write) is waited on while it is younger than `STALE_S` and taken over after. Every
-take-over says so in one line on stderr (the run's log).
+command, and the lock's heartbeat is fresh; it is never signalled. A lock file that is empty or not a JSON
+object (a crash or a full disk between its creation and its write) is waited on while it is younger than
+`STALE_S` and taken over after. A `run.lock` (or take-over guard) that is not a regular file is refused in
+one line. Every take-over says so in one line on stderr (the run's log).
 """
 
 from __future__ import annotations
@@ -149,8 +150,8 @@ def is_legacy(info: dict[str, Any]) -> bool:
 
 def legacy_holder(info: dict[str, Any]) -> Optional[int]:
     """For a lock an older rrtrain wrote (`is_legacy`), on this host: the pid it names when that pid is alive
-    with the start time recorded, runs an rrtrain command (`runs_rrtrain`), and the lock's heartbeat (touched every `HEARTBEAT_S` by every rrtrain
-    holder, old or new) is younger than `STALE_S`; else None. Enough to wait on, never to signal: such a
+    with the start time recorded, runs an rrtrain command (`runs_rrtrain`), and the lock's heartbeat (touched
+    every `HEARTBEAT_S` by every rrtrain holder, old or new) is younger than `STALE_S`; else None. Enough to wait on, never to signal: such a
     lock cannot show that the process holds it."""
     if not is_legacy(info) or info.get("host") != socket.gethostname():
         return None

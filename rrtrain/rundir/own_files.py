@@ -34,8 +34,9 @@ FILES: dict[str, Optional[int]] = {
 #: directories the trainer writes into
 DIRS = (layout.TENSORBOARD, layout.CHECKPOINTS, layout.RANKS, layout.DATA_CACHE, layout.WANDB)
 
-_KINDS = ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link"))
+_KINDS = ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISLNK, "a symbolic link"))
 
 
 def kind(mode: int) -> str:
@@ -97,7 +98,8 @@ def problem(run_dir: str | os.PathLike[str]) -> Optional[str]:
     do; None when all are fine."""
     root = Path(run_dir)
     found = [(root / name, file_problem(root / name, limit)) for name, limit in FILES.items()]
-    found += [(root / name, dir_problem(root / name)) for name in (*DIRS, f"{layout.DATA_CACHE}/{socket.gethostname()}")]
+    dirs = (*DIRS, f"{layout.DATA_CACHE}/{socket.gethostname()}")  # this node's loader cache
+    found += [(root / name, dir_problem(root / name)) for name in dirs]
     found += checkpoint_entries(root / layout.CHECKPOINTS)
     for path, why in found:
         if why:
