@@ -65,6 +65,11 @@ def _stop_job(executor: str, job: Optional[str], run_dir: Path) -> str:
         return f"scancel {job}" + ("" if proc.returncode == 0 else f" failed: {proc.stderr.strip()}")
     pid = runlock.signallable_pid(run_dir)  # pid, start time, command line and the open lock all match
     if pid is None:
+        lock = runlock.read(run_dir)
+        old = runlock.legacy_holder(lock) if lock is not None else None
+        if old is not None:  # an older rrtrain's lock proves too little to signal on
+            return (f"not signalled: its run.lock was written by an older rrtrain and cannot prove that pid {old} "
+                    "holds it; stop that process yourself")
         return "no live job found"
     try:
         os.kill(pid, signal.SIGTERM)

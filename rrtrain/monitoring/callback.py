@@ -41,6 +41,7 @@ class MonitorCallback(Callback):
         return self.monitor.state_dict() if self.monitor else self.pending
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        LossMonitor(self.cfg, None).load_state_dict(state)  # checked now, before training: ValueError if unfit
         self.pending = state
         if self.monitor is not None:
             self.monitor.load_state_dict(state)

@@ -120,6 +120,8 @@ class LossMonitor:
                 "raised": dict(self.raised), "recent_sum": self.recent_sum, "recent_sq": self.recent_sq}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A saved state, checked first (it comes from a file): ValueError naming the field that does not fit."""
+        _check_state(state)
         self.ema = state.get("ema")
         self.smoothed = deque(state.get("smoothed", []), maxlen=self.cfg.window + 1)
         self.recent = deque(state.get("recent", []), maxlen=self.cfg.window)
@@ -128,3 +130,27 @@ class LossMonitor:
         self.recent_sq = state.get("recent_sq", sum(x * x for x in self.recent))
         self.spike = int(state.get("spike", 0))
         self.raised = dict(state.get("raised", {}))
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_state(state: Any) -> None:
+    """ValueError naming the first field of a monitor state (from a checkpoint) that is not of its type."""
+    if not isinstance(state, dict):
+        raise ValueError(f"the monitor state is a {type(state).__name__}, not an object")
+    if state.get("ema") is not None and not _number(state["ema"]):
+        raise ValueError("'ema' is not a number")
+    for key in ("smoothed", "recent"):
+        if not (isinstance(state.get(key, []), list) and all(_number(x) for x in state.get(key, []))):
+            raise ValueError(f"{key!r} is not a list of numbers")
+    for key in ("recent_sum", "recent_sq"):
+        if key in state and not _number(state[key]):
+            raise ValueError(f"{key!r} is not a number")
+    if not (type(state.get("spike", 0)) is int and state.get("spike", 0) >= 0):
+        raise ValueError("'spike' is not a count")
+    raised = state.get("raised", {})
+    if not (isinstance(raised, dict) and all(isinstance(v, dict) and type(v.get("step")) is int
+                                             and isinstance(v.get("detail"), str) for v in raised.values())):
+        raise ValueError("'raised' is not a mapping of flag -> {step, detail}")

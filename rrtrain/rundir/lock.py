@@ -9,9 +9,12 @@ lock file (the kernel's lock table says so; no process but a `RunLock` holder ta
 other live process, e.g. one with a reused pid or one an edited lock points at, proves nothing, is taken over,
 and nothing signals it. From
 another host, where none of that can be seen: its heartbeat (the file's mtime, touched every `HEARTBEAT_S`)
-is younger than `STALE_S`. A lock file that is empty or not a JSON object (a crash or a full disk between its
-creation and its write) is waited on while it is younger than `STALE_S` and taken over after. Every
-take-over says so in one line on stderr (the run's log).
+is younger than `STALE_S`. A lock written by an older rrtrain (no command line, no flock: `is_legacy`) is
+honoured on the same host while the pid it names is alive with the recorded start time, runs an rrtrain
+command, and the lock's heartbeat is fresh; it is never signalled. A lock file that is empty or not a JSON
+object (a crash or a full disk between its creation and its write) is waited on while it is younger than
+`STALE_S` and taken over after. A `run.lock` (or take-over guard) that is not a regular file is refused in
+one line. Every take-over says so in one line on stderr (the run's log).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -29,7 +33,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rrtrain.core import untrusted
-from rrtrain.rundir import fields, layout
+from rrtrain.core.errors import UsageError
+from rrtrain.rundir import fields, layout, own_files
 
 LOCK_NAME = layout.LOCK
 #: a lock names its holder in well under a kB
@@ -137,12 +142,45 @@ def _same_process(info: dict[str, Any]) -> Optional[int]:
     return pid
 
 
+def is_legacy(info: dict[str, Any]) -> bool:
+    """Whether the lock was written by an rrtrain older than command lines and flock in locks: it records host,
+    pid, start time, job and heartbeat only, and its holder keeps no flock on it."""
+    return "cmdline" not in info and "flock" not in info
+
+
+def legacy_holder(info: dict[str, Any]) -> Optional[int]:
+    """For a lock an older rrtrain wrote (`is_legacy`), on this host: the pid it names when that pid is alive
+    with the start time recorded, runs an rrtrain command (`runs_rrtrain`), and the lock's heartbeat (touched
+    every `HEARTBEAT_S` by every rrtrain holder, old or new) is younger than `STALE_S`; else None. Enough to wait on, never to signal: such a
+    lock cannot show that the process holds it."""
+    if not is_legacy(info) or info.get("host") != socket.gethostname():
+        return None
+    pid, started = fields.integer(info.get("pid")), info.get("pid_start")
+    if pid is None or pid <= 0 or not isinstance(started, str) or _start_time(pid) != started:
+        return None
+    if not runs_rrtrain(_cmdline(pid) or []):
+        return None
+    return pid if time.time() - (fields.finite(info.get("heartbeat")) or 0.0) < STALE_S else None
+
+
+#: what the command line of a process that trains a run holds: `-m rrtrain.train` (torchrun's workers, the
+#: local executor), the `rrtrain` command (`rrtrain train`, the debug executor), submitit's job entry
+RRTRAIN_ENTRIES = frozenset({"rrtrain.train", "rrtrain", "submitit.core._submit"})
+
+
+def runs_rrtrain(cmdline: list[str]) -> bool:
+    """Whether a command line is one that trains an rrtrain run (`RRTRAIN_ENTRIES`, or the `rrtrain` script)."""
+    return any(arg in RRTRAIN_ENTRIES or os.path.basename(arg) == "rrtrain" for arg in cmdline[:6])
+
+
 def holder_alive(info: dict[str, Any]) -> bool:
     """Whether the lock's holder proves itself: on this host, the process it names is alive with the start time
     and command line recorded and holds the lock file's flock (where the kernel's lock table cannot be read, or
-    the holder's filesystem refused flock, the first three suffice: waiting is the safe side); elsewhere, a
-    fresh heartbeat."""
+    the holder's filesystem refused flock, the first three suffice: waiting is the safe side); a lock an older
+    rrtrain wrote, by pid, start time and a fresh heartbeat (`legacy_holder`); elsewhere, a fresh heartbeat."""
     if info.get("host") == socket.gethostname():
+        if is_legacy(info):
+            return legacy_holder(info) is not None
         pid = _same_process(info)
         if pid is None:
             return False
@@ -163,6 +201,37 @@ def signallable_pid(run_dir: str | os.PathLike[str]) -> Optional[int]:
     if pid is None or _holds_flock(pid, info["lock_path"]) is not True:
         return None
     return pid
+
+
+def _not_a_lock_file(path: Path) -> Optional[str]:
+    """What `path` is when it is there and no lock rrtrain could have written (a directory, a FIFO, a symbolic
+    link, a device), in words; None when it is a regular file or gone."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return own_files.kind(mode)
+
+
+def _open_guard(path: Path) -> Any:
+    """The take-over guard file, opened never through a link and only when it is a regular file (a FIFO would
+    block the opener); UsageError otherwise, naming it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        odd = _not_a_lock_file(path)
+        if odd is None:
+            raise
+        raise UsageError(f"{path} is {odd}, not the guard file rrtrain makes: move it out of the run directory "
+                         "and start the run again (it is left as it is)") from err
+    odd = None if stat.S_ISREG(os.fstat(fd).st_mode) else own_files.kind(os.fstat(fd).st_mode)
+    if odd:
+        os.close(fd)
+        raise UsageError(f"{path} is {odd}, not the guard file rrtrain makes: move it out of the run directory "
+                         "and start the run again (it is left as it is)")
+    return os.fdopen(fd, "r+b")
 
 
 def _unreadable_since(path: Path) -> Optional[tuple[int, int, int, float]]:
@@ -229,7 +298,7 @@ class RunLock:
     def _take_over(self, seen: Optional[dict[str, Any]], seen_stat: Optional[tuple[int, int, int, float]], why: str) -> None:
         """Remove a lock whose holder is gone (`seen`) or that names none (`seen_stat`: unreadable), under a
         guard so two contenders cannot both remove one another's; says so on stderr."""
-        with open(self.run_dir / f".{LOCK_NAME}.guard", "a") as guard:
+        with _open_guard(self.run_dir / f".{LOCK_NAME}.guard") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
             now = read(self.run_dir)
             if seen is not None:
@@ -248,9 +317,15 @@ class RunLock:
             if self._try_create():
                 self._start_heartbeat()
                 return self
+            odd = _not_a_lock_file(self.path)
+            if odd:
+                raise UsageError(f"{self.path} is {odd}, not a lock file rrtrain wrote: move it out of the run "
+                                 "directory and start the run again (it is left as it is)")
             info = read(self.run_dir)
             if info is not None and not holder_alive(info):
-                self._take_over(info, None, f"its holder ({describe(info)}) is not a live rrtrain process")
+                old = (" (a lock of an older rrtrain: that pid is not alive with the recorded start time, or the "
+                       "heartbeat stopped)") if is_legacy(info) else ""
+                self._take_over(info, None, f"its holder ({describe(info)}) is not a live rrtrain process{old}")
                 continue
             if info is None:
                 seen = _unreadable_since(self.path)
@@ -263,8 +338,13 @@ class RunLock:
                     continue
             if time.monotonic() >= deadline:
                 who = describe(info) if info else "another process (its lock names no holder yet)"
+                hint = ""
+                if info is not None and is_legacy(info):
+                    hint = (f"; the lock was written by an older rrtrain, which cannot prove more than that pid "
+                            f"{info.get('pid')} is alive with its start time and the lock's heartbeat is fresh: if "
+                            f"that process is not this run, stop it, or remove {self.path}")
                 raise RunLocked(f"run directory {self.run_dir} is locked by {who}: another copy of this run is "
-                                f"training there; waited {wait_s:g} s (run.lock_wait_s), leaving it alone")
+                                f"training there; waited {wait_s:g} s (run.lock_wait_s), leaving it alone{hint}")
             time.sleep(POLL_S)
 
     def _start_heartbeat(self) -> None:
@@ -299,9 +379,12 @@ def hold(run_dir: Path, wait_s: float, is_main: bool, device: Any) -> Optional[R
     if is_main:
         try:
             lock = RunLock(run_dir).acquire(wait_s)
-        except (RunLocked, OSError) as err:  # OSError (an unwritable dir): raised below, once the others know
+        except (RunLocked, OSError, UsageError) as err:  # raised below, once the others know
             error = err
-    failed = dist.all_reduce(torch.tensor([1.0 if error else 0.0], device=device), "max")
-    if failed.item() > 0:
+    code = 2.0 if isinstance(error, UsageError) else 1.0 if error else 0.0
+    failed = dist.all_reduce(torch.tensor([code], device=device), "max").item()
+    if failed > 1:
+        raise error or UsageError(f"run directory {run_dir}: rank 0 refused its {LOCK_NAME}")
+    if failed > 0:
         raise error or RunLocked(f"run directory {run_dir}: rank 0 could not take its lock")
     return lock

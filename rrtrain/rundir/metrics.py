@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Iterator, Optional, TextIO
 
 from rrtrain.core import untrusted
-from rrtrain.core.io import atomic_write_bytes, atomic_write_text
+from rrtrain.core.io import atomic_path, atomic_write_text
 from rrtrain.rundir import fields, layout
+
+
+#: a metrics line longer than this is not one rrtrain wrote (a diagnostic line of a deep model is a few kB)
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 class MetricsLogger:
@@ -27,30 +33,37 @@ class MetricsLogger:
             return
         if resume_step is not None:
             self._truncate(resume_step)
-        elif self.path.exists():
+        else:
             # replaced, not unlinked: a reader (status, the monitor, a test) never finds the file missing
             atomic_write_text(self.path, "")
         from torch.utils.tensorboard import SummaryWriter
 
         self.tb = SummaryWriter(str(Path(run_dir) / layout.TENSORBOARD), purge_step=None if resume_step is None else resume_step + 1)
-        self.file = self.path.open("a")
+        self.file = open_for_append(self.path)
 
     def _truncate(self, step: int) -> None:
-        if not self.path.exists():
-            return
-        kept = []
-        with untrusted.open_regular(self.path) as fh:  # read as bytes: a line that is not UTF-8 is garbage, not a crash
-            for raw in fh:
-                try:
-                    rec = json.loads(raw)
-                except (ValueError, RecursionError):
-                    continue  # a line cut by a kill, or garbage
-                if not isinstance(rec, dict):
-                    continue  # not a record: nothing of ours
-                at = fields.step(rec.get("step", 0))
-                if at is not None and at <= step:
-                    kept.append(raw.rstrip(b"\r\n") + b"\n")
-        atomic_write_bytes(self.path, b"".join(kept))
+        """Keep the records up to `step`, streamed into a file written aside and renamed (the file may be
+        large; a line longer than MAX_LINE_BYTES is garbage, skipped without being held in memory)."""
+        try:
+            src = untrusted.open_regular(self.path)  # read as bytes: a line not UTF-8 is garbage, not a crash
+        except FileNotFoundError:
+            src = None
+        with atomic_path(self.path) as tmp, open(tmp, "wb") as out:
+            if src is None:
+                return
+            with src:
+                for raw in _lines(src, MAX_LINE_BYTES):
+                    try:
+                        rec = json.loads(raw)
+                    except (ValueError, RecursionError):
+                        continue  # a line cut by a kill, or garbage
+                    if not isinstance(rec, dict):
+                        continue  # not a record: nothing of ours
+                    at = fields.step(rec.get("step", 0))
+                    if at is not None and at <= step:
+                        out.write(raw.rstrip(b"\r\n") + b"\n")
+            out.flush()
+            os.fsync(out.fileno())
 
     def log(self, record: dict[str, Any], tb_prefix: str = "train") -> None:
         """Append one record (non-finite numbers become null: the file stays valid JSON) and mirror it."""
@@ -96,3 +109,31 @@ def _finite_or_none(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite_or_none(v) for v in value]
     return value
+
+
+def open_for_append(path: Path) -> TextIO:
+    """`path` opened for appending, never through a symbolic link and only when it is a regular file (a FIFO
+    would block the writer): OSError otherwise. The trainer checks its files before it starts
+    (`rrtrain.rundir.own_files`); this holds even if one is swapped meanwhile."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise untrusted.NotRegular(0, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "a")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _lines(fh: BinaryIO, limit: int) -> Iterator[bytes]:
+    """The lines of `fh`, each at most `limit` bytes; a longer one is read through and left out."""
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        if len(line) > limit and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):  # the rest of an overlong line, in bounded pieces
+                line = fh.readline(limit + 1)
+            continue
+        yield line

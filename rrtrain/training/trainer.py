@@ -29,7 +29,7 @@ from rrtrain.model import sizing
 from rrtrain.parallel import build_training_engine
 from rrtrain.parallel.compile_policy import resolve_compile
 from rrtrain.resolve import ResolvedRun, resolve
-from rrtrain.rundir import layout, writers
+from rrtrain.rundir import layout, own_files, writers
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.metrics import MetricsLogger
 from rrtrain.rundir.outcome import CANCELLED, EXIT_CODES, decide, keeps_recorded  # the ending, its status and exit code: one place
@@ -63,6 +63,12 @@ class Trainer:
         problem = unwritable_reason(self.run_dir) if self.info.is_main else None
         dist.raise_together(f"run.dir '{self.run_dir}' cannot be written: {problem}" if problem else None)
         self.lock = runlock.hold(self.run_dir, cfg.run.lock_wait_s, self.info.is_main, self.info.device)
+        try:  # a FIFO, a directory, a link where one of the run's files belongs: one line, nothing touched
+            dist.raise_together(own_files.problem(self.run_dir) if self.info.is_main else None)
+        except UsageError:
+            if self.lock is not None:
+                self.lock.release()
+            raise
         dist.barrier()
 
     # -- set-up -------------------------------------------------------------------------------
@@ -313,9 +319,15 @@ class Trainer:
                                     "blocking_s": round(done.blocking_s, 6), "write_s": round(done.write_s, 6)})
 
     def load_callback_states(self, states: dict[str, Any]) -> None:
+        """Each callback's state from the checkpoint; one that does not fit its callback is one line naming it
+        (the checkpoint's train state is checked for shape, not each callback's contents)."""
         for callback in self.callbacks:
             if callback.name in states:
-                callback.load_state_dict(states[callback.name])
+                try:
+                    callback.load_state_dict(states[callback.name])
+                except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as err:
+                    raise UsageError(f"the checkpoint's train_state.json: callbacks.{callback.name} does not fit "
+                                     f"the callback ({type(err).__name__}: {err})".splitlines()[0]) from None
 
     def write_final(self) -> bool:
         """Rank 0 writes final.json; False (after saying why) when it cannot be written, e.g. on a full disk.

@@ -149,3 +149,101 @@ def test_a_remote_lock_with_an_impossible_start_time_is_described_without_a_trac
     _write_lock(tmp_path, "{\"host\": \"another-node\", \"pid\": 7, \"started\": 1e300, \"job_id\": [1]}")
     with pytest.raises(runlock.RunLocked, match="host another-node pid 7"):
         runlock.RunLock(tmp_path).acquire(0)  # a fresh heartbeat from another host: honoured
+
+
+# What an rrtrain older than command lines in locks did while it held a run: a lock of host, pid, start time,
+# job and nonce, written once and closed (no flock), its mtime touched as a heartbeat. Its command line names
+# rrtrain.train, as `python -m rrtrain.train` does.
+OLD_HOLDER = """
+import json, os, socket, sys, time, uuid
+from rrtrain.rundir.lock import _start_time
+path = os.path.join(sys.argv[2], "run.lock")
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "pid_start": _start_time(os.getpid()),
+                         "job_id": None, "started": time.time(), "nonce": uuid.uuid4().hex}).encode())
+os.close(fd)
+print("held", flush=True)
+while True:
+    time.sleep(0.2)
+    os.utime(path)
+"""
+
+
+@pytest.fixture
+def old_holder(tmp_path):
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", OLD_HOLDER, "rrtrain.train", str(run_dir)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    yield run_dir, proc
+    proc.kill()
+    proc.wait()
+
+
+def test_an_older_rrtrains_lock_is_honoured_while_its_holder_lives_and_never_signalled(old_holder, capfd):
+    run_dir, proc = old_holder
+    info = runlock.read(run_dir)
+    assert runlock.is_legacy(info) and runlock.holder_alive(info) and runlock.signallable_pid(run_dir) is None
+    with pytest.raises(runlock.RunLocked, match="written by an older rrtrain") as refused:
+        runlock.RunLock(run_dir).acquire(0.3)
+    assert f"pid {proc.pid}" in str(refused.value) and "\n" not in str(refused.value)
+    said = cancel._stop_job("local", None, run_dir)
+    assert said.startswith("not signalled") and f"pid {proc.pid}" in said
+    time.sleep(0.2)
+    assert proc.poll() is None, "an older rrtrain's lock proves too little to signal its pid"
+    proc.kill()
+    proc.wait()
+    lock = runlock.RunLock(run_dir).acquire(0)  # its holder is gone: taken over at once, and said
+    assert "a lock of an older rrtrain" in capfd.readouterr().err
+    lock.release()
+
+
+def test_an_older_lock_proves_itself_only_by_a_live_rrtrain_pid_its_start_time_and_a_heartbeat(
+        old_holder, sleeper, tmp_path, capfd):
+    _, proc = old_holder
+    me = {"host": socket.gethostname(), "job_id": None, "started": time.time(), "nonce": "n"}
+    cases = {  # each names a live process; only the first is an rrtrain run's
+        "fresh": ({**me, "pid": proc.pid, "pid_start": runlock._start_time(proc.pid)}, 0, True),
+        "stale heartbeat": ({**me, "pid": proc.pid, "pid_start": runlock._start_time(proc.pid)},
+                            runlock.STALE_S + 5, False),
+        "another start time": ({**me, "pid": proc.pid, "pid_start": "1"}, 0, False),
+        "not rrtrain": ({**me, "pid": sleeper.pid, "pid_start": runlock._start_time(sleeper.pid)}, 0, False),
+    }
+    for name, (content, age, honoured) in cases.items():
+        run_dir = tmp_path / name.replace(" ", "-")
+        run_dir.mkdir()
+        _age(_write_lock(run_dir, content), age)
+        assert runlock.holder_alive(runlock.read(run_dir)) is honoured, name
+        assert runlock.signallable_pid(run_dir) is None, name
+        if not honoured:
+            runlock.RunLock(run_dir).acquire(0).release()
+            assert "a lock of an older rrtrain" in capfd.readouterr().err, name
+    assert proc.poll() is None and sleeper.poll() is None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink"])
+def test_a_run_lock_that_is_not_a_file_is_refused_in_one_line_and_left_alone(tmp_path, kind):
+    path = tmp_path / runlock.LOCK_NAME
+    {"fifo": lambda: os.mkfifo(path), "directory": path.mkdir,
+     "symlink": lambda: path.symlink_to(tmp_path / "elsewhere")}[kind]()
+    from rrtrain.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="not a lock file rrtrain wrote") as refused:
+        runlock.RunLock(tmp_path).acquire(5)  # at once: nothing to wait for
+    assert "\n" not in str(refused.value)
+    assert os.path.lexists(path) and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_take_over_guard_that_is_not_a_file_is_refused_without_waiting_or_writing_through(tmp_path, kind):
+    """The guard under which a stale lock is taken over: a FIFO there would block the opener for good, a link
+    would create a file wherever it points."""
+    from rrtrain.core.errors import UsageError
+
+    guard = tmp_path / f".{runlock.LOCK_NAME}.guard"
+    os.mkfifo(guard) if kind == "fifo" else guard.symlink_to(tmp_path / "planted")
+    _age(_write_lock(tmp_path, ""), runlock.STALE_S + 5)  # stale: a take-over is due
+    with pytest.raises(UsageError, match="not the guard file rrtrain makes"):
+        runlock.RunLock(tmp_path).acquire(0)
+    assert os.path.lexists(guard) and not (tmp_path / "planted").exists()

@@ -89,6 +89,23 @@ def test_eval_batches_must_be_at_least_one():
         load_config(TINY, ["data.eval_batches=0"])
 
 
+def test_an_evaluation_that_ran_no_batch_is_never_a_loss():
+    """eval_batches >= 1 keeps it from happening; should a rank's list still come back empty, the evaluation
+    is no loss (NaN, with a note for final.json), never 0.0, and the best loss is left as it was."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from rrtrain.training.trainer import Trainer
+
+    trainer = Trainer.__new__(Trainer)  # only what evaluate() reads: no run directory, no model
+    trainer.info, trainer.val_batches = SimpleNamespace(device=torch.device("cpu")), []
+    trainer.best_val = 4.0
+    assert math.isnan(trainer.evaluate())
+    assert math.isnan(trainer.last_val) and trainer.last_val_note == "no evaluation batch ran"
+    assert trainer.best_val == 4.0
+
+
 def test_the_cli_refuses_inf_init_std_in_one_line(tmp_path):
     proc = subprocess.run([PY, "-m", "rrtrain", "train", TINY, "model.init_std=inf", f"run.dir={tmp_path / 'r'}"],
                           capture_output=True, text=True, env=env(), cwd=REPO, timeout=120)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from prep_helpers import prep
 from rrtrain.rundir.outcome import keeps_recorded
-from trainutil import train
+from trainutil import REPO, env, train, train_cmd
 
 PREP = ["--source", "synthetic:stories", "--num-docs", "30", "--seq-len", "32", "--min-val-samples", "4"]
 
@@ -120,3 +121,51 @@ def test_a_garbage_metrics_line_neither_fails_a_finished_run_nor_blocks_resume(f
     train(run_dir, stories_data, "train.max_steps=3", "train.eval_every=0", "data.eval_batches=1",
           "train.allow_config_change=true")
     assert json.loads((run_dir / "final.json").read_text())["step"] == 3
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_metrics_file_that_is_a_fifo_or_a_directory_is_one_line_and_left_alone(finished, stories_data, tmp_path,
+                                                                                 kind):
+    run_dir = _copy(finished, tmp_path)
+    before = _tree(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    metrics.unlink()
+    os.mkfifo(metrics) if kind == "fifo" else metrics.mkdir()
+    # a FIFO must not hang the run: the subprocess's timeout would raise
+    proc = train(run_dir, stories_data, "train.max_steps=2", "train.eval_every=0", "data.eval_batches=1",
+                 expect=2, timeout=120)
+    err = proc.stderr.strip()
+    assert err == (f"rrtrain train: error: {metrics} is a {'FIFO' if kind == 'fifo' else 'directory'}, not a file: "
+                   "move it out of the run directory and start the run again (it is left as it is)"), err
+    assert (metrics.is_fifo() if kind == "fifo" else metrics.is_dir())
+    assert {k: v for k, v in _tree(run_dir).items()} == {k: v for k, v in before.items() if k != "metrics.jsonl"}
+    assert not (run_dir / "run.lock").exists()
+
+
+BREAKS = """
+from rrtrain.training.loop import Callback
+
+
+class Breaks(Callback):
+    name = "breaks"
+
+    def on_step_end(self, loop):
+        raise RuntimeError("a failure after training started")
+"""
+
+
+def test_a_completed_run_stays_completed_when_a_later_attempt_fails_while_training(finished, stories_data,
+                                                                                   tmp_path):
+    run_dir = _copy(finished, tmp_path)
+    before = (run_dir / "final.json").read_bytes()
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "rrtrain_test_breaks.py").write_text(BREAKS)
+    e = env()
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp_path / "lib"), e.get("PYTHONPATH")) if p)
+    proc = subprocess.run(train_cmd(run_dir, stories_data, ["train.max_steps=3", "train.eval_every=0",
+                                                            "data.eval_batches=1", "train.allow_config_change=true",
+                                                            "train.callbacks=[rrtrain_test_breaks:Breaks]"]),
+                          cwd=REPO, env=e, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "a failure after training started" in proc.stderr, proc.stderr[-2000:]
+    assert (run_dir / "final.json").read_bytes() == before  # the completed ending stands
+    assert not (run_dir / "run.lock").exists()
