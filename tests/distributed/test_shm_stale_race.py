@@ -34,6 +34,7 @@ if rank == 0:
         dead = f"/dev/shm/{free:06d}_{constant.BARRIER}"
         with open(dead, "wb") as fh:  # a dead run's name, mapped by nobody
             fh.write(bytes(64))
+        planted = os.stat(dead).st_ino  # the new dataset makes a segment of that name again: tell them apart
     real = shm.unlink_stale
 
     def slow_unlink_stale(*args, **kwargs):
@@ -45,9 +46,15 @@ dist.barrier()
 TrainLoader(sys.argv[1], micro_batch=2, global_batch=4, rank=rank, world_size=2, local_rank=rank, seed=0,
             cache_dir=sys.argv[2])
 dist.barrier()
-if rank == 0 and os.path.exists(dead):
-    sys.exit(f"{dead} is left behind")
-print("opened", rank, flush=True)
+if rank == 0:
+    try:
+        left = os.stat(dead).st_ino == planted
+    except FileNotFoundError:
+        left = False
+    if left:
+        sys.exit(f"{dead} is left behind")
+sys.stdout.write(f"opened {rank}\\n")  # one write: the two ranks' lines do not interleave
+sys.stdout.flush()
 """
 
 

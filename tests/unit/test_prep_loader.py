@@ -207,9 +207,7 @@ def test_dataloader_workers_ignore_the_trainers_signals(ids_data, tmp_path):
 _CRASH = """
 import os, signal, sys
 from streaming import StreamingDataset
-from rrtrain.data.shm import shm_guard
-with shm_guard():
-    ds = StreamingDataset(remote=sys.argv[1], local=sys.argv[2], split="train", batch_size=1)
+ds = StreamingDataset(remote=sys.argv[1], local=sys.argv[2], split="train", batch_size=1)  # the test holds the lock
 ds[0]
 os.killpg(0, signal.SIGKILL)  # the whole job dies, multiprocessing's resource tracker included
 """
