@@ -103,11 +103,16 @@ def _key(point: dict[str, Any]) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in point.items()))
 
 
-def rule_text(k: int) -> str:
+def rule_text(k: int, pruned: bool = False) -> str:
+    """The selection rule in words; with pruned runs, what pruning (which ranks every seed) took part in."""
     sel = "seed 0" if k == 1 else f"seeds 0–{k - 1}"
-    return (f"per size and variant, the grid point with the lowest mean final validation loss on {sel} "
+    text = (f"per size and variant, the grid point with the lowest mean final validation loss on {sel} "
             f"(a point where one of those runs diverged, stalled, failed or did not finish is out); the tables "
             f"use only seeds ≥ {k}, so no number tested took part in the choice (`--select-seeds {k}`)")
+    if pruned:
+        text += (f". The sweep pruned points by the mean of all their seeds at its rungs: the values of seeds ≥ {k} "
+                 "before the end took part in which points reached it; their final values did not")
+    return text
 
 
 def choose(runs: list[Run], k: int) -> list[GroupChoice]:
@@ -257,7 +262,8 @@ def analyze_grid(runs: list[Run], opts: Options, sweep_dir: Path | None = None) 
                          "the best may lie beyond them (widen the grid)")
     keys = sorted({key for r in grid_runs for key in r.point})
     fits = lr_fits(groups, opts, sweep_dir, notes) if LR_KEY in keys else []
-    return GridAnalysis(rule_text(k), k, keys, groups, shared, source, selected, at_shared, fits, notes)
+    pruned = any(r.status == "pruned" for r in grid_runs)
+    return GridAnalysis(rule_text(k, pruned), k, keys, groups, shared, source, selected, at_shared, fits, notes)
 
 
 # -- the learning rate across sizes ------------------------------------------------------------------------

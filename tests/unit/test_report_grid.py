@@ -93,6 +93,19 @@ def test_default_shared_point_is_the_middle(tmp_path):
                                                                   "standard": ({"train.lr": 1e-3}, ["train.lr"])}
 
 
+def test_the_rule_says_what_pruning_took_part_in(tmp_path):
+    """Pruning ranks a point by all its seeds at the rungs: the report does not claim the test seeds took no part."""
+    for seed in range(3):
+        write_run(tmp_path, "tiny", "review", seed, {"train.lr": 1e-3}, 2.0 + seed / 100)
+        write_run(tmp_path, "tiny", "review", seed, {"train.lr": 3e-3}, 2.5, status="pruned")
+    ga = analyze_grid(find_runs(tmp_path), Options())
+    assert "pruned points by the mean of all their seeds" in ga.rule and "seeds ≥ 1 before the end" in ga.rule
+    unpruned = tmp_path / "unpruned"
+    for seed in range(3):
+        write_run(unpruned, "tiny", "review", seed, {"train.lr": 1e-3}, 2.0 + seed / 100)
+    assert "pruned" not in analyze_grid(find_runs(unpruned), Options()).rule
+
+
 def test_failing_at_every_point_is_reported_with_the_points(sweep, tmp_path):
     from rrtrain.cli.report import main
 
