@@ -27,11 +27,13 @@ SLURM_TESTS = Path(__file__).resolve().parent / "slurm"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `make test` (pytest-xdist, two workers) the Slurm tests share one local cluster: they form one
-    group, run by one worker in order, and come first, so that their long chain of scheduler waits overlaps
-    the rest of the suite on the other worker."""
+    """Under `make test` (pytest-xdist, two workers) the tests that use the local Slurm cluster share it: they
+    form one group, run by one worker in order. tests/slurm comes first, so that the group's long chain of
+    scheduler waits overlaps the rest of the suite on the other worker; its tests that need no cluster (the
+    LocalExecutor, the rendezvous) stay out of the group and run on either worker."""
     slurm = [item for item in items if Path(item.path).resolve().is_relative_to(SLURM_TESTS)]
     for item in slurm:
-        item.add_marker(pytest.mark.xdist_group("slurm"))
+        if "cluster_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
     others = [item for item in items if item not in slurm]
     items[:] = slurm + others
