@@ -24,13 +24,13 @@ import fcntl
 import json
 import os
 import socket
-import stat
 import sys
 import time
 from pathlib import Path
 from typing import Iterator
 
 from rrtrain.core.errors import UsageError
+from rrtrain.core.untrusted import NotRegular, open_lock_file
 from rrtrain.rundir import fields
 
 SWEEP_LOCK = ".sweep.lock"
@@ -45,15 +45,13 @@ POLL_S = 0.2
 def _open(path: Path) -> int:
     """The lock file opened for writing, never through a symlink, and only when it is a regular file."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+        return open_lock_file(path)
+    except NotRegular:
+        raise UsageError(f"{path} is not a regular file: move it away (rrtrain makes this lock file itself)") from None
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise UsageError(f"{path} is a symbolic link: move it away (rrtrain makes this lock file itself)") from None
         raise UsageError(f"cannot open the lock {path}: {err.strerror or type(err).__name__}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UsageError(f"{path} is not a regular file: move it away (rrtrain makes this lock file itself)")
-    return fd
 
 
 def _try(fd: int) -> bool:

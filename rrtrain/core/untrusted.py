@@ -32,6 +32,17 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
         raise
 
 
+def open_lock_file(path: str | os.PathLike[str], mode: int = 0o644) -> int:
+    """A lock file's descriptor, opened read-write and created when missing, never through a symbolic link
+    (OSError ELOOP: a planted link would make the opener create a file elsewhere) and only when it is a regular
+    file (NotRegular: a FIFO would block the opener). flock(2) works on it as on any descriptor."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), mode)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegular(0, "not a regular file", os.fspath(path))
+    return fd
+
+
 def read_bytes(path: str | os.PathLike[str], limit: int = MAX_BYTES) -> bytes:
     """The whole of a regular file of at most `limit` bytes; OSError (NotRegular, FileNotFoundError, or a
     too-large file, errno EFBIG) otherwise."""

@@ -17,11 +17,11 @@ trainings at once (a sweep's parallel runs, a job array, a test suite):
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
 import re
-import atexit
 import tempfile
 import threading
 import time
@@ -29,7 +29,9 @@ from typing import IO, Iterator, Optional
 
 import torch
 
+from rrtrain.core.errors import UsageError
 from rrtrain.core.lazy_import import streaming_module
+from rrtrain.core.untrusted import open_lock_file
 
 #: one process per machine at a time makes or probes streaming's shared-memory names (see `shm_guard`)
 SHM_LOCK = "/dev/shm/rrtrain-streaming.lock" if os.path.isdir("/dev/shm") else os.path.join(tempfile.gettempdir(),
@@ -41,7 +43,17 @@ EXIT_LOCK_WAIT_S = 10.0
 
 _shm_lock = threading.Lock()
 _shm_cleaned = False
-_exit_lock: "Optional[IO[str]]" = None
+_exit_lock: Optional[IO[bytes]] = None
+
+
+def _open_machine_lock() -> IO[bytes]:
+    """SHM_LOCK, in a directory every user writes to: a FIFO or a link planted there is refused in one line (the
+    first would hang every rrtrain start on the machine, the second make it create a file elsewhere)."""
+    try:
+        return os.fdopen(open_lock_file(SHM_LOCK, 0o666), "r+b")
+    except OSError as err:
+        raise UsageError(f"{SHM_LOCK} cannot be the machine's streaming lock ({err.strerror or err}): remove it "
+                         "(rrtrain makes it)") from None
 
 
 @contextlib.contextmanager
@@ -54,7 +66,7 @@ def shm_guard(local_rank: int = 0) -> Iterator[None]:
     streaming's own barriers require already)."""
     leader = int(os.environ.get("LOCAL_RANK", local_rank)) == 0
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    handle = open(SHM_LOCK, "a") if leader else None
+    handle = _open_machine_lock() if leader else None
     try:
         if handle is not None:
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -75,9 +87,9 @@ def _lock_before_streaming_exits() -> None:
     if _exit_lock is not None:
         return
     try:
-        handle = open(SHM_LOCK, "a")
-    except OSError:
-        return
+        handle = _open_machine_lock()
+    except UsageError:
+        return  # streaming unlinks unguarded, as before this lock existed
     deadline = time.monotonic() + EXIT_LOCK_WAIT_S
     while True:
         try:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
+
 from trainutil import PY, REPO, env
 
 OPEN_BOTH = """
@@ -101,3 +103,19 @@ def test_a_run_unlinks_its_names_at_exit_only_under_the_lock(stories_data, tmp_p
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_planted_machine_lock_is_refused_in_one_line(tmp_path, monkeypatch, kind):
+    """The machine's lock lives in /dev/shm, which every user writes to: a FIFO there would hang every start,
+    a link would make rrtrain create a file where it points."""
+    import rrtrain.data.shm as shm
+    from rrtrain.core.errors import UsageError
+
+    lock = tmp_path / "rrtrain-streaming.lock"
+    os.mkfifo(lock) if kind == "fifo" else lock.symlink_to(tmp_path / "elsewhere")
+    monkeypatch.setattr(shm, "SHM_LOCK", str(lock))
+    with pytest.raises(UsageError, match="cannot be the machine's streaming lock") as err:
+        with shm.shm_guard():
+            pytest.fail("the guard was entered")
+    assert "\n" not in str(err.value) and not (tmp_path / "elsewhere").exists()
