@@ -219,19 +219,13 @@ def _open_guard(path: Path) -> Any:
     """The take-over guard file, opened never through a link and only when it is a regular file (a FIFO would
     block the opener); UsageError otherwise, naming it."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    except OSError as err:
+        return os.fdopen(untrusted.open_lock_file(path), "r+b")
+    except OSError as err:  # a link (ELOOP) or not a regular file (NotRegular)
         odd = _not_a_lock_file(path)
         if odd is None:
             raise
         raise UsageError(f"{path} is {odd}, not the guard file rrtrain makes: move it out of the run directory "
                          "and start the run again (it is left as it is)") from err
-    odd = None if stat.S_ISREG(os.fstat(fd).st_mode) else own_files.kind(os.fstat(fd).st_mode)
-    if odd:
-        os.close(fd)
-        raise UsageError(f"{path} is {odd}, not the guard file rrtrain makes: move it out of the run directory "
-                         "and start the run again (it is left as it is)")
-    return os.fdopen(fd, "r+b")
 
 
 def _unreadable_since(path: Path) -> Optional[tuple[int, int, int, float]]:
