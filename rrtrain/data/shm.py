@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import fcntl
 import os
+import random
 import re
 import tempfile
 import threading
@@ -61,23 +62,62 @@ def shm_guard(local_rank: int = 0) -> Iterator[None]:
     """Serialise, per machine, what creates or probes streaming's shared-memory names.
 
     `StreamingDataset` registers the first free prefix: two runs starting together on one machine collide
-    there. The local leader holds a file lock in /dev/shm; the other local ranks of its run wait at a barrier
-    until it has it, so their look-ups run under it too. Every rank of a run must enter together (as
-    streaming's own barriers require already)."""
+    there. Each machine's local leader holds a file lock in /dev/shm for the whole look-up, which streaming
+    spreads over barriers of every rank of the run; the other local ranks wait until every leader has its
+    lock, so their look-ups run under it too. Every rank of a run must enter together (as streaming's own
+    barriers require already)."""
     leader = int(os.environ.get("LOCAL_RANK", local_rank)) == 0
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     handle = _open_machine_lock() if leader else None
     try:
-        if handle is not None:
-            fcntl.flock(handle, fcntl.LOCK_EX)
         if distributed:
-            torch.distributed.barrier()
+            _lock_on_every_machine(handle)
+        elif handle is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
         yield
         if distributed:
             torch.distributed.barrier()
     finally:
         if handle is not None:
             handle.close()  # releases the lock
+
+
+#: the longest pause between two rounds of `_lock_on_every_machine` (seconds; each pause is random up to it)
+LOCK_RETRY_MAX_S = 0.5
+
+
+def _lock_on_every_machine(handle: Optional[IO[bytes]]) -> None:
+    """Return once every machine's leader of this run holds its machine's lock (`handle`: this rank's, None
+    on a rank that is no leader). A leader must not block on its lock while it holds another: the holder of
+    this machine's lock may be a run that spans a second machine too, waiting at its own barrier for its
+    leader there, who waits for the lock this run holds on that machine (two multi-node jobs sharing nodes
+    hung that way for good). So each round every leader only tries its lock, the run agrees on whether all
+    got theirs (one all-reduce, which also makes the other ranks wait), and if one did not, the leaders let go
+    and try again after a random pause: whichever run finds every lock free first goes on."""
+    rng = random.Random()  # not the training's generators: a pause must differ between runs and between tries
+    while True:
+        held = handle is None
+        if handle is not None:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+            except BlockingIOError:
+                pass
+        if _everyone(held):
+            return
+        if held and handle is not None:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        time.sleep(rng.uniform(0.02, LOCK_RETRY_MAX_S))
+
+
+def _everyone(value: bool) -> bool:
+    """Whether `value` is true on every rank (a collective of the default group, on its backend's device)."""
+    backend = str(torch.distributed.get_backend())
+    on_gpu = "gloo" not in backend and torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    flag = torch.tensor([int(value)], dtype=torch.int32, device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def _lock_before_streaming_exits() -> None:

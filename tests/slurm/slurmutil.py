@@ -4,10 +4,13 @@ MinJobAge (300 s) after they end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("RRTRAIN_SLURM_DIR", "/var/tmp/rrtrain-slurm"))  # start.sh's state directory
@@ -161,3 +164,52 @@ def node_processes(ns: str, needle: str) -> list[int]:
 def set_time_limit(job: str, minutes: int) -> None:
     subprocess.run(["scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}"], check=True,
                    capture_output=True, timeout=30)
+
+
+@contextlib.contextmanager
+def held(pids: list[int]) -> Iterator[None]:
+    """The processes stopped (SIGSTOP) for the block and let go (SIGCONT) after it, also when it fails. A test
+    that holds a trainer while a scheduler's warning is on its way decides the step the warning acts on,
+    whatever the machine's speed: the run need not be long enough to outlast the scheduler's timer."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.time() + 10
+        while not all(_state(pid) in ("T", None) for pid in pids):
+            assert time.time() < deadline, f"{pids} did not stop"
+            time.sleep(0.01)
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def _status(pid: int) -> dict[str, str] | None:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return None
+    return dict((k, v.strip()) for k, _, v in (line.partition(":") for line in text.splitlines()))
+
+
+def _state(pid: int) -> str | None:
+    status = _status(pid)
+    return status["State"][:1] if status else None
+
+
+def signalled(pid: int, sig: int) -> bool:
+    """Whether `sig` reached a process `held` stopped: pending while it stays stopped (submitit's
+    LocalExecutor), or handled already: Slurm continues a stopped task after signalling it, so a held task that
+    runs again, or has ended, has had it."""
+    status = _status(pid)
+    if status is None or status["State"][:1] != "T":
+        return True
+    return any(int(status[key], 16) >> (sig - 1) & 1 for key in ("ShdPnd", "SigPnd"))
+
+
+def wait_signalled(pids: list[int], sig: int, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while not all(signalled(pid, sig) for pid in pids):
+        assert time.time() < deadline, f"no {signal.Signals(sig).name} reached {pids} within {timeout} s"
+        time.sleep(0.2)

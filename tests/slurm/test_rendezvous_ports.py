@@ -35,7 +35,10 @@ def test_two_jobs_sharing_a_head_node_each_get_their_port(slurm_cluster, tmp_pat
             if any(s not in ("PENDING", "CONFIGURING", "RUNNING") for s in states):
                 break
             time.sleep(0.5)
-        done = {name: wait_done(job, timeout=300)[job] for name, job in jobs.items()}
+        try:
+            done = {name: wait_done(job, timeout=300)[job] for name, job in jobs.items()}
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{read_logs(tmp_path, jobs)}") from None
     finally:
         cancel(*jobs.values())
     logs = {name: (tmp_path / f"{name}.log").read_text() for name in jobs}
@@ -46,3 +49,11 @@ def test_two_jobs_sharing_a_head_node_each_get_their_port(slurm_cluster, tmp_pat
     for name in jobs:
         assert f"rendezvous rrnode1:{ports[name]}" in logs[name], logs[name][:2000]
         assert final(tmp_path / name)["status"] == "completed"
+
+
+def read_logs(tmp_path, jobs) -> str:
+    parts = []
+    for name, job in jobs.items():
+        path = tmp_path / f"{name}.log"
+        parts.append(f"--- job {job} ({name}.log)\n" + (path.read_text()[-4000:] if path.exists() else "(none)"))
+    return "\n".join(parts)
