@@ -230,12 +230,12 @@ class Trainer:
         """Train to an ending with `callbacks` (composed by `rrtrain.train`), highest priority first."""
         self.setup()
         resumed = self.resume()
-        self.log = MetricsLogger(self.run_dir, self.info.is_main, resume_step=resumed)
-        self.loop = LoopView(self, self.facts())
         self.callbacks = sorted(callbacks, key=lambda c: -c.priority)
         self.load_callback_states(self.resumed_callbacks)
-        if self.info.is_main:
+        if self.info.is_main:  # before metrics.jsonl exists: whoever finds the run (the dashboard) can tell what it is
             atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+        self.log = MetricsLogger(self.run_dir, self.info.is_main, resume_step=resumed)
+        self.loop = LoopView(self, self.facts())
         batches = iter(self.loader)
         self.status, self.resumed_at = "completed", resumed
         try:

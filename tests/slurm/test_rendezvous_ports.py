@@ -1,6 +1,9 @@
 """A rendezvous port per job: two 2-node jobs of slurm/multinode.sbatch on the same two nodes (so with the same
 head node) run at the same time and both finish. With the old fixed port (29500) the second job's rendezvous
-would meet the first job's store. One rank per node, a few steps: the point is the rendezvous."""
+would meet the first job's store. One rank per node, a few steps: the point is the rendezvous. Both jobs also
+take both nodes' streaming locks at the same moment: when each node's lock was taken blocking and held across
+the job's barriers, the two jobs could each hold one and wait for the other for good (now
+tests/distributed/test_shm_guard_machines.py)."""
 
 from __future__ import annotations
 
