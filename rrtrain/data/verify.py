@@ -129,10 +129,10 @@ def verify_shard(split_dir: str, split: str, shard: dict[str, Any], manifest: di
     if zip_entry and not os.path.exists(raw_path):
         zpath = os.path.join(split_dir, zip_entry["basename"])
         _check_file(zpath, f"{split}/{zip_entry['basename']}", zip_entry)
-        from streaming.base.compression import decompress
+        from rrtrain.core.lazy_import import streaming_module  # not `import streaming`: that pulls in transformers
 
         with open(zpath, "rb") as f:
-            data = decompress(shard["compression"], f.read())
+            data = streaming_module("streaming.base.compression").decompress(shard["compression"], f.read())
         picked = _pick_hash(raw_entry.get("hashes") or {})
         if picked and _digest_bytes(data, picked[0]) != picked[1]:
             raise UsageError(f"shard {label} is corrupted: decompressed bytes do not match its index's {picked[0]}")

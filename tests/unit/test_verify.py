@@ -84,3 +84,20 @@ def test_unwritable_reason(tmp_path: Path):
     (tmp_path / "file").write_text("x")
     assert unwritable_reason(tmp_path / "file") == "a file is in the way (it is not a directory)"
     assert unwritable_reason(tmp_path / "file" / "run").startswith("Not a directory")
+
+
+def test_compressed_shards_are_checked_without_importing_transformers(tmp_path):
+    """A training rank checks zstd shards through streaming's decompressor; `import streaming` in full would
+    pull in transformers and torchvision (seconds and ~1 GB per rank), which reading shards never needs."""
+    import subprocess
+    import sys
+
+    from trainutil import REPO, env, prep_stories
+
+    data = prep_stories(tmp_path / "zstd", num_docs=40, compression="zstd")
+    code = ("import sys\nfrom rrtrain.data.loader import read_manifest\nfrom rrtrain.data.verify import verify_run_data\n"
+            f"verify_run_data({str(data)!r}, read_manifest({str(data)!r}), 0)\n"
+            "print(sorted(m for m in ('transformers', 'torchvision') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
