@@ -12,7 +12,9 @@ trainings at once (a sweep's parallel runs, a job array, a test suite):
   is gone (`live_prefixes`), above gaps too, and nothing else;
 - a run that exits unlinks its names while another run looks for a free prefix, and that run's ranks find
   different ones ("prefix=N was not registered by local leader"): `unlink_at_exit_under_lock` makes the exit
-  take the same lock.
+  take the same lock;
+- multiprocessing's resource tracker outlives a process killed alone and unlinks that process's names without
+  the lock and in no order: `untrack_streaming_names` keeps it away from streaming's names.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import functools
 import os
 import random
 import re
 import tempfile
 import threading
 import time
-from typing import IO, Iterator, Optional
+from typing import IO, Callable, Iterator, Optional
 
 import torch
 
@@ -38,13 +41,47 @@ from rrtrain.core.untrusted import open_lock_file
 SHM_LOCK = "/dev/shm/rrtrain-streaming.lock" if os.path.isdir("/dev/shm") else os.path.join(tempfile.gettempdir(),
                                                                                           "rrtrain-streaming.lock")
 
-#: seconds an exiting process waits for the lock before streaming unlinks its names anyway (a wedged holder
-#: must not stop an exit)
+#: seconds an exiting process waits for the lock; past them it leaves its names to the next run's
+#: `unlink_stale` (a wedged holder must not stop an exit, and unlinking unguarded races other runs' look-ups)
 EXIT_LOCK_WAIT_S = 10.0
 
 _shm_lock = threading.Lock()
 _shm_cleaned = False
+_untracked = False
 _exit_lock: Optional[IO[bytes]] = None
+
+
+@functools.lru_cache(maxsize=None)
+def streaming_names() -> re.Pattern[str]:
+    """What streaming's shared-memory names look like: `NNNNNN_<kind>`, one kind per segment it makes."""
+    constant = streaming_module("streaming.base.constant")
+    return re.compile(r"\d{6}_(" + "|".join(map(re.escape, constant.SHM_TO_CLEAN)) + ")")
+
+
+def untrack_streaming_names() -> None:
+    """Keep multiprocessing's resource tracker away from streaming's names in this process (once).
+
+    The tracker is a process of its own: when its parent is killed alone (a `kill -9` of the trainer, a kill
+    that reaches the tracker last), it unlinks every name the parent made, without the machine's lock and in no
+    order. A prefix can so lose its `_locals` and keep its `_barrier`; streaming takes the highest of its
+    searches per kind for a free prefix, and that lands on a live run's (`FileExistsError: '/000102_locals'`).
+    Untracked, a killed run's names stay whole until the next run's `unlink_stale` takes them under the lock;
+    a run that ends still unlinks its own (streaming's exit handlers)."""
+    global _untracked
+    with _shm_lock:
+        if _untracked:
+            return
+        from multiprocessing import resource_tracker
+
+        def skipping_streaming(call: Callable[[str, str], None]) -> Callable[[str, str], None]:
+            def tracked(name: str, rtype: str) -> None:
+                if not (rtype == "shared_memory" and streaming_names().fullmatch(name.lstrip("/"))):
+                    call(name, rtype)
+            return tracked
+
+        resource_tracker.register = skipping_streaming(resource_tracker.register)
+        resource_tracker.unregister = skipping_streaming(resource_tracker.unregister)
+        _untracked = True
 
 
 def _open_machine_lock() -> IO[bytes]:
@@ -68,6 +105,7 @@ def shm_guard(local_rank: int = 0) -> Iterator[None]:
     barriers require already)."""
     leader = int(os.environ.get("LOCAL_RANK", local_rank)) == 0
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    untrack_streaming_names()
     handle = _open_machine_lock() if leader else None
     try:
         if distributed:
@@ -95,6 +133,7 @@ def _lock_on_every_machine(handle: Optional[IO[bytes]]) -> None:
     got theirs (one all-reduce, which also makes the other ranks wait), and if one did not, the leaders let go
     and try again after a random pause: whichever run finds every lock free first goes on."""
     rng = random.Random()  # not the training's generators: a pause must differ between runs and between tries
+    torch.distributed.barrier()  # no leader holds its lock while it waits for a rank still on its way
     while True:
         held = handle is None
         if handle is not None:
@@ -122,14 +161,16 @@ def _everyone(value: bool) -> bool:
 
 def _lock_before_streaming_exits() -> None:
     """atexit: take the machine's lock before streaming's exit handlers unlink this process's names, and keep
-    it until the process is gone (the kernel drops it)."""
+    it until they are done. Without the lock within EXIT_LOCK_WAIT_S (or without a usable lock file), leave the
+    names: a dead run's names are the next run's `unlink_stale`'s to take, whole and under the lock."""
     global _exit_lock
     if _exit_lock is not None:
         return
     try:
         handle = _open_machine_lock()
     except UsageError:
-        return  # streaming unlinks unguarded, as before this lock existed
+        _keep_streaming_names()
+        return
     deadline = time.monotonic() + EXIT_LOCK_WAIT_S
     while True:
         try:
@@ -137,9 +178,23 @@ def _lock_before_streaming_exits() -> None:
             break
         except BlockingIOError:
             if time.monotonic() >= deadline:
+                _keep_streaming_names()
                 break
             time.sleep(0.02)
     _exit_lock = handle
+
+
+def _keep_streaming_names() -> None:
+    """From now on this process unlinks no streaming name (it is exiting; streaming's handlers come next)."""
+    from multiprocessing import shared_memory
+
+    unlink = shared_memory._posixshmem.shm_unlink  # type: ignore[attr-defined]
+
+    def unlink_others(name: str) -> None:
+        if not streaming_names().fullmatch(name.lstrip("/")):
+            unlink(name)
+
+    shared_memory._posixshmem.shm_unlink = unlink_others  # type: ignore[attr-defined]
 
 
 def _release_after_streaming_exits() -> None:
@@ -188,15 +243,19 @@ def in_use(shm_dir: str = "/dev/shm", proc: str = "/proc") -> set[str]:
 def live_prefixes(names: list[str], used: set[str]) -> set[str]:
     """The streaming prefixes of `names` whose run is alive.
 
-    A prefix lives while a process maps one of its segments other than `_locals` (every reader maps every
-    `_locals`), or its `_locals` when that is all it has. Streaming's search for a free prefix also opens every
-    segment below the first free one and keeps it mapped until exit: a dead run's names that another live run
-    looked past stay "alive" until that run exits. They are only skipped meanwhile, never taken."""
+    A prefix lives while it has its `_locals` and a process maps one of its segments other than `_locals`
+    (every reader maps every `_locals`), or its `_locals` when that is all it has. Streaming's search for a free
+    prefix also opens every segment below the first free one and keeps it mapped until exit: a dead run's names
+    that another live run looked past stay "alive" until that run exits. They are only skipped meanwhile, never
+    taken. A prefix without `_locals` is dead however mapped: a run makes it first and unlinks it last, both
+    under the lock this clean-up runs under; one left so would make streaming's search end on a live prefix."""
     by_prefix: dict[str, list[str]] = {}
     for name in names:
         by_prefix.setdefault(name[:6], []).append(name)
     live = set()
     for prefix, own in by_prefix.items():
+        if f"{prefix}_locals" not in own:
+            continue
         others = [n for n in own if not n.endswith("_locals")]
         if any(n in used for n in (others or own)):
             live.add(prefix)
@@ -208,10 +267,8 @@ def unlink_stale(shm_dir: str = "/dev/shm", proc: str = "/proc") -> int:
 
     Call it where a dataset is opened: on the local leader, under `shm_guard` (no other rrtrain process takes
     a name meanwhile)."""
-    constant = streaming_module("streaming.base.constant")
-    pattern = re.compile(r"\d{6}_(" + "|".join(map(re.escape, constant.SHM_TO_CLEAN)) + ")")
     try:
-        names = [n for n in os.listdir(shm_dir) if pattern.fullmatch(n)]
+        names = [n for n in os.listdir(shm_dir) if streaming_names().fullmatch(n)]
     except OSError:
         return 0
     live = live_prefixes(names, in_use(shm_dir, proc)) if names else set()

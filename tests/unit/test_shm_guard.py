@@ -69,6 +69,114 @@ def test_a_live_runs_segments_are_kept(tmp_path):
 
 
 
+
+def test_a_prefix_without_its_locals_is_dead_however_mapped(tmp_path):
+    """A run makes its `_locals` first and unlinks it last: a prefix without one is half of a dead run. Kept
+    because some live process still maps it, it made streaming's search for a free prefix end on a live run's
+    prefix (`FileExistsError: '/000102_locals'`)."""
+    import mmap
+
+    from rrtrain.data.shm import unlink_stale
+
+    mapped = []
+    for name in ("000051_barrier", "000051_shard_states", "000052_locals", "000052_barrier"):
+        with open(tmp_path / name, "w+b") as f:
+            f.write(b"x" * 64)
+            f.flush()
+            mapped.append(mmap.mmap(f.fileno(), 64))
+    try:
+        assert unlink_stale(str(tmp_path)) == 2
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["000052_barrier", "000052_locals"]
+    finally:
+        for m in mapped:
+            m.close()
+
+
+HALF_A_RUN = """
+import mmap, os, sys
+import rrtrain.data.shm as shm
+import rrtrain.data.loader as D
+from rrtrain.core.lazy_import import streaming_module
+
+prefix = streaming_module("streaming.base.shared.prefix")
+constant = streaming_module("streaming.base.constant")
+real, planted = shm.unlink_stale, []
+
+def plant(name, data):
+    with open(f"/dev/shm/{name}", "w+b") as fh:
+        fh.write(data)
+        fh.flush()
+        planted.append((name, mmap.mmap(fh.fileno(), len(data))))  # mapped by a live process: this one
+
+def planting_unlink_stale(*args, **kwargs):
+    # under the machine's lock, which shm_guard holds: no other run probes or registers until the dataset is open
+    free = max(prefix._check_and_find([sys.argv[1]], [None], name) for name in constant.SHM_TO_CLEAN)
+    plant(f"{free:06d}_{constant.BARRIER}", bytes(64))  # a dead run's half: its _locals went first
+    plant(f"{free + 1:06d}_{constant.LOCALS}", prefix._pack_locals(["/nowhere"], free + 1))  # a live run's start
+    return real(*args, **kwargs)
+
+shm.unlink_stale = planting_unlink_stale
+try:
+    D.TrainLoader(sys.argv[1], micro_batch=2, global_batch=2, rank=0, world_size=1, local_rank=0, seed=0,
+                  cache_dir=sys.argv[2])
+finally:
+    for name, mapping in planted:
+        mapping.close()
+        if name.endswith("_locals"):
+            os.unlink(f"/dev/shm/{name}")  # the dead half is gone already, or the next clean-up's
+print("opened")
+"""
+
+
+def test_a_dead_runs_half_does_not_send_the_search_onto_a_live_prefix(stories_data, tmp_path):
+    """Streaming takes the highest of its searches for a free prefix, one search per kind of name. A dead
+    run's `_barrier` without its `_locals` (a resource tracker unlinking a killed process's names in no order)
+    sends the `_barrier` search past it, onto a prefix whose `_locals` a live run has just made."""
+    tmpdir = tmp_path / "tmp"  # streaming skips prefixes with a lock file in $TMPDIR: none here
+    tmpdir.mkdir()
+    proc = subprocess.run([PY, "-c", HALF_A_RUN, str(stories_data), str(tmp_path / "cache")], cwd=REPO,
+                          env={**env(), "TMPDIR": str(tmpdir)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "opened" in proc.stdout, proc.stderr[-3000:]
+
+
+KILLED_ALONE = """
+import sys, rrtrain.data.loader as D
+D.eval_batches(sys.argv[1], micro_batch=2, n_batches=1, rank=0, world_size=1, cache_dir=sys.argv[2])
+print(*{f"{split.ds._shm_prefix_int:06d}" for split in D._SPLITS.values()}, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_run_killed_alone_leaves_its_names_whole_for_the_next_clean_up(stories_data, tmp_path):
+    """multiprocessing's resource tracker outlives a process killed alone and unlinks the names it made, in no
+    order and without the machine's lock, while other runs may be looking for a free prefix. rrtrain keeps
+    the tracker away from streaming's names: they stay whole until the next run's clean-up, under the lock."""
+    import fcntl
+
+    import psutil
+
+    from rrtrain.data.shm import SHM_LOCK, unlink_stale
+
+    proc = subprocess.Popen([PY, "-c", KILLED_ALONE, str(stories_data), str(tmp_path / "cache")], cwd=REPO,
+                            env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        prefixes = proc.stdout.readline().split()
+        assert prefixes, proc.stderr.read()
+        with open(SHM_LOCK, "a") as lock:  # no other run's clean-up takes the dead names before we look
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            names = {n for n in os.listdir("/dev/shm") if n[:6] in prefixes}
+            assert {f"{p}_locals" for p in prefixes} <= names
+            children = psutil.Process(proc.pid).children(recursive=True)  # a tracker, where one was started
+            proc.kill()
+            proc.wait()
+            psutil.wait_procs(children, timeout=30)
+            assert names <= set(os.listdir("/dev/shm"))
+            unlink_stale()  # what the next run does first (a dead name another run looked past stays a while)
+    finally:
+        proc.kill()
+        proc.wait()
+
 OPEN_THEN_EXIT = """
 import sys, rrtrain.data.loader as D
 D.eval_batches(sys.argv[1], micro_batch=2, n_batches=1, rank=0, world_size=1, cache_dir=sys.argv[2])
@@ -104,6 +212,32 @@ def test_a_run_unlinks_its_names_at_exit_only_under_the_lock(stories_data, tmp_p
         proc.kill()
         proc.wait()
 
+
+
+def test_an_exit_without_the_lock_leaves_its_names_to_the_next_clean_up(stories_data, tmp_path):
+    """An exit that cannot get the lock (a wedged holder) must still end, and must not unlink while another
+    run may be looking for a free prefix: it leaves its names, which the next run's clean-up takes whole."""
+    import fcntl
+
+    from rrtrain.data.shm import SHM_LOCK, unlink_stale
+
+    impatient = "import rrtrain.data.shm as S\nS.EXIT_LOCK_WAIT_S = 0.5\n" + OPEN_THEN_EXIT
+    proc = subprocess.Popen([PY, "-c", impatient, str(stories_data), str(tmp_path / "cache")], cwd=REPO,
+                            env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        prefixes = proc.stdout.readline().split()
+        assert prefixes, proc.stderr.read()
+        with open(SHM_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            names = {n for n in os.listdir("/dev/shm") if n[:6] in prefixes}
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.wait(timeout=60) == 0, proc.stderr.read()
+            assert names <= set(os.listdir("/dev/shm"))
+            unlink_stale()  # what the next run does first (a dead name another run looked past stays a while)
+    finally:
+        proc.kill()
+        proc.wait()
 
 @pytest.mark.parametrize("kind", ["fifo", "symlink"])
 def test_a_planted_machine_lock_is_refused_in_one_line(tmp_path, monkeypatch, kind):
