@@ -31,9 +31,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     form one group, run by one worker in order. tests/slurm comes first, so that the group's long chain of
     scheduler waits overlaps the rest of the suite on the other worker; its tests that need no cluster (the
     LocalExecutor, the rendezvous) stay out of the group. Every other test goes with the rest of its file: a
-    module's fixtures (a sweep trained for the dashboard, an HSDP run) are then built once, not once per worker."""
+    module's fixtures (a sweep trained for the dashboard, an HSDP run) are then built once, not once per worker,
+    and a file with a test on the cluster goes to the group whole."""
     in_slurm = {item.nodeid: Path(item.path).resolve().is_relative_to(SLURM_TESTS) for item in items}
-    for item in items:
-        on_cluster = in_slurm[item.nodeid] and "cluster_session" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group("slurm" if on_cluster else Path(item.path).stem))
+    on_cluster = {item.path for item in items if "cluster_session" in getattr(item, "fixturenames", ())}
+    for item in items:  # a file with one test on the cluster goes whole: its other tests share its fixtures
+        item.add_marker(pytest.mark.xdist_group("slurm" if item.path in on_cluster else Path(item.path).stem))
     items[:] = [item for item in items if in_slurm[item.nodeid]] + [item for item in items if not in_slurm[item.nodeid]]

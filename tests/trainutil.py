@@ -31,7 +31,8 @@ def prep_stories(out: Path, num_docs: int = 400, seq_len: int = 64, seed: int = 
     cmd = [PY, "-m", "rrtrain", "prep", "--source", "synthetic:stories", "--tokenizer", "byte",
            "--seq-len", str(seq_len), "--num-docs", str(num_docs), "--out", str(out), "--seed", str(seed),
            "--compression", compression]
-    subprocess.run(cmd, check=True, cwd=REPO, env=env(), capture_output=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"rrtrain prep exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     return out
 
 

@@ -218,7 +218,17 @@ def unlink_at_exit_under_lock() -> None:
 
 def in_use(shm_dir: str = "/dev/shm", proc: str = "/proc") -> set[str]:
     """Names in `shm_dir` that a live process maps or holds open, as far as `proc` lets us see (another
-    user's processes may be hidden, but their segments are not ours to unlink either)."""
+    user's processes may be hidden, but their segments are not ours to unlink either).
+
+    Only the same file counts (device and inode): a process in another mount namespace (a container, a node of
+    the local cluster) shows a segment of its own /dev/shm under the same path, which keeps nothing here alive."""
+    files: dict[tuple[int, int], str] = {}
+    for name in os.listdir(shm_dir):
+        try:
+            st = os.stat(os.path.join(shm_dir, name))
+        except OSError:
+            continue
+        files[(st.st_dev, st.st_ino)] = name
     prefix = shm_dir.rstrip("/") + "/"
     names: set[str] = set()
     for pid in os.listdir(proc):
@@ -226,16 +236,22 @@ def in_use(shm_dir: str = "/dev/shm", proc: str = "/proc") -> set[str]:
             continue
         try:
             with open(os.path.join(proc, pid, "maps")) as maps:
-                for line in maps:
-                    at = line.find(prefix)
-                    if at >= 0:  # "... /dev/shm/000000_locals" or "... /dev/shm/000000_locals (deleted)"
-                        names.add(line[at + len(prefix):].split()[0])
+                for line in maps:  # "address perms offset major:minor inode /dev/shm/000000_locals"
+                    fields = line.split(None, 5)
+                    if len(fields) == 6 and fields[5].startswith(prefix):
+                        major, minor = (int(part, 16) for part in fields[3].split(":"))
+                        name = files.get((os.makedev(major, minor), int(fields[4])))
+                        if name is not None:
+                            names.add(name)
             fd_dir = os.path.join(proc, pid, "fd")
             for fd in os.listdir(fd_dir):
-                target = os.readlink(os.path.join(fd_dir, fd))
-                if target.startswith(prefix):
-                    names.add(target[len(prefix):].split()[0])
-        except OSError:
+                link = os.path.join(fd_dir, fd)
+                if os.readlink(link).startswith(prefix):
+                    st = os.stat(link)  # the open file itself
+                    name = files.get((st.st_dev, st.st_ino))
+                    if name is not None:
+                        names.add(name)
+        except (OSError, ValueError):
             continue  # gone meanwhile, or not ours to read
     return names
 

@@ -5,6 +5,7 @@ processes failed with `FileExistsError: '/0001xx_locals'` on this machine."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -91,6 +92,42 @@ def test_a_prefix_without_its_locals_is_dead_however_mapped(tmp_path):
         for m in mapped:
             m.close()
 
+
+MAP_IN_OWN_NAMESPACE = """
+import mmap, os, sys
+kept = []
+for name in sys.argv[2:]:
+    with open(os.path.join(sys.argv[1], name), "w+b") as fh:
+        fh.write(bytes(64))
+        fh.flush()
+        kept.append(mmap.mmap(fh.fileno(), 64))
+print("mapped", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a mount namespace needs root")
+def test_a_same_named_segment_in_another_mount_namespace_keeps_nothing_alive(tmp_path):
+    """A container or a node of the local cluster has a /dev/shm of its own; its processes' maps name their
+    segments by the same paths. A dead run's names here must go even while such a process maps its own."""
+    from rrtrain.data.shm import unlink_stale
+
+    shm_dir = tmp_path / "shm"
+    shm_dir.mkdir()
+    names = ["000077_locals", "000077_barrier"]
+    for name in names:
+        (shm_dir / name).write_bytes(bytes(64))  # a dead run's, mapped by nobody in this namespace
+    script = f'mount -t tmpfs tmpfs {shm_dir} && exec "$0" -c "$1" {shm_dir} {" ".join(names)}'
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, PY,
+                             MAP_IN_OWN_NAMESPACE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "mapped", proc.stderr.read()
+        assert unlink_stale(str(shm_dir)) == 2
+        assert list(shm_dir.iterdir()) == []
+    finally:
+        proc.kill()
+        proc.wait()
 
 HALF_A_RUN = """
 import mmap, os, sys
