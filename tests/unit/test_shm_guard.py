@@ -69,8 +69,6 @@ def test_a_live_runs_segments_are_kept(tmp_path):
             m.close()
 
 
-
-
 def test_a_prefix_without_its_locals_is_dead_however_mapped(tmp_path):
     """A run makes its `_locals` first and unlinks it last: a prefix without one is half of a dead run. Kept
     because some live process still maps it, it made streaming's search for a free prefix end on a live run's
@@ -91,6 +89,7 @@ def test_a_prefix_without_its_locals_is_dead_however_mapped(tmp_path):
     finally:
         for m in mapped:
             m.close()
+
 
 
 MAP_IN_OWN_NAMESPACE = """
@@ -129,6 +128,7 @@ def test_a_same_named_segment_in_another_mount_namespace_keeps_nothing_alive(tmp
         proc.kill()
         proc.wait()
 
+
 HALF_A_RUN = """
 import mmap, os, sys
 import rrtrain.data.shm as shm
@@ -139,11 +139,13 @@ prefix = streaming_module("streaming.base.shared.prefix")
 constant = streaming_module("streaming.base.constant")
 real, planted = shm.unlink_stale, []
 
+
 def plant(name, data):
     with open(f"/dev/shm/{name}", "w+b") as fh:
         fh.write(data)
         fh.flush()
         planted.append((name, mmap.mmap(fh.fileno(), len(data))))  # mapped by a live process: this one
+
 
 def planting_unlink_stale(*args, **kwargs):
     # under the machine's lock, which shm_guard holds: no other run probes or registers until the dataset is open
@@ -176,43 +178,6 @@ def test_a_dead_runs_half_does_not_send_the_search_onto_a_live_prefix(stories_da
     assert proc.returncode == 0 and "opened" in proc.stdout, proc.stderr[-3000:]
 
 
-KILLED_ALONE = """
-import sys, rrtrain.data.loader as D
-D.eval_batches(sys.argv[1], micro_batch=2, n_batches=1, rank=0, world_size=1, cache_dir=sys.argv[2])
-print(*{f"{split.ds._shm_prefix_int:06d}" for split in D._SPLITS.values()}, flush=True)
-sys.stdin.readline()
-"""
-
-
-def test_a_run_killed_alone_leaves_its_names_whole_for_the_next_clean_up(stories_data, tmp_path):
-    """multiprocessing's resource tracker outlives a process killed alone and unlinks the names it made, in no
-    order and without the machine's lock, while other runs may be looking for a free prefix. rrtrain keeps
-    the tracker away from streaming's names: they stay whole until the next run's clean-up, under the lock."""
-    import fcntl
-
-    import psutil
-
-    from rrtrain.data.shm import SHM_LOCK, unlink_stale
-
-    proc = subprocess.Popen([PY, "-c", KILLED_ALONE, str(stories_data), str(tmp_path / "cache")], cwd=REPO,
-                            env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        prefixes = proc.stdout.readline().split()
-        assert prefixes, proc.stderr.read()
-        with open(SHM_LOCK, "a") as lock:  # no other run's clean-up takes the dead names before we look
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            names = {n for n in os.listdir("/dev/shm") if n[:6] in prefixes}
-            assert {f"{p}_locals" for p in prefixes} <= names
-            children = psutil.Process(proc.pid).children(recursive=True)  # a tracker, where one was started
-            proc.kill()
-            proc.wait()
-            psutil.wait_procs(children, timeout=30)
-            assert names <= set(os.listdir("/dev/shm"))
-            unlink_stale()  # what the next run does first (a dead name another run looked past stays a while)
-    finally:
-        proc.kill()
-        proc.wait()
 
 OPEN_THEN_EXIT = """
 import sys, rrtrain.data.loader as D
@@ -250,31 +215,59 @@ def test_a_run_unlinks_its_names_at_exit_only_under_the_lock(stories_data, tmp_p
         proc.wait()
 
 
-
-def test_an_exit_without_the_lock_leaves_its_names_to_the_next_clean_up(stories_data, tmp_path):
-    """An exit that cannot get the lock (a wedged holder) must still end, and must not unlink while another
-    run may be looking for a free prefix: it leaves its names, which the next run's clean-up takes whole."""
+def _names_stay_whole(stories_data, tmp_path, script: str, end) -> None:
+    """Run `script` (OPEN_THEN_EXIT or a variant) until it has opened its datasets, then `end` it while this
+    test holds the machine's lock (no other run's clean-up takes dead names meanwhile): every streaming name
+    it made must still be there. Then clean up as the next run would (a dead name another run looked past
+    stays a while)."""
     import fcntl
 
     from rrtrain.data.shm import SHM_LOCK, unlink_stale
 
-    impatient = "import rrtrain.data.shm as S\nS.EXIT_LOCK_WAIT_S = 0.5\n" + OPEN_THEN_EXIT
-    proc = subprocess.Popen([PY, "-c", impatient, str(stories_data), str(tmp_path / "cache")], cwd=REPO,
-                            env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([PY, "-c", script, str(stories_data), str(tmp_path / "cache")], cwd=REPO, env=env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         prefixes = proc.stdout.readline().split()
         assert prefixes, proc.stderr.read()
         with open(SHM_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             names = {n for n in os.listdir("/dev/shm") if n[:6] in prefixes}
-            proc.stdin.write("\n")
-            proc.stdin.flush()
-            assert proc.wait(timeout=60) == 0, proc.stderr.read()
+            assert {f"{p}_locals" for p in prefixes} <= names
+            end(proc)
             assert names <= set(os.listdir("/dev/shm"))
-            unlink_stale()  # what the next run does first (a dead name another run looked past stays a while)
+            unlink_stale()
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_run_killed_alone_leaves_its_names_whole_for_the_next_clean_up(stories_data, tmp_path):
+    """multiprocessing's resource tracker outlives a process killed alone and unlinks the names it made, in no
+    order and without the machine's lock, while other runs may be looking for a free prefix. rrtrain keeps
+    the tracker away from streaming's names: they stay whole until the next run's clean-up, under the lock."""
+    import psutil
+
+    def kill_alone(proc: subprocess.Popen) -> None:
+        children = psutil.Process(proc.pid).children(recursive=True)  # a tracker, where one was started
+        proc.kill()
+        proc.wait()
+        psutil.wait_procs(children, timeout=30)
+
+    _names_stay_whole(stories_data, tmp_path, OPEN_THEN_EXIT, kill_alone)
+
+
+def test_an_exit_without_the_lock_leaves_its_names_to_the_next_clean_up(stories_data, tmp_path):
+    """An exit that cannot get the lock (a wedged holder) must still end, and must not unlink while another
+    run may be looking for a free prefix: it leaves its names, which the next run's clean-up takes whole."""
+
+    def exit_impatiently(proc: subprocess.Popen) -> None:
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+
+    impatient = "import rrtrain.data.shm as S\nS.EXIT_LOCK_WAIT_S = 0.5\n" + OPEN_THEN_EXIT
+    _names_stay_whole(stories_data, tmp_path, impatient, exit_impatiently)
+
 
 @pytest.mark.parametrize("kind", ["fifo", "symlink"])
 def test_a_planted_machine_lock_is_refused_in_one_line(tmp_path, monkeypatch, kind):
