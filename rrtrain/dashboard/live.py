@@ -24,14 +24,14 @@ costs four stats a refresh; nothing here waits on a run being written.
 
 from __future__ import annotations
 
-import io
 import re
 import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from rrtrain.rundir import fields, layout as rundir_layout, readers
+from rrtrain.rundir import events, fields, layout as rundir_layout, readers
+from rrtrain.rundir.events import EventFile
 from rrtrain.rundir.outcome import CANCELLED, PRUNED, cancelled_status
 from rrtrain.rundir.tail import FileKey, MetricsTail, file_key
 
@@ -73,50 +73,12 @@ def show_first(experiment: Any, names: tuple[str, ...]) -> None:
     value.metadata.plugin_data.content = data.SerializeToString()
 
 
-class EventFile:
-    """One event file, only ever appended to: each `append` is one write of whole records, so TensorBoard,
-    reading it as it grows, never sees half an event it would keep."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.events = 0  # appended over this object's life (a test counts them)
-        if not path.exists():
-            from tensorboard.compat.proto.event_pb2 import Event
-
-            self._write([Event(wall_time=time.time(), file_version="brain.Event:2")])
-
-    def append(self, events: list[Any]) -> None:
-        if events:
-            self._write(events)
-            self.events += len(events)
-
-    def _write(self, events: list[Any]) -> None:
-        from tensorboard.summary.writer.record_writer import RecordWriter
-
-        buf = io.BytesIO()
-        records = RecordWriter(buf)
-        for event in events:
-            records.write(event.SerializeToString())
-        with open(self.path, "ab") as fh:
-            fh.write(buf.getvalue())
-
-
-def event(summary: Any, step: int) -> Any:
-    from tensorboard.compat.proto.event_pb2 import Event
-
-    return Event(wall_time=time.time(), step=int(step), summary=summary)
-
-
 def scalar(tag: str, value: float, step: int) -> Any:
-    from torch.utils.tensorboard import summary
-
-    return event(summary.scalar(tag, float(value)), step)
+    return events.event(events.scalars({tag: value}), step)
 
 
 def text(tag: str, body: str, step: int) -> Any:
-    from torch.utils.tensorboard import summary
-
-    return event(summary.text(tag, body), step)
+    return events.event(events.text(tag, body), step)
 
 
 def gate_histogram(tag: str, counts: list[float], step: int) -> Optional[Any]:
@@ -130,7 +92,7 @@ def gate_histogram(tag: str, counts: list[float], step: int) -> Optional[Any]:
     n = len(counts)
     centres = [(i + 0.5) / n for i in range(n)]
     used = [x for x, k in zip(centres, counts) if k]
-    return event(summary.histogram_raw(tag, min=used[0], max=used[-1], num=total,
+    return events.event(summary.histogram_raw(tag, min=used[0], max=used[-1], num=total,
                                        sum=sum(k * x for k, x in zip(counts, centres)),
                                        sum_squares=sum(k * x * x for k, x in zip(counts, centres)),
                                        bucket_limits=[(i + 1) / n for i in range(n)],
@@ -177,22 +139,20 @@ class RunFeed:
             return False
         self._link_events()
         new = self.tail.refresh()
-        events: list[Any] = []
+        out: list[Any] = []
         if self.tail.generation != self.generation:
             # metrics.jsonl was replaced (a resume cut it back, a fresh start): it is read again from its start,
             # so TensorBoard is told to drop what this file said (a restart marker at step 0), as a resumed
             # SummaryWriter does with its purge step
-            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
-
-            events.append(Event(wall_time=time.time(), step=0, session_log=SessionLog(status=SessionLog.START)))
+            out.append(events.restart(0))
             self.generation, self.step, self.loss = self.tail.generation, 0, None
             self.shown, self.flags = set(), {}
         for rec in new:
-            events.extend(self._from_record(rec))
+            out.extend(self._from_record(rec))
         final = readers.read_final(self.run)
         cancelled = readers.read_cancelled(self.run)
-        events.extend(self._outcome_flags(final, cancelled))
-        self.file.append(events)
+        out.extend(self._outcome_flags(final, cancelled))
+        self.file.append(out)
         self._session(final, cancelled)
         # a torn last line (or a read cut short) is read at the next refresh: look again then
         self.keys = keys if self.tail.key is not None or keys[0] is None else None
@@ -288,9 +248,9 @@ class RunFeed:
         new_dir.mkdir()
         experiment, start, end = hparams(hp, metrics)
         show_first(experiment, IDENTITY)
-        events = [event(s, 0) for s in (experiment, start, end)]
-        events += [scalar(key, value, 0) for key, value in metrics.items()]
-        EventFile(new_dir / f"events.out.tfevents.{int(time.time()):010d}.rrtrain{SUFFIX}").append(events)
+        out = [events.event(s, 0) for s in (experiment, start, end)]
+        out += [scalar(key, value, 0) for key, value in metrics.items()]
+        EventFile(new_dir / f"events.out.tfevents.{int(time.time()):010d}.rrtrain{SUFFIX}").append(out)
         if self.session_dir is not None:
             shutil.rmtree(self.session_dir, ignore_errors=True)
         self.session, self.session_dir = says, new_dir
@@ -325,20 +285,20 @@ class SweepFeed:
     def refresh(self, feeds: list[RunFeed]) -> None:
         from torch.utils.tensorboard import summary
 
-        events = []
+        out = []
         sizes = sorted({f.size for f in feeds})
         if sizes != self.sizes:
             self.step += 1
-            events.append(event(summary.custom_scalars(layout(sizes)), self.step))
+            out.append(events.event(summary.custom_scalars(layout(sizes)), self.step))
             self.sizes = sizes
         table = self.summary() if self.summary is not None else None
         if table is None:
             table = feeds_table(feeds)
         if table != self.table:
             self.step += 1
-            events.append(text("sweep", table, self.step))
+            out.append(text("sweep", table, self.step))
             self.table = table
-        self.file.append(events)
+        self.file.append(out)
 
 
 def feeds_table(feeds: list[RunFeed]) -> str:

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, Iterator, Optional, TextIO
 
 from rrtrain.core import untrusted
 from rrtrain.core.io import atomic_path, atomic_write_text
-from rrtrain.rundir import fields, layout
+from rrtrain.rundir import events, fields, layout
 
 
 #: a metrics line longer than this is not one rrtrain wrote (a diagnostic line of a deep model is a few kB)
@@ -36,9 +36,11 @@ class MetricsLogger:
         else:
             # replaced, not unlinked: a reader (status, the monitor, a test) never finds the file missing
             atomic_write_text(self.path, "")
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.tb = SummaryWriter(str(Path(run_dir) / layout.TENSORBOARD), purge_step=None if resume_step is None else resume_step + 1)
+        tb_dir = Path(run_dir) / layout.TENSORBOARD
+        tb_dir.mkdir(exist_ok=True)
+        self.tb = events.EventFile(tb_dir / events.new_name())
+        if resume_step is not None:
+            self.tb.append([events.restart(resume_step + 1)])
         self.file = open_for_append(self.path)
 
     def _truncate(self, step: int) -> None:
@@ -72,16 +74,18 @@ class MetricsLogger:
         record = {k: _finite_or_none(v) for k, v in record.items()}
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
-        step = record["step"]
+        values: dict[str, float] = {}
         for key, value in record.items():
             if key in ("step", "kind") or value is None:
                 continue
             if isinstance(value, (int, float)):
-                self.tb.add_scalar(f"{tb_prefix}/{key}", value, step)
+                values[f"{tb_prefix}/{key}"] = value
             elif isinstance(value, list):
                 for i, v in enumerate(value):
                     if isinstance(v, (int, float)):
-                        self.tb.add_scalar(f"{tb_prefix}/{key}/{i:03d}", v, step)
+                        values[f"{tb_prefix}/{key}/{i:03d}"] = v
+        if values:
+            self.tb.append([events.event(events.scalars(values), record["step"])])
 
     def log_flag(self, flag: dict[str, Any]) -> None:
         """A monitor flag: a metrics line, a TensorBoard scalar `monitor/NAME` = 1 and a text entry."""
@@ -89,18 +93,17 @@ class MetricsLogger:
             return
         self.file.write(json.dumps(flag) + "\n")
         self.file.flush()
-        self.tb.add_scalar(f"monitor/{flag['flag']}", 1.0, flag["step"])
-        self.tb.add_text("monitor/flags", f"**{flag['flag']}** at step {flag['step']}: {flag['detail']}", flag["step"])
+        step = flag["step"]
+        self.tb.append([events.event(events.scalars({f"monitor/{flag['flag']}": 1.0}), step),
+                        events.event(events.text("monitor/flags", f"**{flag['flag']}** at step {step}: {flag['detail']}"), step)])
 
     def flush(self) -> None:
         if self.enabled:
-            self.file.flush()
-            self.tb.flush()
+            self.file.flush()  # the event file has no buffer: each append is written at once
 
     def close(self) -> None:
         if self.enabled:
             self.file.close()
-            self.tb.close()
 
 
 def _finite_or_none(value: Any) -> Any:

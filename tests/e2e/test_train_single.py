@@ -142,6 +142,23 @@ def test_exact_resume_after_sigkill(tmp_path, stories_data, reference):
     train(run, stories_data, *RESUME)
     assert final(run)["status"] == "completed" and sorted(losses(run)) == list(range(1, 31))
     assert_same_run(ref, run)
+    assert_tensorboard_resumed(run, at=10)
+
+
+def assert_tensorboard_resumed(run: Path, at: int) -> None:
+    """TensorBoard shows every step once, with the loss metrics.jsonl holds: the resumed run's event file starts
+    with a restart marker after the checkpoint's step, which drops what the killed run had written past it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    files = sorted((run / "tb").glob("events.out.tfevents.*"))
+    assert len(files) == 2, files
+    restarts = [[e.step for e in EventFileLoader(str(f)).Load() if e.HasField("session_log")] for f in files]
+    assert restarts == [[], [at + 1]]
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    shown = [(e.step, e.value) for e in acc.Scalars("train/loss")]
+    assert shown == [(step, pytest.approx(loss, rel=1e-6)) for step, loss in sorted(losses(run).items())]
 
 
 def test_sigterm_checkpoints_preempts_and_resumes_once(tmp_path, stories_data, reference):
