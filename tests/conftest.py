@@ -27,7 +27,7 @@ SLURM_TESTS = Path(__file__).resolve().parent / "slurm"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `make test` (pytest-xdist, two workers) the tests that use the local Slurm cluster share it: they
+    """Under `make test` (pytest-xdist, three workers) the tests that use the local Slurm cluster share it: they
     form one group, run by one worker in order. tests/slurm comes first, so that the group's long chain of
     scheduler waits overlaps the rest of the suite on the other worker; its tests that need no cluster (the
     LocalExecutor, the rendezvous) stay out of the group. Every other test goes with the rest of its file: a
