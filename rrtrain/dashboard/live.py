@@ -93,10 +93,10 @@ def gate_histogram(tag: str, counts: list[float], step: int) -> Optional[Any]:
     centres = [(i + 0.5) / n for i in range(n)]
     used = [x for x, k in zip(centres, counts) if k]
     return events.event(summary.histogram_raw(tag, min=used[0], max=used[-1], num=total,
-                                       sum=sum(k * x for k, x in zip(counts, centres)),
-                                       sum_squares=sum(k * x * x for k, x in zip(counts, centres)),
-                                       bucket_limits=[(i + 1) / n for i in range(n)],
-                                       bucket_counts=[float(k) for k in counts]), step)
+                                              sum=sum(k * x for k, x in zip(counts, centres)),
+                                              sum_squares=sum(k * x * x for k, x in zip(counts, centres)),
+                                              bucket_limits=[(i + 1) / n for i in range(n)],
+                                              bucket_counts=[float(k) for k in counts]), step)
 
 
 def _list(value: Any) -> list[Any]:
@@ -143,7 +143,7 @@ class RunFeed:
         if self.tail.generation != self.generation:
             # metrics.jsonl was replaced (a resume cut it back, a fresh start): it is read again from its start,
             # so TensorBoard is told to drop what this file said (a restart marker at step 0), as a resumed
-            # SummaryWriter does with its purge step
+            # run's own event file does after its checkpoint's step
             out.append(events.restart(0))
             self.generation, self.step, self.loss = self.tail.generation, 0, None
             self.shown, self.flags = set(), {}

@@ -94,8 +94,9 @@ class MetricsLogger:
         self.file.write(json.dumps(flag) + "\n")
         self.file.flush()
         step = flag["step"]
+        note = f"**{flag['flag']}** at step {step}: {flag['detail']}"
         self.tb.append([events.event(events.scalars({f"monitor/{flag['flag']}": 1.0}), step),
-                        events.event(events.text("monitor/flags", f"**{flag['flag']}** at step {step}: {flag['detail']}"), step)])
+                        events.event(events.text("monitor/flags", note), step)])
 
     def flush(self) -> None:
         if self.enabled:
