@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -113,8 +112,7 @@ class RunFeed:
         self.size, self.variant, self.seed, self.point = size, variant, seed, dict(point or {})
         out.mkdir(parents=True, exist_ok=True)
         existing = sorted(out.glob(f"events.out.tfevents.*{SUFFIX}"))
-        self.file = EventFile(existing[0] if existing else
-                              out / f"events.out.tfevents.{int(time.time()):010d}.rrtrain{SUFFIX}")
+        self.file = EventFile(existing[0] if existing else out / events.new_name(SUFFIX))
         self.tail = MetricsTail(readers.metrics_path(run))
         self.generation = 0
         self.step = 0  # the newest step written: nothing is appended below it (TensorBoard would purge)
@@ -250,7 +248,7 @@ class RunFeed:
         show_first(experiment, IDENTITY)
         out = [events.event(s, 0) for s in (experiment, start, end)]
         out += [scalar(key, value, 0) for key, value in metrics.items()]
-        EventFile(new_dir / f"events.out.tfevents.{int(time.time()):010d}.rrtrain{SUFFIX}").append(out)
+        EventFile(new_dir / events.new_name(SUFFIX)).append(out)
         if self.session_dir is not None:
             shutil.rmtree(self.session_dir, ignore_errors=True)
         self.session, self.session_dir = says, new_dir
@@ -276,7 +274,7 @@ class SweepFeed:
 
     def __init__(self, out: Path, summary: Optional[Summary] = None) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        self.file = EventFile(out / f"events.out.tfevents.{int(time.time()):010d}.rrtrain{SUFFIX}")
+        self.file = EventFile(out / events.new_name(SUFFIX))
         self.summary = summary
         self.sizes: list[str] = []
         self.step = 0
