@@ -4,6 +4,7 @@ processes failed with `FileExistsError: '/0001xx_locals'` on this machine."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -190,13 +191,24 @@ sys.stdin.readline()
 def test_a_run_unlinks_its_names_at_exit_only_under_the_lock(stories_data, tmp_path):
     """A run that ends unlinks its streaming names. Were that to happen while another run's ranks look for a
     free prefix one after the other, they would find different ones ("prefix=N was not registered by local
-    leader"). So the exit waits for the lock that the look is made under."""
+    leader"). So the exit waits for the lock that the look is made under.
+
+    Other tests on the machine hold the lock too, for longer than an exit waits (`EXIT_LOCK_WAIT_S`): this run
+    waits as long as it takes. Its names are told by inode: once they are gone, another run may take the prefix."""
     import fcntl
     import time
 
     from rrtrain.data.shm import SHM_LOCK
 
-    proc = subprocess.Popen([PY, "-c", OPEN_THEN_EXIT, str(stories_data), str(tmp_path / "cache")], cwd=REPO,
+    def files(paths: list[str]) -> set[tuple[str, int]]:
+        found = set()
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                found.add((path, os.stat(path).st_ino))
+        return found
+
+    patient = "import rrtrain.data.shm as S\nS.EXIT_LOCK_WAIT_S = 600\n" + OPEN_THEN_EXIT
+    proc = subprocess.Popen([PY, "-c", patient, str(stories_data), str(tmp_path / "cache")], cwd=REPO,
                             env=env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         prefixes = proc.stdout.readline().split()
@@ -204,12 +216,14 @@ def test_a_run_unlinks_its_names_at_exit_only_under_the_lock(stories_data, tmp_p
         names = [f"/dev/shm/{p}_locals" for p in prefixes]
         with open(SHM_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            own = files(names)  # no other run takes or frees a name while the lock is held
+            assert len(own) == len(names)
             proc.stdin.write("\n")
             proc.stdin.flush()
             time.sleep(1.5)
-            assert proc.poll() is None and all(map(os.path.exists, names))  # waiting to unlink
-        assert proc.wait(timeout=60) == 0, proc.stderr.read()
-        assert not any(map(os.path.exists, names))  # then unlinked
+            assert proc.poll() is None and files(names) == own  # waiting to unlink
+        assert proc.wait(timeout=600) == 0, proc.stderr.read()
+        assert not own & files(names)  # then unlinked
     finally:
         proc.kill()
         proc.wait()
