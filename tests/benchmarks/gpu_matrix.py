@@ -28,8 +28,8 @@ from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "train" / "tiny.yaml"
-#: sequences of 1024 tokens per GPU per step: by estimate (not yet measured) within 80 GB without activation
-#: checkpointing
+#: sequences of 1024 tokens per GPU per step without activation checkpointing: 12-32 GiB peak on an H200, so
+#: they fit any 40 GB GPU; the larger batches that reach ~40% MFU at rr-1b are MICRO_<size> (docs/performance.md)
 DEFAULT_MICRO = {"rr-60m": 16, "rr-150m": 16, "rr-320m": 16, "rr-590m": 8, "rr-1b": 8}
 #: not installed on the lent GPU machines: the bench path must not need them
 ABSENT_ON_GPU = ("streaming", "deepspeed", "submitit")
