@@ -1,9 +1,13 @@
 """How every command ends: a `UsageError` is one line and exit status 2, a `RunError` one line and 1, never a
-traceback; a distributed run ends its process without finalising. Shared by `rrtrain NAME` (rrtrain.cli.main)
-and `python -m rrtrain.train` (torchrun's entry), which sit at different layers."""
+traceback; output into a pipe whose reader has gone (`rrtrain status | head`) ends quietly with 141, as a tool
+killed by SIGPIPE does; a distributed run ends its process without finalising. Shared by `rrtrain NAME`
+(rrtrain.cli.main) and `python -m rrtrain.train` (torchrun's entry), which sit at different layers."""
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import sys
 from typing import Callable
 
@@ -14,6 +18,11 @@ def run_command(prog: str, entry: Callable[[list[str]], int], argv: list[str]) -
     """`entry(argv)`'s exit status, with bad input and run errors said in one line under `prog`."""
     try:
         code = int(entry(argv) or 0)
+        sys.stdout.flush()  # a gone reader shows here, not as "Exception ignored" at interpreter exit
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # another pipe (a child's, a socket): a real failure, with its traceback
+        code = _quiet_stdout()
     except UsageError as err:
         code = fail(prog, str(err))
     except RunError as err:
@@ -29,3 +38,23 @@ def run_command(prog: str, entry: Callable[[list[str]], int], argv: list[str]) -
     if dist is not None and dist.started_group():
         dist.exit_process(code)  # a distributed train/bench: end without finalising (see exit_process)
     return code
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reader has closed it (poll reports an error on the write end)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _quiet_stdout() -> int:
+    """Send what stdout still buffers nowhere, so that Python's own flush at exit does not fail a second time;
+    the exit status of a process killed by SIGPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE

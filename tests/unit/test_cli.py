@@ -8,6 +8,7 @@ call); a few run the real `python -m rrtrain` in a subprocess to check the whole
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -185,3 +186,39 @@ FLAG_COMMANDS = {"prep": ["--source", "synthetic:stories", "--out", "x"], "param
 def test_an_unknown_flag_is_one_line_and_exit_2(capsys, command):
     line = usage_error(capsys, [command, *FLAG_COMMANDS[command], "--no-such-flag"])
     assert line == f"rrtrain {command}: error: unrecognized arguments: --no-such-flag"
+
+
+@pytest.mark.parametrize("command", ["status", "params"])
+def test_output_into_a_pipe_whose_reader_has_gone_ends_quietly(tmp_path, command):
+    """`rrtrain status | head`, `rrtrain params | head -1`: once the reader has gone, no traceback and no
+    "Exception ignored" at exit, and the exit status of a tool killed by SIGPIPE (141). `status` flushes each
+    table as it prints it; `params` leaves its table to the flush at the end."""
+    from launchers import record
+
+    run_dir = tmp_path / "r"
+    entry = {"size": "tiny", "variant": "review", "seed": 0, "dir": str(run_dir), "resources": {},
+             "config": {"train": {"max_steps": 10, "tokens": None, "global_batch": 8},
+                        "model": {"size": "tiny", "seq_len": None}, "data": {"path": None},
+                        "run": {"dir": str(run_dir)}}}
+    record.save(tmp_path, {"version": 1, "name": "s", "runs": {"r": entry}, "submissions": []})
+    args = [str(tmp_path)] if command == "status" else ["--size", "tiny"]
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as in a user's shell
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the command writes anything: every write fails
+    try:
+        proc = subprocess.run([sys.executable, "-m", "rrtrain", command, *args], cwd=REPO, env=buffered,
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, "")
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_a_real_failure():
+    """Only stdout's gone reader ends quietly: a broken pipe to a child or a socket keeps its traceback."""
+    from rrtrain.core.command import run_command
+
+    def entry(argv: list[str]) -> int:
+        raise BrokenPipeError(32, "Broken pipe (a child's stdin)")
+
+    with pytest.raises(BrokenPipeError, match="a child's stdin"):
+        run_command("rrtrain x", entry, [])
