@@ -29,6 +29,7 @@ class DistInfo:
 
 
 _group_started = False  # see started_group
+_rank0_store: object = None  # the store rank 0 serves the process group from (_serve_rank0_store), kept alive
 
 
 def setup(timeout_s: int) -> DistInfo:
@@ -43,6 +44,7 @@ def setup(timeout_s: int) -> DistInfo:
     else:
         device = torch.device("cpu")
     if "RANK" in os.environ and not dist.is_initialized():
+        _serve_rank0_store(rank, timeout_s)
         backend = "nccl" if device.type == "cuda" else "gloo"
         try:
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
@@ -52,6 +54,20 @@ def setup(timeout_s: int) -> DistInfo:
             raise
         _group_started = True
     return DistInfo(rank, world, local_rank, device)
+
+
+def _serve_rank0_store(rank: int, timeout_s: int) -> None:
+    """Under an env:// launcher without torchrun's agent store (submitit's srun tasks), rank 0 hosts the store
+    the ranks meet at, and torch's would listen on every interface: start it on MASTER_ADDR's own address first
+    (rrtrain.core.stores.serve_env_store). Under torchrun the agent hosts it (launchers/store_binding.py)."""
+    global _rank0_store
+    if rank != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if host and port.isdigit():
+        from rrtrain.core.stores import serve_env_store
+
+        _rank0_store = serve_env_store(host, int(port), timeout_s)
 
 
 def _explain_interface(err: RuntimeError) -> None:
@@ -74,8 +90,10 @@ def started_group() -> bool:
 
 
 def teardown() -> None:
+    global _rank0_store
     if dist.is_initialized():
         dist.destroy_process_group()
+    _rank0_store = None
 
 
 def exit_process(code: int) -> NoReturn:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("RRTRAIN_SLURM_DIR", "/var/tmp/rrtrain-slurm"))  # start.sh's state directory
@@ -60,15 +61,20 @@ def wait_state(job: str, want: set[str], timeout: float = 240, poll: float = 1.0
     raise AssertionError(f"job {job} not in {sorted(want)} after {timeout} s: {states}")
 
 
-def wait_done(job: str, timeout: float = 240) -> dict[str, str]:
-    """Wait until no task of `job` is pending, running or being requeued; returns the final states."""
+def wait_done(job: str, timeout: float = 240, each: Callable[[], None] | None = None) -> dict[str, str]:
+    """Wait until no task of `job` is pending, running or being requeued; returns the final states. `each` is
+    called on every poll (twice a second) while the job is active: what a test watches while the job runs."""
     deadline = time.time() + timeout
     states: dict[str, str] = {}
     while time.time() < deadline:
         states = squeue(job)
         if states and not ACTIVE.intersection(states.values()):
             return states
-        time.sleep(1.0)
+        if each is None:
+            time.sleep(1.0)
+        else:
+            each()
+            time.sleep(0.5)
     raise AssertionError(f"job {job} still active after {timeout} s: {states}")
 
 
@@ -159,6 +165,53 @@ def node_processes(ns: str, needle: str) -> list[int]:
         if needle in cmd:
             found.append(pid)
     return found
+
+
+def node_listening(ns: str, needle: str) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket listening in node `ns` (its network namespace) that a Python process
+    whose command line contains `needle` holds (not srun, whose command line names the job's too): read from the
+    node's own /proc/PID/net/tcp{,6}, which psutil, reading the machine's, cannot see."""
+    pids = [pid for pid in node_processes(ns, needle) if _is_python(pid)]
+    inodes: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:["):
+                        inodes.add(int(link[8:-1]))
+    found: set[tuple[str, int]] = set()
+    for pid in pids[:1]:  # any process of the namespace sees all of its sockets
+        for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                    fields = line.split()
+                    if fields[3] == "0A" and int(fields[9]) in inodes:  # 0A: LISTEN
+                        found.add(_address(fields[1], family))
+    return found
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
+    except OSError:
+        return False
+
+
+def node_address(ns: str) -> str:
+    """Node `ns`'s address, from the hosts file every node of the local cluster sees (slurm/local/nodes.sh)."""
+    for line in (STATE / "hosts").read_text().splitlines():
+        addr, *names = line.split()
+        if ns in names:
+            return addr
+    raise AssertionError(f"{ns} is not in {STATE / 'hosts'}")
+
+
+def _address(hex_addr: str, family: int) -> tuple[str, int]:
+    """/proc/net/tcp's `0100007F:1F90` (the address in 32-bit words of host byte order, little-endian here)."""
+    addr, port = hex_addr.split(":")
+    raw = b"".join(bytes.fromhex(addr[i:i + 8])[::-1] for i in range(0, len(addr), 8))
+    return socket.inet_ntop(family, raw), int(port, 16)
 
 
 def set_time_limit(job: str, minutes: int) -> None:

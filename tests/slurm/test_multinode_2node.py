@@ -4,7 +4,9 @@ rendezvous on the first node at the job's own port) and `rrtrain sweep --executo
 task per rank). Every rank records its host (RUN/ranks/): both hosts appear, ranks 0-1 on the first node and
 2-3 on the second; under HSDP (dp_shard=2 x dp_replicate=2) each shard group is therefore one node's ranks and
 the replicas cross nodes; the losses equal those of the same config on 4 ranks of one machine within the FSDP
-parity bound (tests/distributed/test_fsdp.py).
+parity bound (tests/distributed/test_fsdp.py). While each job runs, every TCP socket its processes listen on,
+on either node, is bound to that node's own address: the stores (torchrun's rendezvous and shared stores,
+rank 0's store under submitit) and gloo's listeners, none on every interface or on loopback.
 
 The time-limit warning of a 2-node submitit job (USR2 to every task on both nodes) makes all four ranks
 checkpoint at one step boundary; rank 0 requeues the job through submitit, and the run resumes on both nodes
@@ -13,7 +15,9 @@ serves all four runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
 import subprocess
 import time
 from pathlib import Path
@@ -23,8 +27,8 @@ import pytest
 from rrtrain.config import load_config
 from rrtrain.parallel.mesh import mesh_shape
 from rrtrain.rundir import ranks
-from slurmutil import (ACTIVE, NODES, REPO, cancel, job_logs, restarts, rrtrain, sbatch, squeue, submitted_jobs,
-                       sweep_file, wait_done)
+from slurmutil import (ACTIVE, NODES, REPO, cancel, job_logs, node_address, node_listening, node_processes,
+                       restarts, rrtrain, sbatch, squeue, submitted_jobs, sweep_file, wait_done)
 from trainutil import PY, env, final, losses, max_rel_diff, prep_stories, records, train_cmd
 
 pytestmark = pytest.mark.distributed
@@ -71,6 +75,34 @@ def config_of(root: Path) -> Path:
     return root / "sweep" / "configs" / f"{RUN}.yaml"
 
 
+class Listening:
+    """What the job's processes (command lines containing `needle`) listen on, node by node, sampled while it
+    runs, and the MASTER_PORT its ranks started with (torchrun's shared store)."""
+
+    def __init__(self, needle: str) -> None:
+        self.needle = needle
+        self.seen: dict[str, set[tuple[str, int]]] = {f"rrnode{i}": set() for i in range(1, NODES + 1)}
+        self.master_ports: set[int] = set()
+
+    def __call__(self) -> None:
+        for ns, found in self.seen.items():
+            found |= node_listening(ns, self.needle)
+            for pid in node_processes(ns, self.needle):
+                with contextlib.suppress(OSError):
+                    env_vars = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                    self.master_ports |= {int(v[12:]) for v in env_vars if v.startswith(b"MASTER_PORT=")}
+
+    def check(self, *store_ports: int) -> None:
+        """Every listening socket on its node's own address; the stores (`store_ports`, and the MASTER_PORT the
+        ranks started with, where they did) on the first node's."""
+        for ns, found in self.seen.items():
+            addr = node_address(ns)
+            assert found and {a for a, _ in found} == {addr}, \
+                f"{ns}: the job listens on {sorted(found)}, not on {addr} only"
+        stores = {(node_address("rrnode1"), port) for port in (*self.master_ports, *store_ports)}
+        assert stores <= self.seen["rrnode1"], (stores, self.seen)
+
+
 def check_spans_two_nodes(run: Path, job: str, reference: dict[int, float]) -> None:
     fin = final(run)
     assert fin["status"] == "completed" and fin["world_size"] == 4 and fin["step"] == STEPS, fin
@@ -101,34 +133,42 @@ def test_multinode_sbatch_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep
     job = sbatch(REPO / "slurm" / "multinode.sbatch", f"--nodes={NODES}", "--ntasks-per-node=1",
                  "--cpus-per-task=2", "--mem=3G", "--time=10", f"--output={log}", "--job-name=rr-2node",
                  args=(str(config_of(two_node_sweep)), f"run.dir={run}"), env=e)
+    listening = Listening("rrtrain.train")  # the torchrun agents and their ranks
     try:
-        states = wait_done(job, timeout=400)
+        states = wait_done(job, timeout=400, each=listening)
     finally:
         cancel(job)
     text = log.read_text() if log.exists() else ""
     assert states == {job: "COMPLETED"}, text[-4000:]
-    assert f"{NODES} nodes x 2, rendezvous rrnode1:{20000 + int(job) % 10000}" in text, text[:2000]
+    rdzv_port = 20000 + int(job) % 10000
+    assert f"{NODES} nodes x 2, rendezvous rrnode1:{rdzv_port}" in text, text[:2000]
     check_spans_two_nodes(run, job, one_machine)
+    assert len(listening.master_ports) == 1, listening.master_ports  # torchrun's shared store
+    listening.check(rdzv_port)
 
 
 @pytest.fixture(scope="module")
-def submitit_run(slurm_cluster, two_node_sweep) -> tuple[Path, str, dict[str, str]]:
-    """The run through `rrtrain sweep --executor slurm`, uninterrupted: its sweep directory, job and end states."""
+def submitit_run(slurm_cluster, two_node_sweep) -> tuple[Path, str, dict[str, str], Listening]:
+    """The run through `rrtrain sweep --executor slurm`, uninterrupted: its sweep directory, job, end states and
+    what it listened on."""
     out = two_node_sweep / "sweep"
     proc = rrtrain("sweep", str(two_node_sweep / "sweep.yaml"), "--out", str(out), "--executor", "slurm", env=env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = submitted_jobs(out)[-1][RUN]
+    listening = Listening("submitit")  # the srun tasks: the ranks
     try:
-        states = wait_done(job, timeout=400)
+        states = wait_done(job, timeout=400, each=listening)
     finally:
         cancel(job)
-    return out, job, states
+    return out, job, states, listening
 
 
 def test_sweep_executor_slurm_two_nodes_two_ranks_each(submitit_run, one_machine):
-    out, job, states = submitit_run
+    out, job, states, listening = submitit_run
     assert set(states.values()) == {"COMPLETED"}, job_logs(out)
     check_spans_two_nodes(out / RUN, job, one_machine)
+    # submitit exports MASTER_PORT once the task runs (not in its environment at start): its rule, from the job id
+    listening.check(random.Random(job).randint(20000, 60000))
     status = rrtrain("status", str(out), "--json", env=env())
     assert status.returncode == 0, status.stderr
     assert [r["nodes"] for r in json.loads(status.stdout)["runs"] if r["id"] == RUN] == [["rrnode1", "rrnode2"]]

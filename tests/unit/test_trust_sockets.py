@@ -7,6 +7,7 @@ Budget: one 2-rank run of 3 steps, about 30 s."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ import yaml
 from launchers.expand import Run
 from launchers.render import train_argv
 from launchers.spec import Resources
-from trainutil import REPO, TINY, env
+from trainutil import REPO, TINY, env, free_port
 
 WILDCARD = {"0.0.0.0", "::", "::ffff:0.0.0.0", ""}
 
@@ -62,3 +63,21 @@ def test_a_single_node_launch_listens_on_loopback_only(stories_data, tmp_path):
     exposed = sorted(s for s in seen if s[1] in WILDCARD)
     assert not exposed, f"sockets of the job listen on every interface: {exposed}"
     assert sum(1 for s in seen if s[0] == proc.pid and s[1] == "127.0.0.1") >= 2, seen  # both stores, on loopback
+
+
+def test_rank0_of_an_env_launch_serves_its_store_on_master_addr_only():
+    """Under an env:// launcher without torchrun's agent (submitit's srun tasks), rank 0 hosts the store the
+    ranks meet at: on MASTER_ADDR's address, at MASTER_PORT, and nothing of the process on every interface
+    (rrtrain.core.dist; across nodes on the local cluster in tests/slurm/test_multinode_2node.py)."""
+    port = free_port()
+    script = ("import json, psutil\nfrom rrtrain.core import dist\ndist.setup(60)\n"
+              "print(json.dumps(sorted({(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections('tcp')"
+              " if c.status == psutil.CONN_LISTEN})))\ndist.teardown()\n")
+    e = {**env(), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+         "MASTER_PORT": str(port)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=e, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listening = {(ip, p) for ip, p in json.loads(proc.stdout.splitlines()[-1])}
+    assert ("127.0.0.1", port) in listening, listening
+    assert not {s for s in listening if s[0] in WILDCARD}, f"listening on every interface: {listening}"
