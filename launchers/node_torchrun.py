@@ -12,6 +12,7 @@ torch's own. Everything else is torchrun's (launchers/store_binding.py).
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import sys
 from typing import Optional
@@ -25,7 +26,7 @@ DEFAULT_RDZV_PORT = 29400  # torchrun's, when the endpoint names none
 def node_address(name: str) -> Optional[str]:
     """The address `name` resolves to, when it is this machine's and not a loopback address."""
     addr = bindable_address(name)
-    return None if addr is None or addr.startswith("127.") else addr
+    return None if addr is None or ipaddress.ip_address(addr).is_loopback else addr
 
 
 def main(argv: list[str]) -> None:

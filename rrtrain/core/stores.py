@@ -48,7 +48,6 @@ def bound_store(addr: str, port: int = 0, **kwargs: Any) -> Any:
     import torch.distributed as dist
 
     sock = listener(addr, port)
-    kwargs.pop("master_listen_fd", None)
     return dist.TCPStore(addr, sock.getsockname()[1], is_master=True,
                          master_listen_fd=sock.detach(), **kwargs)  # the store owns the socket from here on
 

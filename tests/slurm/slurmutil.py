@@ -181,13 +181,14 @@ def node_listening(ns: str, needle: str) -> set[tuple[str, int]]:
                     if link.startswith("socket:["):
                         inodes.add(int(link[8:-1]))
     found: set[tuple[str, int]] = set()
-    for pid in pids[:1]:  # any process of the namespace sees all of its sockets
-        for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-            with contextlib.suppress(OSError):
-                for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-                    fields = line.split()
-                    if fields[3] == "0A" and int(fields[9]) in inodes:  # 0A: LISTEN
-                        found.add(_address(fields[1], family))
+    if not pids:
+        return found
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        with contextlib.suppress(OSError):  # any process of the namespace sees all of its sockets
+            for line in Path(f"/proc/{pids[0]}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[9]) in inodes:  # 0A: LISTEN
+                    found.add(_address(fields[1], family))
     return found
 
 
