@@ -16,8 +16,9 @@ import os
 import shutil
 import socket
 import tempfile
-from typing import Iterator
+from typing import Iterable, Iterator
 
+from rrtrain.core import untrusted
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import replace_dir
 
@@ -63,10 +64,9 @@ def _homes() -> set[str]:
 def holds_dataset(path: str) -> bool:
     """Whether a directory holds an rrtrain dataset: a manifest.json that is a JSON object with the keys
     `rrtrain prep` writes (format_version, fingerprint)."""
-    try:
-        with open(os.path.join(path, "manifest.json"), "rb") as f:
-            manifest = json.loads(f.read(1 << 20))
-    except (OSError, ValueError):
+    try:  # a regular file only and at most 1 MiB: a FIFO planted there would block prep, /dev/zero fill memory
+        manifest = json.loads(untrusted.read_bytes(os.path.join(path, "manifest.json"), 1 << 20))
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(manifest, dict) and "format_version" in manifest and "fingerprint" in manifest
 
@@ -93,6 +93,17 @@ def check_target(out: str, overwrite: bool) -> None:
                          "`rrtrain prep`): --overwrite replaces only a dataset; choose a new directory")
 
 
+def check_inputs_outside(out: str, inputs: Iterable[str]) -> None:
+    """Refuse an OUT that is, or holds, one of the command's own inputs (the source corpus, a tokenizer
+    directory): replacing OUT would delete what was just read. Both sides are resolved, links included."""
+    real_out = os.path.realpath(out)
+    for path in inputs:
+        real = os.path.realpath(path)
+        if real == real_out or real.startswith(real_out.rstrip(os.sep) + os.sep):
+            raise UsageError(f"output '{out}' holds the input '{path}': replacing it would delete what prep reads; "
+                             "write the dataset to another directory")
+
+
 def _umask() -> int:
     """This process's umask (read without changing it where /proc says it)."""
     with contextlib.suppress(OSError, ValueError):
@@ -105,9 +116,11 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def staged_output(out: str, overwrite: bool) -> Iterator[str]:
-    """Yield a fresh staging dir beside OUT; publish it on success, delete it on any exception."""
+def staged_output(out: str, overwrite: bool, inputs: Iterable[str] = ()) -> Iterator[str]:
+    """Yield a fresh staging dir beside OUT; publish it on success, delete it on any exception. `inputs`: the
+    local paths the command reads, which OUT must not hold."""
     out = os.path.abspath(out)
+    check_inputs_outside(out, inputs)
     check_target(out, overwrite)
     parent, name = os.path.split(out)
     try:

@@ -126,11 +126,21 @@ def run_prep(opts: PrepOptions) -> dict[str, Any]:
     if in_main:
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        with staged_output(opts.out, opts.overwrite) as stage:
+        with staged_output(opts.out, opts.overwrite, local_inputs(opts)) as stage:
             return _prepare(opts, documents, stage)
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, old_term)
+
+
+def local_inputs(opts: PrepOptions) -> list[str]:
+    """The local paths prep reads: a source file or directory, and an `hf:` source or tokenizer that names one."""
+    paths = [] if opts.source.startswith(("synthetic:", "hf:")) else [opts.source]
+    if opts.source.startswith("hf:"):
+        paths.append(opts.source[3:].partition(":")[0])  # hf:NAME[:SPLIT]
+    if opts.tokenizer.startswith("hf:"):
+        paths.append(opts.tokenizer[3:])
+    return [p for p in paths if p and os.path.exists(p)]
 
 
 def _in_main_thread() -> bool:

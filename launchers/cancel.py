@@ -1,14 +1,16 @@
 """Stop the jobs of runs that will never converge, so that no more GPU-hours burn on them.
 
-`rrtrain sweep --cancel-flagged SWEEP_DIR` (or `monitor: {cancel: true}` in the sweep file, acted on by every
-`rrtrain status` and by the local executor while it waits) judges every run from its files
+`rrtrain sweep --cancel-flagged SWEEP_DIR` (or `monitor: {cancel: true}` in the sweep file, acted on by the local
+executor while it waits; `rrtrain status` only reads and never cancels) judges every run from its files
 (`rrtrain.monitoring.sweep_flags`: stalled, diverged, early_stall) and, for each run still going that carries one of
 those flags:
 
 1. writes `RUN/cancelled.json` (why, which flags, when; `rrtrain.rundir.writers.write_cancelled`) first, so
    that nothing requeues the run — the job entry point and `slurm/array.sbatch` look for it before
    requeueing — and a resubmission leaves it alone;
-2. stops its job: `scancel` for a Slurm job (the run gets TERM, checkpoints at the next step boundary, reads
+2. stops its job: `scancel` for a Slurm job — only a job id that is one in full (`JOB_ID`), recorded by this
+   sweep's submission, and that Slurm reports as this user's job under the name the sweep gave it
+   (`slurm_job_confirmed`) — (the run gets TERM, checkpoints at the next step boundary, reads
    the marker and writes a final.json that says stalled or diverged and why: `rrtrain.rundir.outcome`), TERM
    to the lock holder for a run of the local executor, only when the holder proves itself (its pid, start
    time and command line match the lock and it holds the lock open: `rrtrain.rundir.lock.signallable_pid`);
@@ -18,6 +20,9 @@ those flags:
 from __future__ import annotations
 
 import os
+import pwd
+import re
+import shutil
 import signal
 import subprocess
 import time
@@ -58,11 +63,57 @@ def flagged(sweep_dir: Path, rec: dict[str, Any]) -> dict[str, dict[str, str]]:
     return out
 
 
-def _stop_job(executor: str, job: Optional[str], run_dir: Path) -> str:
-    """Stop one run's job; returns what was done."""
+#: a Slurm job id as the sweep records it: JOB, or ARRAY_TASK for a task of a job array
+JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")
+
+
+def _user() -> str:
+    """This process's user name (from its uid, not from $USER, which anyone can set), else the uid itself."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def is_sweep_job_name(name: str, sweep: str, size: str) -> bool:
+    """Whether `name` is one the sweep gives a job of a run of `size`: SWEEP-GROUP, the group being the sizes
+    of one resource shape joined with "+" (`launchers.render.group_runs`)."""
+    prefix = f"{sweep}-"
+    return bool(sweep) and name.startswith(prefix) and size in name[len(prefix):].split("+")
+
+
+def slurm_job_confirmed(job: str, sweep: str, size: str, timeout_s: float = 10.0) -> Optional[str]:
+    """None when Slurm reports `job` as this user's job under a name the sweep gives it (`is_sweep_job_name`);
+    else why it is not to be cancelled, in words. `job` must be a job id in full already (`JOB_ID`)."""
+    if shutil.which("squeue") is None:
+        return "squeue is not on PATH, so the job cannot be confirmed as this sweep's"
+    try:
+        proc = subprocess.run(["squeue", "-h", "-r", "-u", _user(), "-j", job, "-o", "%i %j"],
+                              capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"squeue failed ({type(err).__name__})"
+    names = [line.split(None, 1) for line in proc.stdout.splitlines()] if proc.returncode == 0 else []
+    if not any(len(p) == 2 and p[0] == job and is_sweep_job_name(p[1].strip(), sweep, size) for p in names):
+        return f"Slurm lists no job {job} of user {_user()} named as this sweep names its jobs ({sweep}-...)"
+    return None
+
+
+def _stop_slurm_job(job: object, sweep: str, size: str) -> str:
+    """scancel one recorded Slurm job once it proved itself (`slurm_job_confirmed`); returns what was done."""
+    if not isinstance(job, str) or not JOB_ID.fullmatch(job):
+        return f"job not stopped: the recorded job id {str(job)[:40]!r} is not a Slurm job id"
+    why = slurm_job_confirmed(job, sweep, size)
+    if why is not None:
+        return f"job not stopped: {why}"
+    proc = subprocess.run(["scancel", job], capture_output=True, text=True)
+    return f"scancel {job}" + ("" if proc.returncode == 0 else f" failed: {proc.stderr.strip()}")
+
+
+def _stop_job(executor: str, job: Optional[str], run_dir: Path, sweep: str = "", size: str = "") -> str:
+    """Stop one run's job (`sweep`, `size`: the sweep's name and the run's size, which name its Slurm job);
+    returns what was done."""
     if executor == "slurm" and job:
-        proc = subprocess.run(["scancel", str(job)], capture_output=True, text=True)
-        return f"scancel {job}" + ("" if proc.returncode == 0 else f" failed: {proc.stderr.strip()}")
+        return _stop_slurm_job(job, sweep, size)
     pid = runlock.signallable_pid(run_dir)  # pid, start time, command line and the open lock all match
     if pid is None:
         lock = runlock.read(run_dir)
@@ -94,7 +145,8 @@ def cancel_flagged(sweep_dir: Path) -> dict[str, str]:
         reason = "; ".join(f"{name}: {why}" for name, why in sorted(flags.items()))
         write_cancelled(run_dir, reason, sorted(flags))
         executor, job = last.get(rid, ("", None))
-        action = _stop_job(executor, job, run_dir)
+        size = rec["runs"][rid].get("size")
+        action = _stop_job(executor, job, run_dir, str(rec.get("name") or ""), size if isinstance(size, str) else "")
         done[rid] = reason
         point = read_point(fields.dig(rec["runs"][rid], "config"))
         at = f" at {point_label(point)}" if point else ""

@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import subprocess
 import time
 from pathlib import Path
 from typing import IO, Callable, Optional
 
 from launchers.expand import Run
+from rrtrain.core.errors import UsageError
 from launchers.render import train_argv
+from launchers.snapshot import NO_BYTECODE
 
 #: seconds between two calls of `on_poll` (the cancellation of flagged runs) while runs are going
 POLL_EVERY_S = 10.0
@@ -19,7 +23,7 @@ POLL_EVERY_S = 10.0
 def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], logs: Path, parallel: int,
            on_poll: Optional[Callable[[], object]] = None) -> tuple[dict[str, Optional[str]], dict[str, int]]:
     """Run every run to its end, calling `on_poll` every POLL_EVERY_S; returns (job id per run, exit status per run)."""
-    logs.mkdir(parents=True, exist_ok=True)
+    logs_fd = open_logs_dir(logs)
     queue = list(runs)
     running: dict[str, tuple[subprocess.Popen, IO]] = {}
     jobs: dict[str, Optional[str]] = {}
@@ -33,8 +37,9 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
                 env["PYTHONPATH"] = code + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
                 env.setdefault("OMP_NUM_THREADS", str(run.resources.cpus_per_task))
                 env["PYTHONUNBUFFERED"] = "1"
+                env.update(NO_BYTECODE)  # importing from the snapshot adds nothing to it (launchers.snapshot)
                 log_path = logs / f"{run.id}.log"
-                log = open(log_path, "a")
+                log = open_log(logs_fd, log_path)
                 log.write(f"=== rrtrain sweep (local): {run.id}, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
                 log.flush()
                 proc = subprocess.Popen(train_argv(run, python, configs[run.id]), stdout=log,
@@ -62,4 +67,38 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
                 proc.kill()
                 codes[rid] = proc.wait()
             log.close()
+        os.close(logs_fd)
     return jobs, codes
+
+
+def open_logs_dir(logs: Path) -> int:
+    """A descriptor of the logs directory, created when missing, never through a symbolic link (neither `logs`
+    nor its parent: a planted link would put every run's log, and what it appends to, elsewhere)."""
+    if logs.parent.is_symlink() or logs.is_symlink():
+        raise UsageError(f"{logs.parent if logs.parent.is_symlink() else logs} is a symbolic link: the runs' logs "
+                         "are written only in a directory of the sweep's own; remove the link")
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        return os.open(logs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise UsageError(f"cannot open the logs directory {logs}: {err.strerror or type(err).__name__}") from None
+
+
+def open_log(logs_fd: int, path: Path) -> IO:
+    """The run's log opened for appending in the logs directory, never through a symbolic link and only as a
+    regular file (a FIFO would block the sweep); otherwise the run's output is discarded, said in one line, and
+    what is at that name is left as it is."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path.name, flags, 0o666, dir_fd=logs_fd)
+    except OSError as err:
+        what = "a symbolic link" if err.errno == errno.ELOOP else f"not writable ({err.strerror or err})"
+    else:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "a")
+        os.close(fd)
+        what = "not a regular file"
+    print(f"[local] {path} is {what}: not followed; this run's output is discarded (remove it to keep logs)",
+          flush=True)
+    return open(os.devnull, "a")

@@ -3,9 +3,10 @@ rungs, and the plan of `launchers.prune` carried out (pause requests written, pr
 pruning saved. `rrtrain sweep` calls it once per pass (the local and debug executors pass until no run can go
 on; Slurm once per `rrtrain sweep`, which is run again to take the next rung).
 
-`SWEEP_DIR/prune.json` keeps the values read at the rungs (a run's metrics up to a rung never change: a resumed
-run repeats its steps exactly), the decisions of the last pass and what pruning saved, which `rrtrain status`
-prints.
+`SWEEP_DIR/prune.json` keeps the values read at the rungs, the decisions of the last pass and what pruning
+saved, which `rrtrain status` prints. The values there are a record, never read back: anyone who can write the
+sweep directory could put other numbers there, so every pass ranks by each run's own metrics.jsonl (through
+the bounded reader, `rrtrain.rundir.readers.records`).
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def observe(runs: list[Run], skipped: dict[str, str]) -> dict[str, prune.Seen]:
 
 class Values:
     """A run's metric at a rung (the mean of its last `smooth` values at or before the rung's step; inf when it
-    has none or one is not finite), read from metrics.jsonl once and kept in prune.json."""
+    has none or one is not finite), read from metrics.jsonl once per pass into `cache` (saved in prune.json as a
+    record of the pass)."""
 
     def __init__(self, p: PruneSpec, dirs: dict[str, Path], cache: dict[str, Any]) -> None:
         self.key, self.n, self.dirs = METRIC_KEY[p.metric], smooth(p), dirs
@@ -150,7 +152,7 @@ def carry_out(out: Path, p: PruneSpec, runs: list[Run], skipped: dict[str, str],
     (a run in `exclude`, one that failed in this `rrtrain sweep`, is not sent again), save prune.json."""
     by_id = {r.id: r for r in runs}
     state = load_state(out)
-    cache = state.get("values") if isinstance(state.get("values"), dict) else {}
+    cache: dict[str, Any] = {}  # prune.json's values are never read back: the runs' own metrics rank them
     values = Values(p, {r.id: r.dir for r in runs}, cache)
     ms = members(p, runs)
     result = prune.plan(ms, observe(runs, skipped), values, p.keep, p.metric)

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from launchers.expand import Run, check_safe
+from launchers.snapshot import NO_BYTECODE
 from launchers.spec import Resources
 from rrtrain.core.io import atomic_write_text
 
@@ -75,7 +76,8 @@ def train_argv(run: Run, python: str, config_path: Path) -> list[str]:
 
 def run_command(run: Run, python: str, code: str, config_path: Path) -> str:
     """The same as one shell line, with the snapshot first on the import path."""
-    env = ["env", f"PYTHONPATH={code}", f"OMP_NUM_THREADS={run.resources.cpus_per_task}"]
+    env = ["env", f"PYTHONPATH={code}", *(f"{k}={v}" for k, v in NO_BYTECODE.items()),
+           f"OMP_NUM_THREADS={run.resources.cpus_per_task}"]
     return " ".join(shlex.quote(a) for a in env + train_argv(run, python, config_path))
 
 
@@ -105,7 +107,8 @@ def render(out: Path, name: str, runs: list[Run], python: str, code: str, config
             variables = [f"PYTHON={q(python)}", f"CODE={q(code)}", f"RUN_DIR={q(str(m.dir))}",
                          f"GPUS_PER_NODE={max(1, r.tasks)}", 'RDZV_PORT="${RDZV_PORT:-$((20000 + SLURM_JOB_ID % 10000))}"', 'RDZV_HOST="${RDZV_HOST:-}"',
                          'RDZV_TIMEOUT_S="${RDZV_TIMEOUT_S:-300}"', 'STEP_GRACE_S="${STEP_GRACE_S:-60}"',
-                         f"MAX_REQUEUES={r.max_requeues}", 'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"',
+                         f"MAX_REQUEUES={r.max_requeues}", *(f"export {k}={v}" for k, v in NO_BYTECODE.items()),
+                         'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"',
                          'export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"']
             script = slurm_dir / f"multinode-{m.id}.sbatch"
             atomic_write_text(script, _fill((TEMPLATES / "multinode.sbatch").read_text(), header, variables))

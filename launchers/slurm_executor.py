@@ -16,6 +16,7 @@ from typing import Any, Optional
 from launchers.entry import RunJob
 from launchers.expand import Run
 from launchers.render import group_runs
+from launchers.snapshot import NO_BYTECODE
 from launchers.spec import Resources
 from rrtrain.core.errors import UsageError
 
@@ -35,7 +36,8 @@ def parameters(r: Resources, name: str, code: str) -> dict[str, Any]:
         "mem_gb": r.mem_gb, "timeout_min": r.time_min, "slurm_signal_delay_s": r.signal_delay_s,
         "slurm_array_parallelism": r.array_parallelism, "slurm_additional_parameters": extra_parameters(r),
         "slurm_setup": [f"export PYTHONPATH={shlex.quote(code)}${{PYTHONPATH:+:$PYTHONPATH}}",
-                        f"export OMP_NUM_THREADS={r.cpus_per_task}"],
+                        f"export OMP_NUM_THREADS={r.cpus_per_task}",
+                        *(f"export {k}={v}" for k, v in NO_BYTECODE.items())],
     }
     if r.gpus_per_node:
         params["gpus_per_node"] = r.gpus_per_node

@@ -36,10 +36,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def collect(sweep_dir: Path, cache: Optional[StatusCache] = None, act: bool = True) -> dict[str, Any]:
+def collect(sweep_dir: Path, cache: Optional[StatusCache] = None) -> dict[str, Any]:
     """The status object: {"sweep", "dir", "runs": [...], "counts": {state: n}}. `cache` (`--watch`): what
-    earlier refreshes read, so that this one reads only what changed. `act=False` (the dashboard, which only
-    shows): flagged runs are not cancelled, even when sweep.json says `cancel_flagged`."""
+    earlier refreshes read, so that this one reads only what changed. It only reads: whatever sweep.json says
+    (`cancel_flagged`), nothing is cancelled here — that is `rrtrain sweep --cancel-flagged`'s job."""
     problems: list[str] = []
     # run entries that cannot be used are left out, one line each
     rec = cache.load_record(sweep_dir, problems) if cache is not None else record.load(sweep_dir, problems)
@@ -49,8 +49,6 @@ def collect(sweep_dir: Path, cache: Optional[StatusCache] = None, act: bool = Tr
         print(f"rrtrain status: warning: {line}", file=sys.stderr, flush=True)
     last = record.last_jobs(rec)
     queue = squeue_states() if any(ex == "slurm" for ex, _ in last.values()) else None
-    if act and rec.get("cancel_flagged") is True and not problems:  # never act on a record that is not whole
-        cancel.cancel_flagged(sweep_dir)
     rows = []
     for rid, entry in rec["runs"].items():
         executor, job = last.get(rid, ("", None))

@@ -20,7 +20,7 @@ from rrtrain.core.errors import UsageError
 class StatusSummary:
     """The `rrtrain status SWEEP_DIR` table as markdown (a code block: the same text, columns aligned), or None
     where there is no sweep.json to read (a directory of runs not written by `rrtrain sweep`): the dashboard then
-    shows its own table. It only reads: the runs `cancel_flagged` would cancel are left to `rrtrain status`."""
+    shows its own table. It only reads, as `rrtrain status` does: cancelling is `rrtrain sweep --cancel-flagged`'s."""
 
     def __init__(self, sweep: Path) -> None:
         self.sweep = sweep
@@ -31,7 +31,7 @@ class StatusSummary:
         if not record.path(self.sweep).is_file():
             return None
         try:
-            status = status_cli.collect(self.sweep, self.cache, act=False)
+            status = status_cli.collect(self.sweep, self.cache)
         except UsageError as err:  # sweep.json is not a record: said once, the dashboard's own table meanwhile
             if str(err) != self.said:
                 print(f"rrtrain dashboard: sweep table: {err}", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -130,6 +131,33 @@ def _lr_target(text: str) -> tuple[str, float]:
     return text, n
 
 
+def _linked(out: Path) -> str:
+    return (f"--out {str(out)!r} is a symbolic link: the report is written only to a directory of its own; "
+            "remove the link or choose another --out")
+
+
+def output_dir(out: Path) -> Path:
+    """The report's directory, created when missing and opened without following a symbolic link (a
+    `SWEEP/report` planted as a link would send the report's files wherever it points); the path returned names
+    that opened directory (/proc/self/fd/N), so a swap of `out` for a link afterwards redirects nothing. Every file
+    is then written aside in it and renamed into place, which replaces a link at its name rather than writing
+    through it."""
+    if out.is_symlink():
+        raise UsageError(_linked(out))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:  # a file on its path, a read-only mount, a link planted meanwhile (ELOOP)
+        if out.is_symlink():
+            raise UsageError(_linked(out)) from None
+        raise UsageError(f"--out {str(out)!r} cannot be created: {err.strerror or type(err).__name__}") from None
+    held = Path(f"/proc/self/fd/{fd}")
+    if held.is_dir():  # Linux: the descriptor's own directory, whatever its name points to later
+        return held  # (the descriptor stays open until the command ends)
+    os.close(fd)
+    return out
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     opts = options_from(args)  # validate every flag before touching the disk
@@ -137,6 +165,8 @@ def main(argv: list[str]) -> int:
     if not sweep.is_dir():
         raise UsageError(f"SWEEP_DIR {str(sweep)!r} is not a directory")
     out = Path(args.out) if args.out else sweep / "report"
+    if out.is_symlink():  # checked again when it is opened
+        raise UsageError(_linked(out))
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {str(out)!r} exists and is not a directory")
 
@@ -152,20 +182,18 @@ def main(argv: list[str]) -> int:
     from rrtrain.core.io import atomic_write_text as write_text
     from rrtrain.report import plots, render
     from rrtrain.report.analysis import analyze
+    from rrtrain.report.downstream import with_downstream
 
     from rrtrain.report import grid
 
     if grid.has_grid(runs):
         return grid_report(runs, opts, sweep, out)
-    analysis = analyze(runs, opts)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # a file on its path, a read-only mount
-        raise UsageError(f"--out {str(out)!r} cannot be created: {err.strerror or type(err).__name__}") from None
-    drawn = plots.write_all(analysis, out)
-    write_text(out / "results.csv", render.results_csv(analysis))
-    write_text(out / "summary.json", render.summary_json(analysis, drawn, str(sweep)))
-    write_text(out / "report.md", render.report_md(analysis, drawn, sweep.resolve().name))
+    analysis = with_downstream(analyze(runs, opts))
+    where = output_dir(out)
+    drawn = plots.write_all(analysis, where)
+    write_text(where / "results.csv", render.results_csv(analysis))
+    write_text(where / "summary.json", render.summary_json(analysis, drawn, str(sweep)))
+    write_text(where / "report.md", render.report_md(analysis, drawn, sweep.resolve().name))
     n_plots = sum("skipped" not in d for d in drawn.values())
     print(f"rrtrain report: {len(runs)} runs ({len(analysis.included)} in the means), reference {analysis.reference}; "
           f"wrote report.md, results.csv, summary.json and {n_plots} plot(s) to {out}")
@@ -178,18 +206,21 @@ def grid_report(runs: list, opts, sweep: Path, out: Path) -> int:
     from rrtrain.core.io import atomic_write_text as write_text
     from rrtrain.report import grid, grid_render, plots, render
 
+    from rrtrain.report.downstream import with_downstream
+
     ga = grid.analyze_grid(runs, opts, sweep)
-    out.mkdir(parents=True, exist_ok=True)
+    with_downstream(ga.selected)  # the downstream tables at the points the loss chose, on the test seeds
+    where = output_dir(out)
     head = grid_render.grid_md(ga, sweep.resolve().name)
     body, drawn = "", {}
     if ga.selected is not None:
-        drawn = plots.write_all(ga.selected, out)
-        write_text(out / "results.csv", render.results_csv(ga.selected))
+        drawn = plots.write_all(ga.selected, where)
+        write_text(where / "results.csv", render.results_csv(ga.selected))
         body = render.report_md(ga.selected, drawn, f"{sweep.resolve().name}, at the selected settings")
     summary = render.summary(ga.selected, drawn, str(sweep)) if ga.selected is not None else {"sweep_dir": str(sweep)}
     summary["grid"] = grid_render.grid_summary(ga)
-    write_text(out / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    write_text(out / "report.md", head + ("\n" + body if body else ""))
+    write_text(where / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    write_text(where / "report.md", head + ("\n" + body if body else ""))
     print(grid_render.grid_text(ga))
     print(f"rrtrain report: {len(runs)} runs of a grid over {', '.join(ga.keys)}; wrote report.md, summary.json"
           + (", results.csv and plots" if ga.selected is not None else "") + f" to {out}")

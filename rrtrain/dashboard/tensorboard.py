@@ -145,7 +145,11 @@ def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLog
     if state is not None:
         state.append(kept)
     link, tmp_link = home / "logdir", home / f".logdir.{os.getpid()}"
-    old = link.resolve() if link.is_symlink() else None
+    try:
+        old = link.resolve() if link.is_symlink() else None
+    except (OSError, RuntimeError):  # a loop of links (RuntimeError on Python 3.11): replaced below, not followed
+        print(f"rrtrain dashboard: {link} is a loop of symbolic links; replacing it", file=sys.stderr, flush=True)
+        old = None
     tmp_link.unlink(missing_ok=True)
     tmp_link.symlink_to(build.name)
     os.replace(tmp_link, link)

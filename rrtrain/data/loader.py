@@ -35,6 +35,7 @@ from rrtrain.core.lazy_import import streaming_module
 from rrtrain.core.signals import ignore_stop_signals
 from rrtrain.data.manifest import is_remote, read_manifest
 from rrtrain.data.shm import clean_stale_shm, shm_guard, unlink_at_exit_under_lock
+from rrtrain.data.verify import read_index, shard_name_problem
 
 STATE_VERSION = 1
 COLUMN = "tokens"
@@ -103,6 +104,8 @@ def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str,
     with _splits_lock:
         if key in _SPLITS:
             return _SPLITS[key]
+        if not is_remote(path):  # bounded, typed, plain shard names: before streaming reads it unchecked
+            read_index(os.path.join(path, split), split)
         try:
             ds = StreamingDataset(
                 remote=remote, local=local, split=split, shuffle=False, shuffle_seed=seed,
@@ -114,8 +117,20 @@ def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str,
         except FileNotFoundError as err:
             raise UsageError(f"'{path}' has no '{split}' split ({err.filename})") from err
         unlink_at_exit_under_lock()
+        _check_shard_names(ds, path, split)
         opened = _SPLITS[key] = _Split(ds, manifest["dtype"], int(manifest["seq_len"]) + 1)
         return opened
+
+
+def _check_shard_names(ds, path: str, split: str) -> None:  # noqa: ANN001 - a StreamingDataset
+    """Refuse a split whose index (as streaming read it, a remote one included) names a shard file that is not a
+    plain file name: streaming would download or decompress that shard to the path the name makes."""
+    for reader in ds.shards:
+        for pair in reader.file_pairs:
+            for info in pair:
+                why = None if info is None else shard_name_problem(info.basename)
+                if why is not None:
+                    raise UsageError(f"cannot open '{path}' split '{split}': a shard's {why}")
 
 
 class _Rows:

@@ -11,17 +11,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Callable, Iterable
+import re
+import stat
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
+from rrtrain.core import untrusted
 from rrtrain.core.errors import UsageError
+from rrtrain.data.manifest import _short  # a value shown in a message, cut to 40 characters
 
 SPLITS = ("train", "val")
 INDEX = "index.json"
 #: the hash checked when the index records several: the fastest first
 HASH_PREFERENCE = ("xxh64", "xxh3_64", "sha1", "sha256", "md5")
 _CHUNK = 8 << 20
+#: an index.json of 100,000 shards is about 60 MB; a larger file is not one
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+#: what a shard's file name may be: a plain name in its split directory, never a path, "." or ".."
+SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
+#: the most samples one shard may claim (a count, not a size: 2**40 rows would not fit any disk)
+MAX_SHARD_SAMPLES = 2**40
 
 
 def dataset_fingerprint(out_dir: str, tokenizer_hash: str, seq_len: int) -> str:
@@ -30,8 +40,7 @@ def dataset_fingerprint(out_dir: str, tokenizer_hash: str, seq_len: int) -> str:
     The indexes carry every shard's hashes, so the fingerprint pins the shards' contents too."""
     h = hashlib.sha256()
     for split in SPLITS:
-        with open(os.path.join(out_dir, split, INDEX), "rb") as f:
-            data = f.read()
+        data = untrusted.read_bytes(os.path.join(out_dir, split, INDEX), MAX_INDEX_BYTES)
         h.update(f"{split}:{len(data)}:".encode())
         h.update(data)
     h.update(f"tokenizer:{tokenizer_hash}:seq_len:{seq_len}".encode())
@@ -50,7 +59,7 @@ def hasher(algo: str) -> Any:
 def file_digest(path: str, algo: str) -> str:
     """Hex digest of a file, read in chunks."""
     h = hasher(algo)
-    with open(path, "rb") as f:
+    with untrusted.open_regular(path) as f:  # a FIFO would block the reader
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -65,9 +74,15 @@ def _pick_hash(hashes: dict[str, str]) -> tuple[str, str] | None:
 
 def _check_file(path: str, label: str, entry: dict[str, Any]) -> None:
     """Presence, length and recorded hash of one file of a shard (raw or compressed)."""
-    if not os.path.exists(path):
-        raise UsageError(f"shard {label} is missing ({path} does not exist)")
-    size = os.path.getsize(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UsageError(f"shard {label} is missing ({path} does not exist)") from None
+    except OSError as err:  # a loop of links, a component that is a file
+        raise UsageError(f"shard {label} cannot be read ({err.strerror or type(err).__name__})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"shard {label} is not a regular file ({path})")
+    size = st.st_size
     if entry.get("bytes") is not None and size != entry["bytes"]:
         kind = "truncated" if size < entry["bytes"] else "longer than recorded"
         raise UsageError(f"shard {label} is {kind}: {size} bytes, its index records {entry['bytes']}")
@@ -104,26 +119,75 @@ def check_tokens(raw: np.ndarray, label: str, *, samples: int, dtype: np.dtype, 
 
 
 def read_index(split_dir: str, split: str) -> list[dict[str, Any]]:
+    """The shard entries of a split's index.json, each checked by `shard_problem`; a one-line UsageError for a
+    missing, oversized or non-regular file (a FIFO, /dev/zero), one that is not JSON, or an entry that is not
+    usable."""
     path = os.path.join(split_dir, INDEX)
     try:
-        with open(path, encoding="utf-8") as f:
-            index = json.load(f)
-        shards = index["shards"]
-        if not isinstance(shards, list):
-            raise TypeError("'shards' is not a list")
-        return shards
+        index = json.loads(untrusted.read_bytes(path, MAX_INDEX_BYTES))
     except FileNotFoundError as err:
         raise UsageError(f"split '{split}' has no {INDEX} ({path})") from err
-    except (ValueError, KeyError, TypeError) as err:
-        raise UsageError(f"{split}/{INDEX} is not a valid MDS index ({err})") from err
+    except OSError as err:
+        raise UsageError(f"{split}/{INDEX} cannot be read ({err.strerror or type(err).__name__})") from None
+    except (ValueError, RecursionError) as err:  # not UTF-8, not JSON, nested too deeply, a 5,000-digit number
+        raise UsageError(f"{split}/{INDEX} is not a valid MDS index ({str(err).splitlines()[0][:120] if str(err) else type(err).__name__})") from None
+    shards = index.get("shards") if isinstance(index, dict) else None
+    if not isinstance(shards, list):
+        raise UsageError(f"{split}/{INDEX} is not a valid MDS index (no list of 'shards')")
+    for i, shard in enumerate(shards):
+        why = shard_problem(shard)
+        if why is not None:
+            raise UsageError(f"{split}/{INDEX} is not a valid MDS index (shard {i}: {why})")
+    return shards
+
+
+def shard_name_problem(name: Any) -> Optional[str]:
+    """Why `name` cannot be a shard's file name (None: a plain file name). A name with a separator or `..` would
+    make the verifier read, and the loader decompress a shard to, a path outside the split directory."""
+    if isinstance(name, str) and SHARD_NAME.fullmatch(name) and name not in (".", ".."):
+        return None
+    return f"file name {_short(name)} is not a plain file name"
+
+
+def _file_entry_problem(entry: Any, key: str) -> Optional[str]:
+    if not isinstance(entry, dict):
+        return f"'{key}' is not an object"
+    why = shard_name_problem(entry.get("basename"))
+    if why is not None:
+        return f"'{key}': {why}"
+    size = entry.get("bytes")
+    if size is not None and not (isinstance(size, int) and not isinstance(size, bool) and 0 <= size < 2**63):
+        return f"'{key}.bytes' is not a size (got {_short(size)})"
+    hashes = entry.get("hashes")
+    if hashes is not None and not (isinstance(hashes, dict)
+                                   and all(isinstance(k, str) and isinstance(v, str) for k, v in hashes.items())):
+        return f"'{key}.hashes' is not a map of hash names to hex digests"
+    return None
+
+
+def shard_problem(shard: Any) -> Optional[str]:
+    """What makes one entry of an index.json unusable, naming the field; None when every field the verifier and
+    the loader use has its type and range (and its file names are plain names)."""
+    if not isinstance(shard, dict):
+        return f"not an object (got {_short(shard)})"
+    samples = shard.get("samples")
+    if not (isinstance(samples, int) and not isinstance(samples, bool) and 0 <= samples <= MAX_SHARD_SAMPLES):
+        return f"'samples' is not a count (got {_short(samples)})"
+    why = _file_entry_problem(shard.get("raw_data"), "raw_data")
+    if why is None and shard.get("zip_data") is not None:
+        why = _file_entry_problem(shard["zip_data"], "zip_data")
+    compression = shard.get("compression")
+    if why is None and (compression is not None or shard.get("zip_data") is not None) and not isinstance(compression, str):
+        why = f"'compression' is not text (got {_short(compression)})"
+    return why
 
 
 def verify_shard(split_dir: str, split: str, shard: dict[str, Any], manifest: dict[str, Any]) -> int:
     """One shard: its files' lengths and hashes, then its rows and token ids (decompressing if zipped);
     returns the largest token id."""
-    raw_entry = shard.get("raw_data") or {}
+    raw_entry = shard["raw_data"]  # typed by read_index: plain file names, a count of samples
     zip_entry = shard.get("zip_data")
-    name = raw_entry.get("basename", "?")
+    name = raw_entry["basename"]
     label = f"{split}/{name}"
     raw_path = os.path.join(split_dir, name)
     if zip_entry and not os.path.exists(raw_path):
@@ -131,8 +195,13 @@ def verify_shard(split_dir: str, split: str, shard: dict[str, Any], manifest: di
         _check_file(zpath, f"{split}/{zip_entry['basename']}", zip_entry)
         from rrtrain.core.lazy_import import streaming_module  # not `import streaming`: that pulls in transformers
 
-        with open(zpath, "rb") as f:
-            data = streaming_module("streaming.base.compression").decompress(shard["compression"], f.read())
+        with untrusted.open_regular(zpath) as f:
+            packed = f.read()
+        try:
+            data = streaming_module("streaming.base.compression").decompress(shard["compression"], packed)
+        except Exception as err:  # an unknown algorithm, damaged bytes: the library's own exception types
+            raise UsageError(f"shard {split}/{zip_entry['basename']} cannot be decompressed with "
+                             f"{_short(shard['compression'])} ({type(err).__name__})") from None
         picked = _pick_hash(raw_entry.get("hashes") or {})
         if picked and _digest_bytes(data, picked[0]) != picked[1]:
             raise UsageError(f"shard {label} is corrupted: decompressed bytes do not match its index's {picked[0]}")
@@ -140,7 +209,7 @@ def verify_shard(split_dir: str, split: str, shard: dict[str, Any], manifest: di
     else:
         _check_file(raw_path, label, raw_entry)
         raw = np.memmap(raw_path, dtype=np.uint8, mode="r") if os.path.getsize(raw_path) else np.zeros(0, np.uint8)
-    return check_tokens(raw, label, samples=int(shard.get("samples", -1)), dtype=np.dtype(manifest["dtype"]),
+    return check_tokens(raw, label, samples=shard["samples"], dtype=np.dtype(manifest["dtype"]),
                         row_len=int(manifest["seq_len"]) + 1, vocab=int(manifest["vocab_size"]))
 
 
@@ -185,7 +254,11 @@ def split_checks(path: str, split: str, manifest: dict[str, Any]) -> Iterable[Ca
 
 def check_fingerprint(path: str, manifest: dict[str, Any]) -> None:
     """The index files against the manifest's fingerprint (catches any edit of an index after prep)."""
-    fingerprint = dataset_fingerprint(path, manifest.get("tokenizer_hash", ""), int(manifest["seq_len"]))
+    try:
+        fingerprint = dataset_fingerprint(path, manifest.get("tokenizer_hash", ""), int(manifest["seq_len"]))
+    except OSError as err:  # missing, not a regular file, too large: said by the split's own check too
+        raise UsageError(f"the shard indexes cannot be read to check the manifest's fingerprint "
+                         f"({err.strerror or type(err).__name__}: {err.filename})") from None
     if fingerprint != manifest["fingerprint"]:
         raise UsageError(f"the shard indexes ({', '.join(f'{s}/{INDEX}' for s in SPLITS)}) do not match the "
                          "manifest's fingerprint: an index was changed after prep")

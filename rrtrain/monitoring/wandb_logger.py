@@ -10,8 +10,11 @@ What W&B gets, from rank 0 only:
 - at the end, final.json's fields in the summary (the outcome), and the W&B run finished with the run's exit
   code (a preempted run is marked preempting first).
 
-One W&B run per run directory: its id is derived from the directory (`wandb_run_id`) and W&B is asked to
-resume it (`resume="allow"`), so a requeued or resumed run continues the same W&B run. Steps that W&B holds
+One W&B run per start from scratch: its id is the directory's (`wandb_run_id`) and a token made when the run
+starts without a checkpoint (`new_run_id`), kept in every checkpoint's train_state.json (this callback's state);
+W&B is asked to resume it (`resume="allow"`), so a requeued or resumed run continues its own W&B run, while a
+fresh run in a reused directory (other settings, no checkpoint) is a new W&B run, never the old curve. A
+checkpoint that holds no id (written by an older rrtrain) resumes the directory's id alone. Steps that W&B holds
 already (a run resumed from a checkpoint older than its last logged step) are not sent again: W&B refuses
 steps below its last one, and by determinism they are the same values. W&B's files go to `$WANDB_DIR`, else
 into the run directory (`wandb/`). wandb is imported when the run starts and only here, so a run without
@@ -27,6 +30,7 @@ import math
 import os
 import re
 import sys
+import uuid
 from pathlib import Path
 from typing import Any, Optional
 
@@ -45,6 +49,17 @@ def wandb_run_id(run_dir: str | os.PathLike[str]) -> str:
     path = str(Path(run_dir).resolve())
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(path).name)[:48].strip("-.") or "run"
     return f"{stem}-{hashlib.sha256(path.encode()).hexdigest()[:12]}"
+
+
+#: a W&B run id as this module makes them (W&B accepts up to 128 of these characters)
+RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def new_run_id(run_dir: str | os.PathLike[str]) -> str:
+    """The W&B run id of a run starting from scratch: the directory's (`wandb_run_id`) and a random token, so
+    a new run in a directory that held another is a W&B run of its own. Not a training input: the run's
+    random streams are untouched (a token from the OS, not from Python's or torch's generators)."""
+    return f"{wandb_run_id(run_dir)}-{uuid.uuid4().hex[:8]}"
 
 
 def scalars(record: dict[str, Any], prefix: str) -> dict[str, float]:
@@ -80,6 +95,17 @@ class WandbLogger(Callback):
         self.last = 0  # the highest step sent
         self.pending: dict[int, dict[str, float]] = {}  # flag points waiting for their step's records
         self.flags: dict[str, dict[str, Any]] = {}  # name -> {"step", "detail"}, as raised
+        self.run_id: Optional[str] = None  # this run's W&B id: from the checkpoint resumed, else made at start
+
+    def state_dict(self) -> dict[str, Any]:
+        """The W&B run id, so that a resume continues this run's own W&B run."""
+        return {"run_id": self.run_id} if self.run_id is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        run_id = state.get("run_id")
+        if run_id is not None and not (isinstance(run_id, str) and RUN_ID.fullmatch(run_id)):
+            raise ValueError(f"run_id: not a W&B run id ({str(run_id)[:40]!r})")
+        self.run_id = run_id
 
     # -- the hooks ------------------------------------------------------------------------------
 
@@ -87,6 +113,8 @@ class WandbLogger(Callback):
         if not loop.facts.is_main:
             return
         f = loop.facts
+        if self.run_id is None:  # from scratch, or a checkpoint of an older rrtrain (which used the directory's)
+            self.run_id = new_run_id(f.run_dir) if loop.resumed_at is None else wandb_run_id(f.run_dir)
         try:
             import wandb
 
@@ -95,7 +123,7 @@ class WandbLogger(Callback):
                                           ("mode", c.mode)) if v is not None}
             if "WANDB_DIR" not in os.environ:
                 settings["dir"] = str(f.run_dir)
-            self.run = wandb.init(id=wandb_run_id(f.run_dir), resume="allow", name=f.config.run.name or
+            self.run = wandb.init(id=self.run_id, resume="allow", name=f.config.run.name or
                                   Path(f.run_dir).name, job_type="train", **settings)
             self.run.config.update({**f.config.to_dict(), "resolved": {
                 "params": f.params, "total_steps": loop.total_steps, "tokens_per_step": f.tokens_per_step,
@@ -120,6 +148,13 @@ class WandbLogger(Callback):
         if self.run is not None:
             self._send_pending()
             self._send(record["step"], scalars(record, "eval"))
+
+    def log_record(self, step: int, record: dict[str, Any], prefix: str) -> None:
+        """Another callback's metrics.jsonl record (downstream evaluations: rrtrain.eval.callback), as
+        TensorBoard gets it."""
+        if self.run is not None:
+            self._send_pending()
+            self._send(step, scalars(record, prefix))
 
     def on_checkpoint(self, loop: Loop, record: dict[str, Any]) -> None:
         if self.run is not None:

@@ -78,13 +78,16 @@ def _cmdline(pid: int) -> Optional[list[str]]:
     return [a.decode("utf-8", "surrogateescape") for a in args] or None
 
 
-def _holds_flock(pid: int, path: str | os.PathLike[str]) -> Optional[bool]:
-    """Whether the process holds the `flock` of the file at `path` (the kernel's own table, /proc/locks:
-    "N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE ..."); None when that table cannot be read."""
-    try:
-        inode = os.stat(path).st_ino
-    except OSError:
-        return False
+def _holds_flock(pid: int, path: str | os.PathLike[str], inode: Optional[int] = None) -> Optional[bool]:
+    """Whether the process holds the `flock` of the file at `path` (or of `inode`, the file read: then `path`
+    is not looked at again) by the kernel's own table, /proc/locks: "N: FLOCK ADVISORY WRITE PID
+    MAJ:MIN:INODE ..."; None when that table cannot be read. The table's device numbers are not stat(2)'s on
+    every filesystem (btrfs): which device the file is on is proven by `_has_open`."""
+    if inode is None:
+        try:
+            inode = os.lstat(path).st_ino
+        except OSError:
+            return False
     for fresh in (False, True):  # a recent copy of the table may say yes; only the current one may say no
         table = _lock_table(fresh)
         if table is None:
@@ -114,19 +117,58 @@ def _lock_table(fresh: bool) -> Optional[str]:
     return _LOCK_TABLE[1]
 
 
+def _read_open(fd: int, path: Path) -> Optional[dict[str, Any]]:
+    """The lock's content from a descriptor this module opened (closed here), with `heartbeat` (its mtime),
+    `lock_path` and `lock_id` (device, inode, link count: which file this very lock is) added from the file
+    itself; None when it is not a regular file, too large or not a JSON object."""
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device: no holder
+            return None
+        data = fh.read(MAX_LOCK_BYTES + 1)
+    if len(data) > MAX_LOCK_BYTES:
+        return None
+    try:
+        info = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(info, dict):
+        return None
+    info["heartbeat"] = st.st_mtime
+    info["lock_path"] = str(path)
+    info["lock_id"] = [st.st_dev, st.st_ino, st.st_nlink]
+    return info
+
+
+#: how a lock file is opened for reading: never through a symbolic link, never waiting on a FIFO
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
 def read(run_dir: str | os.PathLike[str]) -> Optional[dict[str, Any]]:
-    """The lock's content, or None when there is no (readable) lock: a lock that is not a JSON object names no
-    holder. `heartbeat` (the file's mtime) and `lock_path` are added from the file itself."""
+    """The lock's content, or None when there is no (readable) lock: a lock that is not a JSON object, or a
+    `run.lock` that is a symbolic link (read never through one: it would be another file's word), names no
+    holder. `heartbeat` (the file's mtime), `lock_path` and `lock_id` are added from the file itself."""
     path = Path(run_dir) / LOCK_NAME
     try:
-        info = json.loads(untrusted.read_bytes(path, MAX_LOCK_BYTES))  # a FIFO or a huge file: no holder
-        if not isinstance(info, dict):
-            return None
-        info["heartbeat"] = path.stat().st_mtime
-        info["lock_path"] = str(path)
-        return info
-    except (OSError, ValueError, RecursionError):
+        return _read_open(os.open(path, _READ_FLAGS), path)
+    except OSError:
         return None
+
+
+def _read_beneath(run_dir: str | os.PathLike[str]) -> Optional[dict[str, Any]]:
+    """As `read`, with the run directory itself opened without following a link either (what a signal is
+    sent on: a run directory that is a link to another run's names that run's holder)."""
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        dfd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        return _read_open(os.open(LOCK_NAME, _READ_FLAGS, dir_fd=dfd), path)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
 
 
 def _same_process(info: dict[str, Any]) -> Optional[int]:
@@ -191,14 +233,38 @@ def holder_alive(info: dict[str, Any]) -> bool:
     return time.time() - (fields.number(info.get("heartbeat")) or 0.0) < STALE_S
 
 
+def _has_open(pid: int, dev: int, ino: int) -> bool:
+    """Whether the process has the file (device, inode) open: one of its descriptors (/proc/PID/fd) is that
+    very file. Device and inode are compared as stat(2) gives them on both sides."""
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            st = os.stat(os.path.join(fd_dir, name))
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (dev, ino):
+            return True
+    return False
+
+
 def signallable_pid(run_dir: str | os.PathLike[str]) -> Optional[int]:
-    """The pid of the live process on this host that provably holds the run's lock (pid, start time, command
-    line and the lock file's flock all match), else None: only such a process may be signalled."""
-    info = read(run_dir)
+    """The pid of the live process on this host that provably holds the run's lock, else None: only such a
+    process may be signalled. Proof: the lock file is read without following a link (neither `run.lock` nor
+    the run directory may be one), it is this directory's own file (one link: no hard link to another run's
+    lock), its pid is alive with the start time and command line recorded, that process has this very file
+    open (device and inode) and holds its flock."""
+    info = _read_beneath(run_dir)
     if info is None:
         return None
+    dev, ino, links = info["lock_id"]
+    if links != 1:
+        return None
     pid = _same_process(info)
-    if pid is None or _holds_flock(pid, info["lock_path"]) is not True:
+    if pid is None or not _has_open(pid, dev, ino) or _holds_flock(pid, info["lock_path"], ino) is not True:
         return None
     return pid
 

@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, BinaryIO, Iterator, Optional
 
 from rrtrain.core import untrusted
 from rrtrain.rundir import fields, layout
@@ -23,6 +23,8 @@ from rrtrain.rundir import fields, layout
 TRAIN_EVAL_FLAG = (b'"loss"', b'"flag"')
 #: `latest_records` reads the end of metrics.jsonl, growing from TAIL_START until it has what it wants
 TAIL_START, TAIL_MAX = 64 * 1024, 4 * 1024 * 1024
+#: a metrics line longer than this is not one rrtrain wrote (a diagnostic line of a deep model is a few kB)
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 # -- whole files --------------------------------------------------------------------------------
@@ -147,8 +149,8 @@ def read_config(run_dir: str | os.PathLike[str], problems: Optional[list[str]] =
     import yaml  # only the readers that need the config pay for yaml
 
     try:
-        data = yaml.safe_load(body)
-    except (yaml.YAMLError, RecursionError) as err:
+        data = untrusted.load_yaml(body)  # aliases and nesting bounded
+    except (yaml.YAMLError, ValueError, RecursionError) as err:
         _refuse(problems, f"{layout.CONFIG} unreadable: {type(err).__name__}")
         return {}
     if data is not None and not isinstance(data, dict):
@@ -227,15 +229,20 @@ def metrics_path(run_dir: str | os.PathLike[str]) -> Path:
     return Path(run_dir) / layout.METRICS
 
 
-def records(path: Path) -> Iterator[Optional[dict[str, Any]]]:
+def records(path: Path, max_line: int = MAX_LINE_BYTES) -> Iterator[Optional[dict[str, Any]]]:
     """Every non-empty line of a metrics.jsonl, streamed (the file may be hundreds of MB): the JSON object, or
-    None for a line that is not one (a torn last line, garbage, a list, a string). A missing file has none."""
+    None for a line that is not one (a torn last line, garbage, a list, a string, a line over `max_line` bytes,
+    which is read through in bounded pieces, never held whole). A missing file has none."""
     try:
         fh = untrusted.open_regular(path)
     except OSError:
         return
     with fh:
-        for raw in fh:
+        while raw := fh.readline(max_line + 1):
+            if len(raw) > max_line:  # not a line rrtrain wrote (a sparse file of 8 GiB has one, of zeros)
+                _skip_line(fh)
+                yield None
+                continue
             if not raw.strip():
                 continue
             try:
@@ -244,6 +251,15 @@ def records(path: Path) -> Iterator[Optional[dict[str, Any]]]:
                 yield None
                 continue
             yield rec if isinstance(rec, dict) else None
+
+
+def _skip_line(fh: BinaryIO) -> None:
+    """Move past the rest of the current line (through its newline, or to the end), 1 MiB at a time."""
+    while chunk := fh.read(1 << 20):
+        cut = chunk.find(b"\n")
+        if cut >= 0:
+            fh.seek(cut + 1 - len(chunk), os.SEEK_CUR)
+            return
 
 
 def read_tail(path: Path, tail_bytes: Optional[int] = 1 << 20,

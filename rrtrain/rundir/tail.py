@@ -65,12 +65,14 @@ class MetricsTail:
     speed: Optional[dict[str, Any]] = None  # ... with a `tokens_per_s`
     flags: dict[str, Flag] = field(default_factory=dict)  # by name, the first time each was raised
     bytes_read: int = 0  # over the tail's life: what a test counts to show nothing is read twice
+    skipping: bool = False  # inside a line longer than READ_MAX (not one rrtrain wrote): dropped to its newline
 
     def latest(self) -> Latest:
         return Latest(self.train, self.val, self.speed)
 
     def _reset(self) -> None:
         self.offset, self.key, self.ident, self.last_step = 0, None, None, None
+        self.skipping = False
         self.train = self.val = self.speed = None
         self.flags = {}
         self.generation += 1
@@ -121,6 +123,11 @@ class MetricsTail:
             self.ident = now[:2]
             fh.seek(self.offset)
             data = fh.read(min(now[2] - self.offset, READ_MAX)) if now[2] > self.offset else b""
+        if self.skipping or (len(data) >= READ_MAX and b"\n" not in data):  # an over-long line: passed over
+            newline = data.find(b"\n")
+            cut = newline + 1 if newline >= 0 else len(data)
+            self.skipping = newline < 0  # its newline not reached yet
+            self.offset, self.bytes_read, data = self.offset + cut, self.bytes_read + cut, data[cut:]
         end = data.rfind(b"\n") + 1  # a last line without its newline is still being written
         self.offset += end
         self.bytes_read += end

@@ -81,7 +81,7 @@ def two_starts(tmp_path_factory, stories_data):
 def test_the_first_start_in_wandb_series_config_flags_summary(two_starts):
     run, wdir, (recs, _), _ = two_starts
     (meta,) = of_type(recs, "run")
-    assert meta["run_id"] == wandb_run_id(run) and meta["run_group"] == "grp" and meta["project"] == "rrtrain-test"
+    assert meta["run_id"].startswith(wandb_run_id(run) + "-") and meta["run_group"] == "grp" and meta["project"] == "rrtrain-test"
     mine = [r for r in records(run) if r["step"] <= 8]
     loss = {r["step"]: r["loss"] for r in mine if "loss" in r}
     assert sorted(loss) == list(range(1, 9))
@@ -111,7 +111,8 @@ def test_the_resumed_start_continues_the_same_wandb_run(two_starts):
     run, _, (first, second), code = two_starts
     fin = final(run)
     assert code == 4 and fin["status"] == "stalled" and "cancelled" in fin["flags"], fin
-    assert of_type(second, "run")[0]["run_id"] == of_type(first, "run")[0]["run_id"] == wandb_run_id(run)
+    assert of_type(second, "run")[0]["run_id"] == of_type(first, "run")[0]["run_id"]  # its own, kept in the checkpoint
+    assert of_type(first, "run")[0]["run_id"].startswith(wandb_run_id(run) + "-")
     loss = {r["step"]: r["loss"] for r in records(run) if "loss" in r and r["step"] > 8}
     assert min(loss) == 9 and max(loss) == fin["step"]
     assert history(second, "train/loss") == pytest.approx(loss, rel=1e-6)  # from step 9 on: nothing twice
@@ -151,5 +152,5 @@ def test_two_ranks_make_one_wandb_run_in_the_run_directory(tmp_path, stories_dat
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (one,) = (run / "wandb").glob("offline-run-*")
     recs = inspect(next(one.glob("*.wandb")))
-    assert of_type(recs, "run")[0]["run_id"] == wandb_run_id(run)
+    assert of_type(recs, "run")[0]["run_id"].startswith(wandb_run_id(run) + "-")
     assert summary(recs)["world_size"] == 2 and sorted(history(recs, "train/loss")) == [1, 2]

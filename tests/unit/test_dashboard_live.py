@@ -145,7 +145,7 @@ def test_the_sweep_tab_is_the_status_table_refreshed(tmp_path, monkeypatch):
     """`rrtrain dashboard` on a sweep written by `rrtrain sweep` (a sweep.json): the `_sweep` text is the `rrtrain
     status` table (the same text, as a markdown code block), asked again at every refresh through one
     StatusCache (a refresh reads only the new bytes), and the dashboard cancels nothing."""
-    from launchers import cancel, record, status_cli
+    from launchers import cancel, record, status_cli, sweep_cli
     from rrtrain.cli.dashboard import StatusSummary
     from rrtrain.cli.main import COMMANDS
 
@@ -168,7 +168,7 @@ def test_the_sweep_tab_is_the_status_table_refreshed(tmp_path, monkeypatch):
         return [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("sweep/text_summary")]
 
     def status() -> str:
-        return "\n".join("    " + line for line in status_cli.table(status_cli.collect(sweep, act=False)).splitlines())
+        return "\n".join("    " + line for line in status_cli.table(status_cli.collect(sweep)).splitlines())
 
     summary = StatusSummary(sweep)
     state: list[LiveLogdir] = []
@@ -186,6 +186,8 @@ def test_the_sweep_tab_is_the_status_table_refreshed(tmp_path, monkeypatch):
     grown = {p: t.bytes_read - read[p] for p, t in summary.cache.tails.items()}
     assert grown[advancing] == len(lines(range(4, 6))) and sum(grown.values()) == grown[advancing]
     assert kept.refresh() == 0 and len(shown()) == 2  # the same table: nothing appended
-    assert cancels == []  # the dashboard only shows; `rrtrain status` on the same sweep acts
+    assert cancels == []  # the dashboard only shows, as `rrtrain status` does; `sweep --cancel-flagged` acts
     status_cli.collect(sweep)
+    assert cancels == []
+    sweep_cli.cancel_command(sweep)
     assert len(cancels) == 1
