@@ -47,10 +47,19 @@ def default_callbacks(cfg: "Config", stop: "StopFlag") -> list["Callback"]:
     callbacks = [Throughput(t.log_every), MetricsWriter(), NonfiniteGuard(t.on_nonfinite, t.max_nonfinite),
                  MonitorCallback(cfg.monitor), Console(t.log_every), Evaluator(t.eval_every),
                  Checkpointer(t.ckpt_every), PauseAt(t.stop_check_every), StopSignal(stop, t.stop_check_every)]
+    downstream = None
+    if cfg.eval.downstream.tasks:  # only then is lm_eval imported (and an unknown task refused, before any write)
+        from rrtrain.eval.callback import DownstreamEval
+
+        downstream = DownstreamEval(cfg.eval.downstream, t.ckpt_every)
+        callbacks.append(downstream)
     if cfg.log.wandb is not None:  # only then is the module (and, when the run starts, wandb) imported
         from rrtrain.monitoring.wandb_logger import WandbLogger
 
-        callbacks.append(WandbLogger(cfg.log.wandb))
+        wandb = WandbLogger(cfg.log.wandb)
+        callbacks.append(wandb)
+        if downstream is not None:
+            downstream.mirrors.append(wandb.log_record)
     return callbacks
 
 

@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("launchers.status_cli", "one row per run of a sweep: state, step, loss, flags"),
     "dashboard": ("rrtrain.cli.dashboard", "TensorBoard on loopback over a sweep's runs (per-size charts, HParams)"),
     "check-rule": ("rrtrain.cli.check_rule", "the generic checks on one residual rule (built-in or installed)"),
+    "eval": ("rrtrain.cli.eval", "downstream tasks (lm-evaluation-harness) on a run's checkpoint"),
+    "export": ("rrtrain.cli.export", "a run's checkpoint as a Hugging Face model directory (safetensors)"),
 }
 
 

@@ -2,8 +2,11 @@
 
 Each run of the logdir has one derived event file, appended to (never rewritten) at every refresh from the new
 lines of its metrics.jsonl (`rrtrain.rundir.tail.MetricsTail` reads only those): the per-size curves, the gate
-means and histograms, and each flag the monitor raised (the run's `flags` text entry, with step and reason, and a
-point of `SIZE/flags` at the flag's step, at the training loss there, drawn on the size's train-loss chart).
+means and histograms, the downstream results (in-loop records as `SIZE/downstream/TASK/METRIC`, and `rrtrain eval`'s
+result files in the run's eval/ as `SIZE/eval/TASK/METRIC`, each at its checkpoint's step, read again when eval/
+changes; a chart per task and metric of each size shows both, `rrtrain.rundir.downstream`), and each flag the
+monitor raised (the run's `flags` text entry, with step and reason, and a point of `SIZE/flags` at the flag's step,
+at the training loss there, drawn on the size's train-loss chart).
 Pruned and cancelled runs get their flag when final.json or cancelled.json says so.
 
 TensorBoard keeps the first HParams session a run holds (it reads a session from the tag's metadata, and keeps
@@ -26,10 +29,11 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from rrtrain.rundir import events, fields, layout as rundir_layout, readers
+from rrtrain.rundir import downstream, events, fields, layout as rundir_layout, readers
 from rrtrain.rundir.events import EventFile
 from rrtrain.rundir.outcome import CANCELLED, PRUNED, cancelled_status
 from rrtrain.rundir.tail import FileKey, MetricsTail, file_key
@@ -42,11 +46,13 @@ SUFFIX = ".rrtrain-dashboard"
 #: the pseudo-run with the layout and the sweep's summary table
 SWEEP_RUN = "_sweep"
 FLAGS_TAG = "flags"  # the text entry of a run's flags
+DOWNSTREAM_TAG, EVAL_TAG = "downstream", "eval"  # SIZE/downstream/TASK/METRIC (in-loop), SIZE/eval/... (eval/ files)
 
 
-def layout(sizes: list[str]) -> dict[str, dict[str, list]]:
+def layout(sizes: list[str], results: Optional[dict[str, list[str]]] = None) -> dict[str, dict[str, list]]:
     """The custom-scalars layout: one category per size, its variants on one chart per quantity; the flags'
-    markers (`SIZE/flags`) on the train-loss chart."""
+    markers (`SIZE/flags`) on the train-loss chart; `results` (size -> "TASK/METRIC" keys): a chart per downstream
+    task and metric, in-loop and `rrtrain eval` values together."""
     out = {}
     for size in sizes:
         s = re.escape(size)
@@ -56,6 +62,10 @@ def layout(sizes: list[str]) -> dict[str, dict[str, list]]:
             "grad norm": ["Multiline", [rf"^{s}/grad_norm$"]],
             "gate mean per block": ["Multiline", [rf"^{s}/gate_mean/\d+$"]],
         }
+        for key in (results or {}).get(size, []):
+            task, metric = downstream.split_key(key)
+            out[f"size {size}"][f"downstream {task} {metric}"] = [
+                "Multiline", [rf"^{s}/({DOWNSTREAM_TAG}|{EVAL_TAG})/{re.escape(key)}$"]]
     return out
 
 
@@ -122,13 +132,20 @@ class RunFeed:
         self.session_dir: Optional[Path] = None
         self.used_names: set[str] = set()
         self.keys: Optional[tuple[Optional[FileKey], ...]] = None
+        self.unlinkable: set[Path] = set()  # the run's event files that are loops of links, said once
         # what the sweep table shows
         self.status = "running"
         self.flags: dict[str, str] = {}
+        # downstream results: the "TASK/METRIC" keys seen (a chart each), the eval/ values written, problems said
+        self.results: set[str] = set()
+        self.evals: dict[tuple[int, str], float] = {}
+        self.eval_key: Optional[FileKey] = None
+        self.said: set[str] = set()
 
     def _keys(self) -> tuple[Optional[FileKey], ...]:
         return (file_key(self.tail.path), file_key(self.run / rundir_layout.FINAL),
-                file_key(self.run / rundir_layout.CANCELLED), file_key(self.run / rundir_layout.TENSORBOARD))
+                file_key(self.run / rundir_layout.CANCELLED), file_key(self.run / rundir_layout.TENSORBOARD),
+                file_key(self.run / rundir_layout.EVAL))
 
     def refresh(self) -> bool:
         """Append what is new; False when the run's files are as they were at the last refresh."""
@@ -145,8 +162,10 @@ class RunFeed:
             out.append(events.restart(0))
             self.generation, self.step, self.loss = self.tail.generation, 0, None
             self.shown, self.flags = set(), {}
+            self.evals, self.eval_key = {}, None  # the restart dropped them too: written again below
         for rec in new:
             out.extend(self._from_record(rec))
+        out.extend(self._eval_results(keys[4]))
         final = readers.read_final(self.run)
         cancelled = readers.read_cancelled(self.run)
         out.extend(self._outcome_flags(final, cancelled))
@@ -156,11 +175,40 @@ class RunFeed:
         self.keys = keys if self.tail.key is not None or keys[0] is None else None
         return True
 
+    def _eval_results(self, key: Optional[FileKey]) -> list[Any]:
+        """`rrtrain eval`'s results new or changed since eval/ was last read, at their own steps (in step order
+        within a refresh); a bad file is said once on stderr, as the dashboard says a skipped run."""
+        if key == self.eval_key:
+            return []
+        self.eval_key = key
+        problems: list[str] = []
+        table = downstream.read_eval_dir(self.run, problems)
+        for line in problems:
+            if line not in self.said:
+                self.said.add(line)
+                print(f"rrtrain dashboard: {self.run}: {line}", file=sys.stderr, flush=True)
+        out = []
+        for step in sorted(table):
+            for name, value in sorted(table[step].items()):
+                if self.evals.get((step, name)) != value:
+                    self.evals[(step, name)] = value
+                    self.results.add(name)
+                    out.append(scalar(f"{self.size}/{EVAL_TAG}/{name}", value, step))
+        return out
+
     def _link_events(self) -> None:
         for src in sorted((self.run / rundir_layout.TENSORBOARD).glob("events.out.tfevents.*")):
             link = self.out / src.name
             if not link.is_symlink() and not link.exists():
-                link.symlink_to(src.resolve())
+                try:
+                    target = src.resolve()
+                except (OSError, RuntimeError):  # a loop of links: RuntimeError on Python 3.11, OSError later
+                    if src not in self.unlinkable:
+                        self.unlinkable.add(src)
+                        print(f"rrtrain dashboard: skipping {src}: a loop of symbolic links", file=sys.stderr,
+                              flush=True)
+                    continue
+                link.symlink_to(target)
 
     def _at(self, step: int) -> int:
         self.step = max(self.step, step)
@@ -182,6 +230,11 @@ class RunFeed:
             name = fields.text(rec.get("flag"))
             if name is not None:
                 out.extend(self._flag(name, step, fields.text(rec.get("detail")) or ""))
+        elif kind == downstream.KIND:
+            got = downstream.record_values(rec)
+            for name, value in sorted(got[1].items()) if got else []:
+                self.results.add(name)
+                out.append(scalar(f"{self.size}/{DOWNSTREAM_TAG}/{name}", value, self._at(step)))
         elif kind is None:
             for tag, key in SERIES.items():
                 value = fields.finite(rec.get(key))
@@ -277,6 +330,7 @@ class SweepFeed:
         self.file = EventFile(out / events.new_name(SUFFIX))
         self.summary = summary
         self.sizes: list[str] = []
+        self.results: dict[str, list[str]] = {}  # size -> the downstream "TASK/METRIC" keys charted
         self.step = 0
         self.table = ""
 
@@ -285,10 +339,12 @@ class SweepFeed:
 
         out = []
         sizes = sorted({f.size for f in feeds})
-        if sizes != self.sizes:
+        results = {size: sorted({k for f in feeds if f.size == size for k in f.results}) for size in sizes}
+        results = {size: keys for size, keys in results.items() if keys}
+        if sizes != self.sizes or results != self.results:
             self.step += 1
-            out.append(events.event(summary.custom_scalars(layout(sizes)), self.step))
-            self.sizes = sizes
+            out.append(events.event(summary.custom_scalars(layout(sizes, results)), self.step))
+            self.sizes, self.results = sizes, results
         table = self.summary() if self.summary is not None else None
         if table is None:
             table = feeds_table(feeds)

@@ -132,6 +132,9 @@ class Analysis:
     trends: dict[str, Trend]
     rows: list[RunRow]
     notes: list[str]
+    #: the downstream-task tables over the same runs, set by `rrtrain.report.downstream.with_downstream` (which
+    #: builds on this module's types); None: not asked for, or no run in the means has any
+    downstream: Any = None  # a `rrtrain.report.downstream.Downstream` (not imported here: it imports this module)
 
     def count(self, category: str) -> int:
         return sum(r.run.category == category for r in self.rows)

@@ -2,8 +2,8 @@
 files: the files are found and read by `rrtrain.rundir` (`layout.run_dirs`, `readers`), which says what it could
 not use in `Run.problems`.
 
-A run directory is any directory holding `final.json` or `metrics.jsonl` (DESIGN.md, "Command-line
-contract"), at any depth. `final.json` is written once, when a run ends for any reason; a directory
+A run directory is any directory holding `final.json` or `metrics.jsonl`
+at any depth (`rrtrain.rundir.layout`). `final.json` is written once, when a run ends for any reason; a directory
 with `metrics.jsonl` and no `final.json` is a run still going (or one that died without a word).
 
 Each run is read once and reduced at once (`RunMetrics.of`): what the analysis and the plots use of its
@@ -26,7 +26,7 @@ import numpy as np
 
 from rrtrain.report.curves import downsample
 from rrtrain.report.spikes import SpikeScore, spike_score
-from rrtrain.rundir import fields, layout, readers
+from rrtrain.rundir import downstream, fields, layout, readers
 from rrtrain.rundir.layout import run_dirs
 from rrtrain.rundir.points import read_point
 
@@ -56,6 +56,8 @@ class Metrics:
     lines: int = 0
     bad_lines: int = 0
     relogged: int = 0
+    #: the in-loop downstream values of the largest step that has any ({step: {"TASK/METRIC": value}}, one step)
+    downstream: downstream.Table = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> "Metrics":
@@ -119,6 +121,9 @@ class Run:
     problems: list[str] = field(default_factory=list)
     final_error: str | None = None  # why final.json could not be used at all
     point: dict = field(default_factory=dict)  # the grid point (config.yaml `run.point`); {} without a grid
+    #: the final downstream values (`rrtrain.rundir.downstream.final`: the largest step that has any), and that step
+    downstream: dict[str, float] = field(default_factory=dict)
+    downstream_step: int | None = None
 
     @property
     def category(self) -> str:
@@ -197,23 +202,32 @@ def read_run(run_dir: Path, root: Path) -> Run:
     run.point = read_point(config if config else readers.read_config(run_dir))
     run.variant, run.size, run.seed = who.variant, who.size, who.seed
     metrics = readers.metrics_path(run_dir)
+    records: downstream.Table = {}
     if metrics.is_file():
-        run.metrics = RunMetrics.of(read_metrics(metrics))  # the full series goes out of scope here
+        m = read_metrics(metrics)
+        records = m.downstream
+        run.metrics = RunMetrics.of(m)  # the full series goes out of scope here
         if run.metrics.bad_lines:
             run.problems.append(f"{layout.METRICS}: {run.metrics.bad_lines} unreadable line(s) skipped")
+    files = downstream.read_eval_dir(run_dir, run.problems)
+    if records or files:
+        run.downstream_step, run.downstream = downstream.final(downstream.merge(records, files))
     return run
 
 
 def read_metrics(path: Path) -> Metrics:
     """Parse metrics.jsonl: training lines (`step`, `loss`) and evaluation lines (`step`, `val_loss`).
 
-    Lines with another `kind` (e.g. `"diag"`) are ignored. Lines that are not JSON objects (a torn
+    Downstream lines (`"kind": "downstream"`) keep only the values of their largest step (`downstream`: the run's
+    final downstream values are reported, `rrtrain.rundir.downstream`); lines with another `kind` (e.g. `"diag"`)
+    are ignored. Lines that are not JSON objects (a torn
     last line after a crash, garbage) are counted in `bad_lines` and skipped, and so are lines whose loss has
     no step or is not a loss (`rrtrain.rundir.fields.loss`). A step logged twice (a resumed run re-logs the steps after its last checkpoint)
     keeps the last value; `relogged` counts the replaced values.
     """
     train: dict[int, float] = {}
     val: dict[int, float] = {}
+    down: downstream.Table = {}
     lines = bad = relogged = 0
     for rec in readers.records(path):
         lines += 1
@@ -221,6 +235,10 @@ def read_metrics(path: Path) -> Metrics:
             bad += 1
             continue
         kind = rec.get("kind")
+        if kind == downstream.KIND:
+            downstream.take_record(rec, down)
+            downstream.keep_last(down)  # only the final values are reported
+            continue
         if kind is not None and (not isinstance(kind, str) or kind not in TRAIN_KINDS | EVAL_KINDS):
             continue  # another kind of line (a list as kind is not hashable: not a kind at all)
         step = fields.count(rec.get("step"))
@@ -247,4 +265,5 @@ def read_metrics(path: Path) -> Metrics:
         lines=lines,
         bad_lines=bad,
         relogged=relogged,
+        downstream=down,
     )

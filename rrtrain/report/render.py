@@ -166,6 +166,7 @@ def report_md(a: Analysis, plots: dict[str, dict[str, Any]], sweep_name: str) ->
                          pct(vs.spike_max), vs.flagged, vs.unfinished, ", ".join(str(x) for x in vs.seeds) or DASH])
     L += _table(["Size", "variant", "n", "mean", "SD", "best val (mean)", "spike score[^spike]", "max", "flagged",
                  "unfinished", "seeds in mean"], rows)
+    L += downstream_section(a)
     L += _trend_section(a)
     L += _ahead_section(a)
     L += _run_lists(flagged, unfinished, unusable, o.include_flagged)
@@ -179,6 +180,71 @@ def report_md(a: Analysis, plots: dict[str, dict[str, Any]], sweep_name: str) ->
             L.append(f"![{name}]({name})")
     L += ["", *_footnotes(a, flagged)]
     return "\n".join(L) + "\n"
+
+
+def downstream_section(a: Analysis) -> list[str]:
+    """The downstream tables (`rrtrain.report.downstream`): one per task and primary metric, as the loss table,
+    then their Welch tests; nothing when no run in the means has downstream values."""
+    d = a.downstream
+    if d is None or not d.tables:
+        return []
+    o, ref = a.options, a.reference
+    L = ["", "## Downstream tasks", "",
+         f"The runs of the loss table, each with its final downstream values (those of the largest step it has any: "
+         f"in-loop `downstream/TASK/METRIC` records of metrics.jsonl and `rrtrain eval`'s `eval/` result files, a "
+         f"file's value winning at the same step). Per task its primary metric(s): "
+         + "; ".join(f"{t} ({why})" for t, why in d.why.items()) + ". Cells and the significance column read as in "
+         f"the loss table (Welch's t-test at α = {o.alpha:g}, t = (baseline − {ref}) / SE), but the direction is "
+         f"each metric's own: **for a higher-is-better metric (acc) a negative difference means {ref} is better**, "
+         f"for a lower-is-better one (bits_per_byte, perplexity) a positive one does. As in the loss table, `yes` "
+         f"alone means {ref} is significantly better (by the metric's direction), `yes, X better` that X is."]
+    for t in d.tables:
+        sense = "higher is better" if t.higher_better else "lower is better"
+        L += ["", f"### {t.task}: {t.metric} ({sense})", ""]
+        L += table2(t.analysis)
+        notes = []
+        if len(t.steps) > 1:
+            notes.append("the runs' last evaluated steps differ: "
+                         + ", ".join(f"step {s} ({n} run{'s' if n != 1 else ''})" for s, n in t.steps.items()))
+        elif t.steps:
+            notes.append(f"values at step {next(iter(t.steps))}")
+        if t.missing:
+            notes.append(f"{t.missing} run(s) in the loss means have no {t.metric} for {t.task}")
+        if notes:
+            text = "; ".join(notes)
+            L += ["", text[0].upper() + text[1:] + "."]  # not str.capitalize: a task's name keeps its case
+    if d.untested:
+        L += ["", "Recorded but not tabled (not a primary metric): " + ", ".join(d.untested) + "."]
+    L += ["", "### Downstream Welch t-tests", ""]
+    rows = []
+    for t in d.tables:
+        for s in t.analysis.sizes:
+            for b in t.analysis.baselines:
+                c = s.comparisons[b]
+                verdict = c.verdict if c.verdict != "yes" else f"yes, {c.better} better"
+                rows.append([f"{t.task}/{t.metric}", s.size, f"{b} − {ref}", f"{c.n_ref}, {c.n_base}",
+                             fixed(c.diff, 4, True), fixed(c.se, 4), fixed(c.t, 2), fixed(c.df, 1), pval(c.p),
+                             pval(c.p_holm), verdict + (f" ({c.reason})" if c.reason else "")])
+    L += _table(["task/metric", "Size", "comparison", f"n ({ref}, baseline)", "difference", "SE", "t", "df (Welch)",
+                 "p", "p (Holm, all downstream tests)", f"p < {o.alpha:g}?"], rows)
+    return L
+
+
+def downstream_summary(a: Analysis) -> dict[str, Any]:
+    """summary.json's `downstream`: per "TASK/METRIC", its direction, steps and per-size stats and tests."""
+    d = a.downstream
+    out: dict[str, Any] = {"tables": {}, "untested": list(d.untested) if d else [], "why": dict(d.why) if d else {}}
+    for t in d.tables if d else []:
+        out["tables"][f"{t.task}/{t.metric}"] = {
+            "task": t.task, "metric": t.metric, "higher_is_better": t.higher_better,
+            "steps": {str(k): n for k, n in t.steps.items()}, "missing": t.missing,
+            "sizes": [{"size": s.size, "params": s.params,
+                       "variants": {v: {"n": vs.n, "seeds": vs.seeds, "values": vs.losses, "mean": vs.mean, "sd": vs.sd}
+                                    for v, vs in s.variants.items()},
+                       "comparisons": {b: {k: v for k, v in dataclasses.asdict(c).items() if k != "power"}
+                                       for b, c in s.comparisons.items()}}
+                      for s in t.analysis.sizes]}
+    return out
 
 
 def _trend_section(a: Analysis) -> list[str]:
@@ -308,12 +374,17 @@ CSV_FIELDS = [
 
 
 def results_csv(a: Analysis) -> str:
+    """One row per run; with downstream results, a `downstream_step` column and one `downstream/TASK/METRIC` column
+    per key any run has (its final values), after the others."""
+    keys = sorted({k for r in a.rows for k in r.run.downstream})
+    extra = ["downstream_step", *(f"downstream/{k}" for k in keys)] if keys else []
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS + extra, lineterminator="\n")
     w.writeheader()
     for r in a.rows:
         run, m, sp = r.run, r.run.metrics, r.spike
-        w.writerow({
+        more = {"downstream_step": run.downstream_step, **{f"downstream/{k}": v for k, v in run.downstream.items()}}
+        w.writerow({**(more if keys else {}),
             "run": run.rel, "size": run.size, "variant": run.variant, "seed": run.seed, "status": run.status,
             "category": run.category, "included": int(r.included), "note": r.note or run.reason,
             "flags": ";".join(run.flags), "params": _int_or_blank(run.params), "step": run.step,
@@ -376,6 +447,7 @@ def summary(a: Analysis, plots: dict[str, dict[str, Any]], sweep_dir: str) -> di
         "trends": trends,
         "notes": a.notes,
         "plots": plots,
+        **({"downstream": downstream_summary(a)} if a.downstream is not None and a.downstream.tables else {}),
     })
 
 

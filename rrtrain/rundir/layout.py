@@ -1,6 +1,6 @@
 """Every name in a run directory, in one place, and how runs are found under a sweep directory.
 
-A run directory (DESIGN.md, "Command-line contract") holds:
+A run directory holds:
 
 - `config.yaml`     the resolved config the run trained with (rank 0, at the start);
 - `metrics.jsonl`   one JSON object per line: training, evaluation, diagnostic, flag and checkpoint records;
@@ -13,7 +13,9 @@ A run directory (DESIGN.md, "Command-line contract") holds:
 - `pause.json`      written by `rrtrain sweep` before it starts a run of a pruned sweep: the step to pause at
                     (a rung of its successive halving; `launchers.prune`); absent: train to the end;
 - `ranks/`          where each rank of a distributed run ran (`rrtrain.rundir.ranks`);
-- `wandb/`          W&B's own files, with `log.wandb` and no `$WANDB_DIR` (`rrtrain.monitoring.wandb_logger`).
+- `wandb/`          W&B's own files, with `log.wandb` and no `$WANDB_DIR` (`rrtrain.monitoring.wandb_logger`);
+- `eval/`           `rrtrain eval`'s results, `step_NNNNNNNN-KEY.json` per checkpoint step and task set (read with
+                    the in-loop downstream records by `rrtrain.rundir.downstream`).
 
 Any directory holding `final.json` or `metrics.jsonl`, at any depth, is a run; one with `metrics.jsonl` and no
 `final.json` is still going (or died without a word).
@@ -36,11 +38,15 @@ CANCELLED = "cancelled.json"
 PAUSE = "pause.json"
 RANKS = "ranks"
 WANDB = "wandb"
+EVAL = "eval"
 
 #: the files whose presence makes a directory a run
 RUN_FILES = frozenset({FINAL, METRICS})
 #: directory names never searched for runs: large, and never holding one
 NOT_RUNS = frozenset({CHECKPOINTS, TENSORBOARD, DATA_CACHE, WANDB, "__pycache__", ".git"})
+#: directory names not searched inside a run (the run's own), but searched elsewhere: a sweep may well keep runs
+#: under a directory called `eval`
+RUN_PARTS = frozenset({EVAL})
 
 
 def is_run_dir(filenames: Iterable[str]) -> bool:
@@ -57,8 +63,10 @@ def run_dirs(sweep_dir: str | os.PathLike[str], skip: Optional[list[Path]] = Non
     found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
+        inside_run = is_run_dir(filenames)
         dirnames[:] = sorted(d for d in dirnames
-                             if d not in NOT_RUNS and not (skipped and (here / d).resolve() in skipped))
-        if is_run_dir(filenames):
+                             if d not in NOT_RUNS and not (inside_run and d in RUN_PARTS)
+                             and not (skipped and (here / d).resolve() in skipped))
+        if inside_run:
             found.append(here)
     return sorted(found)

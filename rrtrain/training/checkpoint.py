@@ -420,6 +420,9 @@ FREE |= {f"monitor.{key}" for key in ("min_steps", "window", "min_improvement", 
                                        "peer_mad")}
 #: where the records also go (W&B): an observer, like a callback (a checkpoint from before the key has none)
 FREE |= {"log.wandb", "log.wandb.project", "log.wandb.entity", "log.wandb.mode", "log.wandb.group"}
+#: downstream evaluation observes the model between steps and leaves its random state as it found it
+#: (rrtrain.eval.harness); a checkpoint from before the key has none
+FREE |= {f"eval.downstream.{key}" for key in ("tasks", "every", "limit", "num_fewshot", "include", "batch_size")}
 #: the parallel layout: accepted without consent and listed. Step s takes the same samples at any layout (the
 #: loader's order depends on the global batch only) and DCP reshards the saved state exactly, so only the
 #: reductions' rounding differs. (DeepSpeed refuses a changed world size when it loads its own checkpoint.)

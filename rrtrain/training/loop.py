@@ -121,6 +121,10 @@ class Loop(Protocol):
     def any_rank(self, flag: bool) -> bool:
         """Collective. True on every rank when `flag` is true on any: call it at the same steps on every rank."""
 
+    def logits(self, idx: Any) -> Any:
+        """Collective under a sharded backend (every rank calls it as often). The model's logits (B, T, V) for
+        token ids (B, T), as the model is now: eval mode, no gradients, its mode restored after."""
+
 
 class Callback:
     """A no-op for every hook; subclasses override what they need."""

@@ -51,7 +51,7 @@ def test_unknown_key_in_file_suggests_closest(tmp_path):
 def test_unknown_section_suggests_closest(tmp_path):
     path = write(tmp_path, "c.yaml", "trian:\n  lr: 0.1\n")
     assert error(path) == \
-        "unknown key 'trian'; did you mean 'train'? (valid here: run, model, match, data, train, parallel, monitor, log)"
+        "unknown key 'trian'; did you mean 'train'? (valid here: run, model, match, data, train, parallel, monitor, log, eval)"
 
 
 def test_unknown_nested_key_suggests_full_path():

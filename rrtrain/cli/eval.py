@@ -1,0 +1,86 @@
+"""`rrtrain eval RUN_DIR [--step N] --tasks T1,T2 [--limit K] [--num-fewshot F] [--batch-size B] [--include PATH]`:
+downstream tasks of lm-evaluation-harness on one checkpoint of a run (`pip install 'rrtrain[eval]'`).
+
+Tasks come from lm-eval's registry (their data from the Hugging Face cache or hub, as lm-eval fetches it) or
+from task YAML files of your own (`--include`: a directory or one file; lm-eval's `include_path`). Prints a
+table (task, metric, value, stderr) and writes `RUN_DIR/eval/step_NNNNNNNN-KEY.json` (written aside and
+renamed; docs/evaluation.md). Bad input (an unknown task, a step without a checkpoint, a directory that is not
+a run, a tokenizer that does not match the checkpoint) is one line, exit status 2, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rrtrain.core.args import CommandParser
+from rrtrain.core.errors import UsageError
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = CommandParser(prog="rrtrain eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (config.yaml, metrics.jsonl, checkpoints/)")
+    p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest)")
+    p.add_argument("--limit", type=int, default=None, metavar="K", help="the first K documents of each task")
+    p.add_argument("--num-fewshot", type=int, default=None, metavar="F",
+                   help="few-shot examples per prompt (default: each task's own, else 0)")
+    p.add_argument("--batch-size", type=int, default=16, metavar="B", help="sequences per forward (default 16)")
+    p.add_argument("--include", default=None, metavar="PATH", help="a directory or YAML file of your own tasks")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when there is one)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="the model's dtype (default fp32)")
+    p.add_argument("--bootstrap-iters", type=int, default=1000, metavar="N",
+                   help="resamples for the bootstrapped standard errors (perplexities...); 0: none (default 1000)")
+    return p.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> None:
+    for flag, value, least in (("--limit", args.limit, 1), ("--num-fewshot", args.num_fewshot, 0),
+                               ("--batch-size", args.batch_size, 1), ("--bootstrap-iters", args.bootstrap_iters, 0),
+                               ("--step", args.step, 0)):
+        if value is not None and value < least:
+            raise UsageError(f"{flag} must be at least {least}, got {value}")
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    check(args)
+    from rrtrain.eval.tasks import check_include, parse_tasks, require_lm_eval, result_key
+
+    tasks = parse_tasks(args.tasks)
+    include = check_include(args.include)
+    require_lm_eval("rrtrain eval")
+    import torch
+
+    from rrtrain.model.from_run import checkpoint_steps, load_run, require_run_dir
+
+    run_dir = require_run_dir(args.run_dir)
+    steps = checkpoint_steps(run_dir)
+    if not steps:
+        raise UsageError(f"{run_dir} has no checkpoint")
+    if args.step is not None and args.step not in steps:
+        raise UsageError(f"{run_dir} has no checkpoint at step {args.step} (checkpoints: {', '.join(map(str, steps))})")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device}: no CUDA device here")
+
+    from rrtrain.eval import harness, results
+    from rrtrain.eval.lm import RRTrainLM
+    from rrtrain.eval.tasks import load_tasks, task_manager
+
+    manager = task_manager(tasks, include)
+    loaded = load_tasks(manager, tasks, args.num_fewshot)
+    run = load_run(run_dir, args.step, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
+                   device=device)
+    lm = RRTrainLM(run.model, run.tokenizer, run.model.shape.seq_len, device=device, batch_size=args.batch_size)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        found = harness.run(lm, loaded, args.limit, args.bootstrap_iters)
+    seconds = time.perf_counter() - t0
+    content = results.content(run.step, tasks, args.num_fewshot, args.limit, seconds, harness.lm_eval_version(),
+                              found)
+    path = results.write(run_dir, run.step, result_key(tasks, args.num_fewshot, args.limit), content)
+    print(f"rrtrain eval: {run_dir} step {run.step} ({run.config.model.variant}), {seconds:.1f} s", flush=True)
+    print(results.table(found))
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,119 @@
+"""Task names: their spelling, lm-eval's index of them, loading them, and the key a result file is named by.
+
+lm-eval's `TaskManager` indexes its ~15,000 registered tasks in several seconds. When `include` (a directory
+or YAML file of the user's own tasks) names every task asked for, the index is built over `include` alone, in
+well under a second; a registered task, a group or a tag needs the whole index (where `include` still wins
+over a registered task of the same name, as in lm-eval).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from rrtrain.config import TASK_NAME
+from rrtrain.core.errors import UsageError
+
+#: a key longer than this is replaced by the first 12 hex digits of its sha256
+MAX_KEY_CHARS = 120
+#: the request types rrtrain's model answers (generation is refused)
+SCORED_TYPES = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")
+
+
+def parse_tasks(text: str | Sequence[str], where: str = "--tasks") -> list[str]:
+    """`T1,T2` (or a list) -> sorted unique names; a name outside [A-Za-z0-9_.-] is one line."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = [str(t).strip() for t in items]
+    if not any(names):
+        raise UsageError(f"{where}: no task named")
+    for name in names:
+        if not TASK_NAME.fullmatch(name):
+            raise UsageError(f"{where}: {name!r} is not a task name (letters, digits, '_', '.', '-')")
+    return sorted(set(names))
+
+
+def result_key(tasks: Sequence[str], num_fewshot: Optional[int], limit: Optional[int]) -> str:
+    """`a+b[-fewshotF][-limitK]`, or the first 12 hex digits of its sha256 when longer than 120 characters."""
+    key = "+".join(sorted(tasks))
+    if num_fewshot is not None:
+        key += f"-fewshot{num_fewshot}"
+    if limit is not None:
+        key += f"-limit{limit}"
+    return key if len(key) <= MAX_KEY_CHARS else hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def check_include(include: Optional[str | Path], where: str = "--include") -> Optional[Path]:
+    if include is None:
+        return None
+    path = Path(include)
+    if not (path.is_dir() or (path.is_file() and path.suffix in (".yaml", ".yml"))):
+        raise UsageError(f"{where}: {str(path)!r} is neither a directory nor a .yaml file")
+    return path
+
+
+#: lm-eval's own index, built once per process (seconds each time; the installed tasks do not change)
+_REGISTRY: list[Any] = []
+
+
+def require_lm_eval(what: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("lm_eval") is None:
+        raise UsageError(f"{what} needs lm-evaluation-harness, which is not installed: pip install 'rrtrain[eval]'")
+
+
+def task_manager(tasks: Sequence[str], include: Optional[Path], where: str = "--tasks") -> Any:
+    """lm-eval's TaskManager knowing every name of `tasks` (over `include` alone when that suffices); an
+    unknown name is one line naming it and the closest known names."""
+    import logging
+
+    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks._index import Kind
+
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)  # the index warns of every odd YAML it meets
+    if include is not None:
+        local = TaskManager(include_path=str(include), include_defaults=False)
+        index = local.task_index
+        if all(t in index and index[t].kind in (Kind.TASK, Kind.PY_TASK) for t in tasks):
+            return local
+        manager = TaskManager(include_path=str(include))
+    else:
+        if not _REGISTRY:
+            _REGISTRY.append(TaskManager())
+        manager = _REGISTRY[0]
+    unknown = [t for t in tasks if t not in manager.task_index]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], manager.all_tasks, n=3)
+        hint = f" (closest: {', '.join(close)})" if close else ""
+        where_from = "lm-eval's registry" + (f" or {include}" if include is not None else "")
+        raise UsageError(f"{where}: unknown task {unknown[0]!r}: not in {where_from}{hint}")
+    return manager
+
+
+def load_tasks(manager: Any, tasks: Sequence[str], num_fewshot: Optional[int], where: str = "--tasks") -> dict:
+    """The tasks loaded (their data read: lm-eval's `TaskManager.load`), few-shot counts set as
+    `lm_eval.simple_evaluate` sets them (`num_fewshot` overrides a task's own count unless that is 0; none
+    given and none in the task: 0; the few-shot sampler's seed 1234); a generation task is refused."""
+    try:
+        loaded = manager.load(list(tasks))
+    except Exception as err:  # noqa: BLE001 - a task's own YAML or data (a download without network...): one line
+        why = f"{type(err).__name__}: {err}".splitlines()[0]
+        raise UsageError(f"{where}: cannot load {', '.join(tasks)}: {why}") from None
+    for name, task in loaded["tasks"].items():
+        kind = task.get_config("output_type")
+        if kind not in SCORED_TYPES:
+            raise UsageError(f"{where}: task {name!r} is a {kind} task; rrtrain evaluates log-likelihood tasks "
+                             f"only ({', '.join(SCORED_TYPES)})")
+        if num_fewshot is not None and task.get_config("num_fewshot") != 0:
+            task.set_config(key="num_fewshot", value=num_fewshot)
+        elif task.get_config("num_fewshot") is None:
+            task.set_config(key="num_fewshot", value=0)
+        task.set_fewshot_seed(seed=FEWSHOT_SEED)
+    return loaded
+
+
+#: lm-eval's default few-shot seed (simple_evaluate's fewshot_random_seed)
+FEWSHOT_SEED = 1234

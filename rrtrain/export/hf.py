@@ -1,0 +1,143 @@
+"""`rrtrain export RUN_DIR --hf OUT`: a run's checkpoint as a Hugging Face model directory.
+
+OUT holds `model.safetensors`, `config.json`, `generation_config.json`, the tokenizer (tokenizer.json and its
+config) and, unless `stock`, the model's own source (rrtrain/export/bundle.py) with the transformers classes
+that load it (`trust_remote_code=True`), so that any residual rule loads where rrtrain is not installed. With
+`stock` (the `standard` rule with RoPE only, rrtrain/export/stock.py) it is a stock `ArceeForCausalLM` instead.
+
+Everything is written into a hidden directory beside OUT and renamed into place at the end: an OUT that exists
+and is not empty is refused, and on any failure nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from rrtrain.core.errors import UsageError
+from rrtrain.core.io import replace_dir
+from rrtrain.export import bundle, stock as stock_mod, tokenizer as tok_mod
+from rrtrain.model.from_run import LoadedRun, load_run
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+WEIGHTS = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class Exported:
+    out: Path
+    step: int
+    variant: str
+    files: list[str]
+    stock: bool
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got '{name}'")
+    return DTYPES[name]
+
+
+def check_out(out: Path) -> None:
+    """OUT may be absent or an empty directory; its parent must exist."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UsageError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"{out} exists and is not empty; choose a new directory")
+    if not out.parent.is_dir():
+        raise UsageError(f"{out.parent} does not exist (the parent of the output directory)")
+
+
+def rrtrain_section(run: LoadedRun) -> dict[str, Any]:
+    """config.json's `rrtrain`: what the copied source needs to rebuild the model, and where it came from."""
+    m = run.config.model
+    assert run.shape is not None
+    return {"variant": m.variant, "shape": dataclasses.asdict(run.shape), "residual": m.residual.values(),
+            "norm_eps": m.norm_eps, "init_std": m.init_std, "rope_base": m.rope_base,
+            "step": run.step, "tokenizer": run.tokenizer.spec}
+
+
+def remote_config(run: LoadedRun, dtype: torch.dtype, pad_id: Optional[int]) -> Any:
+    """The export's own RrtrainConfig (its class from rrtrain/export/remote/, imported for the writing only)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rrtrain_export_configuration",
+                                                  bundle.TEMPLATES / "configuration_rrtrain.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.RrtrainConfig(
+        rrtrain=rrtrain_section(run), tie_word_embeddings=True, bos_token_id=None, eos_token_id=run.tokenizer.eos_id,
+        pad_token_id=pad_id, torch_dtype=dtype, architectures=["RrtrainForCausalLM"],
+        auto_map={"AutoConfig": "configuration_rrtrain.RrtrainConfig",
+                  "AutoModelForCausalLM": "modeling_rrtrain.RrtrainForCausalLM"})
+
+
+def save_weights(tensors: dict[str, torch.Tensor], path: Path, dtype: torch.dtype) -> None:
+    """safetensors, every tensor its own contiguous copy in `dtype` (safetensors refuses shared storage)."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().to("cpu", dtype).contiguous().clone() for k, v in tensors.items()}, str(path),
+              metadata={"format": "pt"})
+
+
+def write_into(tmp: Path, run: LoadedRun, dtype: torch.dtype, stock: bool) -> None:
+    from transformers import GenerationConfig
+
+    assert run.shape is not None
+    tok = run.tokenizer
+    pad_id = getattr(tok, "pad_id", None)
+    tok_mod.write(tmp, tok, run.shape.seq_len)
+    state = run.model.state_dict()
+    if stock:
+        cfg = stock_mod.config(run.shape, run.config.model.norm_eps, run.config.model.rope_base, tok.eos_id,
+                               pad_id, dtype)
+        save_weights(stock_mod.state_dict(state, run.shape), tmp / WEIGHTS, dtype)
+    else:
+        cfg = remote_config(run, dtype, pad_id)
+        save_weights({f"model.{k}": v for k, v in state.items()}, tmp / WEIGHTS, dtype)
+        bundle.write(tmp, run.model.rule)
+    cfg.save_pretrained(str(tmp))
+    GenerationConfig(eos_token_id=tok.eos_id, pad_token_id=pad_id if pad_id is not None else tok.eos_id,
+                     bos_token_id=None, use_cache=stock).save_pretrained(str(tmp))
+
+
+def _usual_modes(tmp: Path) -> None:
+    """The modes a plain mkdir and open would have given (mkdtemp makes 0700, safetensors writes 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    tmp.chmod(0o777 & ~mask)
+    for p in tmp.iterdir():
+        p.chmod(0o666 & ~mask)
+
+
+def export_hf(run_dir: str | Path, out: str | Path, step: Optional[int] = None, dtype: str = "fp32",
+              stock: bool = False, data_path: Optional[str] = None) -> Exported:
+    """Export `run_dir`'s checkpoint of `step` (None: the newest usable one) into `out`."""
+    out = Path(out)
+    torch_dtype = parse_dtype(dtype)
+    check_out(out)
+    run = load_run(run_dir, step, data_path=data_path)
+    if stock:
+        assert run.shape is not None
+        problem = stock_mod.stock_problem(run.config.model.variant, run.shape, run.config.model.residual.values())
+        if problem:
+            raise UsageError(f"--stock: {problem}")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp_", dir=out.parent))
+    try:
+        write_into(tmp, run, torch_dtype, stock)
+        _usual_modes(tmp)
+        check_out(out)  # still absent or empty: nobody wrote there meanwhile
+        replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    files = sorted(p.name for p in out.iterdir())
+    return Exported(out=out, step=run.step, variant=run.config.model.variant, files=files, stock=stock)

@@ -1,0 +1,60 @@
+"""`rrtrain.model.from_run.load_run` on checkpoints written by 2 ranks: an FSDP2 one (DCP, two shards) and a
+DeepSpeed ZeRO-2 one (its own files, optimizer state partitioned), each loaded on one process without a process
+group and compared with the same checkpoint read back by torch's and DeepSpeed's own whole-model readers.
+tests/unit/test_export_hf.py covers single-process runs and the exported model's logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rrtrain.model.from_run import load_run
+from trainutil import train
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+SMALL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "train.max_steps=3", "train.global_batch=4",
+         "train.micro_batch=2", "train.warmup_steps=1", "train.compile=false", "train.eval_every=0",
+         "data.eval_batches=1"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, stories_data: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sharded")
+    out = {"fsdp": root / "fsdp", "deepspeed": root / "deepspeed"}
+    train(out["fsdp"], stories_data, *SMALL, "model.variant=mhc", "parallel.backend=fsdp", nproc=2)
+    train(out["deepspeed"], stories_data, *SMALL, "model.variant=review", "parallel.backend=deepspeed",
+          "parallel.zero_stage=2", nproc=2)
+    return out
+
+
+def _same(loaded: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> None:
+    assert set(loaded) == set(reference)
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, reference[name].to(tensor.dtype)), name
+
+
+def test_fsdp_shards_load_on_one_process(runs: dict[str, Path], tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    r = load_run(runs["fsdp"])
+    state = r.checkpoint / "state"
+    assert len(list(state.glob("*.distcp"))) == 2
+    dcp_to_torch_save(str(state), str(tmp_path / "whole.pt"))
+    _same(r.model.state_dict(), torch.load(tmp_path / "whole.pt", weights_only=False)["model"])
+
+
+def test_deepspeed_checkpoint_loads_and_exports(runs: dict[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("safetensors")
+    from safetensors.torch import load_file
+
+    from rrtrain.cli.main import main as cli
+
+    r = load_run(runs["deepspeed"])
+    module_states = r.checkpoint / "state" / "zero" / "mp_rank_00_model_states.pt"
+    _same(r.model.state_dict(), torch.load(module_states, weights_only=False)["module"])  # fp32 ZeRO-2: whole
+    assert cli(["export", str(runs["deepspeed"]), "--hf", str(tmp_path / "hf")]) == 0
+    exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    _same({k.removeprefix("model."): v for k, v in exported.items()}, r.model.state_dict())
