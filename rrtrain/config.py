@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal, Optional, Union
 
 import yaml
 
-from rrtrain.core.untrusted import read_bytes as read_untrusted
+from rrtrain.core.untrusted import load_yaml as load_untrusted_yaml, read_bytes as read_untrusted
 from rrtrain.core.errors import UsageError
 
 
@@ -160,7 +160,9 @@ class TrainConfig:
     max_steps: Optional[int] = None  # wins over `tokens` when set
     tokens: Optional[int] = None  # the token budget; steps = tokens // (global_batch * seq_len)
     global_batch: int = 8  # sequences per optimizer step, whatever the world size
-    micro_batch: int = 8  # sequences per rank per forward/backward
+    # sequences per rank per forward/backward; "auto" (CUDA only): the largest that divides global_batch / world
+    # size and that the planner fits in the GPU's free memory (rrtrain/planning/auto_batch.py)
+    micro_batch: Union[int, Literal["auto"]] = 8
     lr: float = 3e-4
     min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
     warmup_steps: Optional[int] = None  # None: 5% of the steps (at least 1)
@@ -199,6 +201,15 @@ class ParallelConfig:
     # (rrtrain/parallel/mesh.py). Unset: shard over every rank; one set alone: the other is world / it.
     dp_shard: Optional[int] = None
     dp_replicate: Optional[int] = None
+    # float8 training of the large linear layers through torchao (rrtrain/parallel/float8.py): off, rowwise or
+    # tensorwise; needs a GPU of compute capability 8.9 or more and `pip install 'rrtrain[float8]'`
+    float8: Union[Literal["off", "rowwise", "tensorwise"], bool] = "off"
+
+    def __post_init__(self) -> None:
+        if self.float8 is False:  # YAML reads a bare `off` as false
+            self.float8 = "off"
+        elif self.float8 is True:
+            raise UsageError("parallel.float8: expected one of 'off', 'rowwise', 'tensorwise', got true")
 
 
 @dataclass
@@ -238,6 +249,24 @@ class LogConfig:
 
 
 @dataclass
+class DownstreamConfig:
+    """`eval.downstream`: lm-evaluation-harness tasks evaluated inside training at checkpoint steps and at the
+    last step (rrtrain.eval.callback; docs/evaluation.md). No tasks: off, and lm_eval is never imported."""
+
+    tasks: list[str] = field(default_factory=list)  # lm-eval task names (registry or `include`)
+    every: Optional[int] = None  # None: at every checkpoint (train.ckpt_every); 0: at the last step only
+    limit: Optional[int] = None  # the first K documents of each task
+    num_fewshot: Optional[int] = None  # None: each task's own, else 0
+    include: Optional[str] = None  # a directory or YAML file of your own tasks (lm-eval's include_path)
+    batch_size: int = 16  # sequences per forward, per rank
+
+
+@dataclass
+class EvalConfig:
+    downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -247,6 +276,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -392,7 +422,7 @@ def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
     except UnicodeDecodeError as err:
         raise UsageError(f"{path}: not UTF-8 text (byte {err.start})") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_untrusted_yaml(text)  # aliases and nesting bounded: a few lines could otherwise hang the reader
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -409,9 +439,12 @@ def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
     if base is not None:
         if not isinstance(base, str) or not base.strip() or "\0" in base:
             raise UsageError(f"{path}: base: expected a file name, got {type(base).__name__}")
-        here = path.resolve()
+        try:
+            here = path.resolve()
+            target = (path.parent / base).resolve()
+        except (OSError, RuntimeError):  # a loop of symbolic links (RuntimeError on Python 3.11, OSError later)
+            raise UsageError(f"{path}: base: {base!r} cannot be resolved (a loop of symbolic links?)") from None
         chain = _chain + (here,)
-        target = (path.parent / base).resolve()
         if target in chain:
             loop = " -> ".join(p.name for p in chain[chain.index(target):]) + f" -> {target.name}"
             raise UsageError(f"{path}: base: {base!r} leads back to itself ({loop})")
@@ -436,7 +469,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key.strip() or any(not p for p in parts):
         raise UsageError(f"override '{text}' has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_untrusted_yaml(raw) if raw.strip() else ""
     except (yaml.YAMLError, ValueError, RecursionError):  # ValueError: e.g. an integer of 5,000 digits
         value = raw
     return parts, value
@@ -472,7 +505,8 @@ def validate(cfg: Config) -> None:
     registry and the size presets are `rrtrain.resolve.check_model`'s (this module imports neither)."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
     positive = {
-        "train.lr": t.lr, "train.global_batch": t.global_batch, "train.micro_batch": t.micro_batch,
+        "train.lr": t.lr, "train.global_batch": t.global_batch,
+        "train.micro_batch": 1 if t.micro_batch == "auto" else t.micro_batch,
         "train.log_every": t.log_every, "train.keep_ckpts": t.keep_ckpts, "train.max_nonfinite": t.max_nonfinite,
         "train.stop_check_every": t.stop_check_every,
         "model.init_std": m.init_std, "model.norm_eps": m.norm_eps, "parallel.timeout_s": p.timeout_s,
@@ -508,6 +542,12 @@ def validate(cfg: Config) -> None:
             raise UsageError(f"{key} must be positive, got {value}")
         if value is not None and p.backend != "fsdp":
             raise UsageError(f"{key} applies to parallel.backend=fsdp only (got backend '{p.backend}')")
+    if p.float8 != "off" and p.backend == "deepspeed":
+        raise UsageError(f"parallel.float8={p.float8} needs parallel.backend=fsdp or none (torchao's float8 "
+                         "layers are not wired into DeepSpeed)")
+    if p.float8 != "off" and p.precision != "bf16":
+        raise UsageError(f"parallel.float8={p.float8} needs parallel.precision=bf16 (float8 matmuls inside bf16 "
+                         f"training), got '{p.precision}'")
     if t.ckpt_async and p.backend == "deepspeed":
         raise UsageError("train.ckpt_async=true needs parallel.backend=fsdp or none (DeepSpeed writes its own "
                          "checkpoints synchronously)")
@@ -516,6 +556,33 @@ def validate(cfg: Config) -> None:
     validate_monitor(cfg.monitor)
     if cfg.log.wandb is not None:
         validate_wandb(cfg.log.wandb)
+    validate_downstream(cfg.eval.downstream, t.ckpt_every)
+
+
+#: a task name of `eval.downstream.tasks` (result files and metric names are made of them)
+TASK_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def validate_downstream(d: DownstreamConfig, ckpt_every: int) -> None:
+    """Task names spelled as lm-eval's are (whether lm-eval knows them is checked when the run starts, before
+    anything is written); evaluations fall on checkpoint steps, so `rrtrain eval --step S` repeats them."""
+    for name in d.tasks:
+        if not TASK_NAME.fullmatch(name):
+            raise UsageError(f"eval.downstream.tasks: {name!r} is not a task name (letters, digits, '_', '.', '-')")
+    repeated = sorted({t for t in d.tasks if d.tasks.count(t) > 1})
+    if repeated:
+        raise UsageError(f"eval.downstream.tasks: {repeated[0]!r} is listed twice")
+    if d.batch_size < 1:
+        raise UsageError(f"eval.downstream.batch_size must be positive, got {d.batch_size}")
+    if d.limit is not None and d.limit < 1:
+        raise UsageError(f"eval.downstream.limit must be at least 1 (or null: every document), got {d.limit}")
+    if d.num_fewshot is not None and d.num_fewshot < 0:
+        raise UsageError(f"eval.downstream.num_fewshot must not be negative, got {d.num_fewshot}")
+    if d.every is not None and d.every < 0:
+        raise UsageError(f"eval.downstream.every must not be negative, got {d.every}")
+    if d.tasks and d.every and (ckpt_every == 0 or d.every % ckpt_every):
+        raise UsageError(f"eval.downstream.every={d.every} must be a multiple of train.ckpt_every={ckpt_every} "
+                         "(evaluations fall on checkpoint steps); null: at every checkpoint, 0: at the last step")
 
 
 #: `package.module:ClassName`: a callback class to import (rrtrain.train loads it)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -102,13 +103,27 @@ def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tu
         gpus = run.resources.world_size
         backend = par.backend if gpus > 1 else "none"
         dp_shard = mesh_shape(par, gpus)[1] if backend == "fsdp" else None  # as the trainer will build its mesh
-        setups.append((run.id, planner.Setup(
+        setup = planner.Setup(
             model=cfg.model, run=resolved, gpus=gpus, gpu=gpu, backend=backend,
             dp_shard=dp_shard, zero_stage=par.zero_stage, ac=par.ac, ac_every=par.ac_every,
-            micro_batch=t.micro_batch, global_batch=t.global_batch, tokens=resolved.tokens, mfu=mfu,
-            precision=par.precision,
-            reshard_after_forward=par.reshard_after_forward)))
+            micro_batch=1 if t.micro_batch == "auto" else t.micro_batch, global_batch=t.global_batch,
+            tokens=resolved.tokens, mfu=mfu, precision=par.precision,
+            reshard_after_forward=par.reshard_after_forward)
+        if t.micro_batch == "auto":  # as the trainer will choose it, with the GPU's usable memory as the free figure
+            setup = auto_setup(setup)
+        setups.append((run.id, setup))
     return setups
+
+
+def auto_setup(s: planner.Setup) -> planner.Setup:
+    """`train.micro_batch: auto` planned: the micro-batch the trainer would pick on an empty GPU of this kind
+    (rrtrain.planning.auto_batch), or 1 when none fits (the plan then says it does not fit)."""
+    from rrtrain.planning.auto_batch import pick_micro_batch
+
+    capacity = planner.gpu_spec(s.gpu, s.precision)[1]
+    m = pick_micro_batch(s.batch // s.gpus, lambda mb: planner.plan(dataclasses.replace(s, micro_batch=mb)).total(),
+                         int(capacity * (1.0 - planner.HEADROOM)))
+    return dataclasses.replace(s, micro_batch=m or 1)
 
 
 def to_json(p: planner.Plan, fits: list[planner.Plan]) -> dict[str, Any]:
@@ -131,6 +146,8 @@ def to_json(p: planner.Plan, fits: list[planner.Plan]) -> dict[str, Any]:
         "time_s": p.time_s, "gpu_hours": p.gpu_hours,
         "fitting_settings": [{"ac": f.setup.ac, "micro_batch": f.setup.micro_batch, "peak_bytes": f.total()}
                              for f in fits],
+        "recommended": ({"ac": best.setup.ac, "micro_batch": best.setup.micro_batch, "peak_bytes": best.total()}
+                        if (best := planner.recommended(fits)) is not None else None),
         "warnings": list(p.warnings),
     }
 
@@ -174,6 +191,9 @@ def render(p: planner.Plan, fits: list[planner.Plan]) -> str:
     if fits:
         lines.append("settings that fit (AC, micro-batch: peak GiB):")
         lines.append("  " + ", ".join(f"{f.setup.ac} x{f.setup.micro_batch}: {f.total() / GIB:.1f}" for f in fits))
+        best = planner.recommended(fits)
+        lines.append(f"recommended (least recomputation, then the largest micro-batch): AC {best.setup.ac}, "
+                     f"micro-batch {best.setup.micro_batch} ({best.total() / GIB:.1f} GiB)")
     else:
         lines.append("no AC mode and micro-batch fits: add GPUs, shard over more of them, or use a larger GPU")
     lines += [f"warning: {w}" for w in p.warnings]

@@ -10,6 +10,7 @@ import torch
 from rrtrain.config import Config
 from rrtrain.core.dist import DistInfo
 from rrtrain.model.transformer import Transformer
+from rrtrain.parallel.float8 import needs_scale_precompute, precompute_scales
 from rrtrain.parallel.materialize import place
 from rrtrain.parallel.mesh import build_mesh, shard_group
 from rrtrain.parallel.native import NativeEngine
@@ -25,7 +26,7 @@ class FSDPEngine(NativeEngine):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         p = cfg.parallel
-        prepare_blocks(model, cfg)
+        prepare_blocks(model, cfg, fsdp=True)
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if p.precision == "bf16" else MixedPrecisionPolicy()
         mesh = build_mesh(p, info.world_size, info.device)
@@ -35,6 +36,19 @@ class FSDPEngine(NativeEngine):
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=p.reshard_after_forward)
         place(model, info.device, cfg.train.seed)
         super().__init__(model, cfg, info.device)
+        self.float8_scales = needs_scale_precompute(model)  # tensorwise float8 all-gather
+        if self.float8_scales:
+            precompute_scales(model)  # the first forward's scales, as after every step
+
+    def step(self, lr: float) -> None:
+        super().step(lr)
+        if self.float8_scales:
+            precompute_scales(self.model)
+
+    def step_unless(self, lr: float, nonfinite: torch.Tensor) -> None:
+        super().step_unless(lr, nonfinite)
+        if self.float8_scales:
+            precompute_scales(self.model)
 
     def backward(self, loss: torch.Tensor, last_micro: bool) -> None:
         self.model.set_requires_gradient_sync(last_micro)  # reduce-scatter once per step

@@ -28,7 +28,7 @@ import statistics
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -94,15 +94,23 @@ def random_batches(shape: sizing.ModelShape, micro_batch: int, accum: int, seed:
             for _ in range(accum)]
 
 
-def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo] = None) -> dict[str, Any]:
-    """Build the configured model + engine, run warmup + timed optimizer steps on random tokens, measure."""
+def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo] = None,
+              batches_for_step: Optional[Callable[[int], list[torch.Tensor]]] = None) -> dict[str, Any]:
+    """Build the configured model + engine, run warmup + timed optimizer steps on random tokens, measure.
+    `batches_for_step(i)`: step i's micro-batches (on the device) instead of one fixed random batch, e.g. to
+    compare the losses of two settings on the same data; made before each step's timer starts."""
     from rrtrain.core.hardware import peak_flops, peak_memory_gb
     from rrtrain.data.manifest import read_manifest
     from rrtrain.parallel import build_training_engine
+    from rrtrain.parallel.float8 import require_hardware as require_float8
+    from rrtrain.planning.auto_batch import resolve_micro_batch
 
     info = info or dist.setup(cfg.parallel.timeout_s)
-    t = cfg.train
+    require_float8(cfg.parallel.float8, info.device)
     run = resolve(cfg, read_manifest(cfg.data.path) if cfg.data.path is not None else None)
+    cfg, auto = resolve_micro_batch(run, info.world_size, info.device, announce=info.is_main)  # "auto" -> an int
+    run = replace(run, cfg=cfg)
+    t = cfg.train
     shape = run.shape
     accum = grad_accumulation(t, info.world_size)
     set_matmul_precision(cfg.parallel.precision)
@@ -121,6 +129,8 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
 
     losses, times, cpu_times = [], [], []
     for i in range(warmup + steps):
+        if batches_for_step is not None:
+            batches = batches_for_step(i)
         dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
         loss = optimizer_step(engine, iter(batches), accum, t.lr, t.grad_clip, info).loss  # training's own step
@@ -149,7 +159,11 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
         "peak_mem_gb": peak_memory_gb(device),
         "peak_mem_kind": "cuda max allocated" if device.type == "cuda" else "process max RSS",
         "loss_first": float(losses[0]), "loss_last": float(losses[-1]),
+        "float8": cfg.parallel.float8,
+        "auto_micro_batch": asdict(auto) if auto is not None else None,
     }
+    if batches_for_step is not None:
+        result["losses"] = [float(x) for x in losses]
     result.update(local_state_bytes(engine))
     return result
 

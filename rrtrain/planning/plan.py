@@ -486,3 +486,10 @@ def fitting(s: Setup, micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)) -> 
                 out.append(p)
     return out
 
+
+def recommended(fits: list[Plan]) -> Optional[Plan]:
+    """The setting to run of those that fit: the least recomputation (AC none, then selective, then full), then
+    the largest micro-batch (the GPU fed best without recomputing); None when nothing fits."""
+    if not fits:
+        return None
+    return min(fits, key=lambda p: (AC_MODES.index(p.setup.ac), -p.setup.micro_batch))

@@ -72,3 +72,18 @@ def optimizer_step(engine, batches: Iterator[torch.Tensor], accum: int, lr: floa
     nonfinite = (~(torch.isfinite(loss_mean) & torch.isfinite(grad_norm))).float()  # same on every rank
     engine.step_unless(lr, nonfinite)  # a non-finite step changes no weights and no optimizer state
     return StepResult(loss_mean, grad_norm, nonfinite)
+
+
+def block_grad_norms(engine) -> list[float]:
+    """Each block's gradient norm over all its parameters, from the gradients as they are now."""
+    return engine.grad_sq_norms([list(b.parameters()) for b in engine.inner.blocks]).sqrt().tolist()
+
+
+def gradient_only(engine, batch: torch.Tensor) -> list[float]:
+    """Per-block gradient norms of the weights as they are, on one batch (token rows of seq_len + 1), without an
+    optimizer step: the gradients are measured, then dropped (a measurement, e.g. at the end of a depth study)."""
+    loss = engine.forward(batch[:, :-1], batch[:, 1:])
+    engine.backward(loss, last_micro=True)
+    norms = block_grad_norms(engine)
+    engine.skip()
+    return norms

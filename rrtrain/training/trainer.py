@@ -28,6 +28,9 @@ from rrtrain.core.io import atomic_write_text, unwritable_reason
 from rrtrain.model import sizing
 from rrtrain.parallel import build_training_engine
 from rrtrain.parallel.compile_policy import resolve_compile
+from rrtrain.parallel.float8 import require_hardware as require_float8
+from rrtrain.planning.auto_batch import require_device as require_auto_device
+from rrtrain.planning.auto_batch import resolve_micro_batch
 from rrtrain.resolve import ResolvedRun, resolve
 from rrtrain.rundir import layout, own_files, writers
 from rrtrain.rundir import lock as runlock
@@ -44,6 +47,10 @@ class Trainer:
     def __init__(self, cfg: Config) -> None:
         self.cfg, self.t0 = cfg, time.time()
         self.info = dist.setup(cfg.parallel.timeout_s)
+        # settings this device cannot run (float8 without float8 matmuls, micro_batch=auto without a GPU): one
+        # line, before the run directory is touched
+        require_float8(cfg.parallel.float8, self.info.device)
+        require_auto_device(cfg, self.info.device)
         self.run_dir = Path(cfg.run.dir)
         self.status, self.reason, self.signal_name = "failed", "", None
         self.step, self.tokens, self.skipped = 0, 0, 0
@@ -84,6 +91,8 @@ class Trainer:
         manifest = read_manifest(cfg.data.path)
         verify_run_data(cfg.data.path, manifest, info.local_rank)
         run = resolve(cfg, manifest)  # the rule's spec, shape, counts and budget: worked out once, there
+        cfg, _ = resolve_micro_batch(run, info.world_size, info.device, announce=info.is_main)  # "auto" -> an int
+        self.cfg, t, run = cfg, cfg.train, replace(run, cfg=cfg)
         self.accum = grad_accumulation(t, info.world_size)
         b = require_budget(run.budget)
         self.shape, self.params, self.flops_per_token = run.shape, run.params, run.flops_per_token
@@ -223,6 +232,19 @@ class Trainer:
         self.last_val, self.last_val_note = val, None if ran else "no evaluation batch ran"
         self.best_val = min(self.best_val, val) if math.isfinite(val) else self.best_val
         return val
+
+    @torch.no_grad()
+    def logits(self, idx: torch.Tensor) -> torch.Tensor:
+        """The model's logits for `idx` as it is now, in eval mode (its mode restored after), for evaluations
+        inside training (rrtrain.eval.callback). Through the wrapped model: a collective under sharding."""
+        model = self.engine.model
+        training = model.training
+        model.eval()
+        try:
+            with self.engine.autocast():
+                return model(idx.to(self.info.device))
+        finally:
+            model.train(training)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -454,3 +476,6 @@ class LoopView:
 
     def any_rank(self, flag: bool) -> bool:
         return self._trainer.any_rank(flag)
+
+    def logits(self, idx: Any) -> Any:
+        return self._trainer.logits(idx)

@@ -13,8 +13,8 @@ measured two ways, both CPU-safe:
   forward, i.e. activations + gradients + allocator slack (optimizer state excluded: no optimizer step).
 
 Predicted FLOPs: `sizing.flops_per_token` for the matmuls (6 per weight per token) plus 3× each rule's
-forward elementwise/coefficient work per token (`rule_fwd_flops` below, from RESIDUALS.md §1.6, §2.6,
-§3.1, §4.5), which 6N does not see: HC's per-stream projections touch each weight n times, and AttnRes's
+forward elementwise/coefficient work per token (`rule_fwd_flops` below, from each rule's equations in
+docs/residuals.md), which 6N does not see: HC's per-stream projections touch each weight n times, and AttnRes's
 depth attention has no weights at all.
 """
 
@@ -90,18 +90,24 @@ def rule_fwd_flops(rule: str, d: int, n_sub: int, cfg: ResidualConfig) -> float:
     return 0.0
 
 
-def predicted(size: str, label: str) -> dict:
-    m = model_config(size, label)
+def flops_ratio(m: ModelConfig) -> float:
+    """Predicted training FLOPs per token of `m`'s rule over `standard`'s at the same shape (also gpu_matrix.py's)."""
     shape = sizing.resolve_shape(m)
     base = sizing.flops_per_token(shape, "standard", m.residual)
     flops = sizing.flops_per_token(shape, m.variant, m.residual)
     if m.variant in ("gr", "hc", "mhc", "attnres"):  # their weights are counted in rule_fwd_flops instead
         flops -= 6 * sizing.gate_params(shape, m.variant, m.residual)
     flops += 3 * rule_fwd_flops(m.variant, shape.d_model, shape.n_sublayers, m.residual)
+    return flops / base
+
+
+def predicted(size: str, label: str) -> dict:
+    m = model_config(size, label)
+    shape = sizing.resolve_shape(m)
     state = {"gr": m.residual.streams, "hc": m.residual.streams, "mhc": m.residual.streams}.get(m.variant, 1)
     if m.variant == "attnres":
         state = max(attnres_sources(shape.n_sublayers, m.residual)) + 1
-    return {"flops_ratio": flops / base, "state_per_token_d": state,
+    return {"flops_ratio": flops_ratio(m), "state_per_token_d": state,
             "params": sizing.count_params(shape, m.variant, m.residual)}
 
 

@@ -1,29 +1,43 @@
 #!/usr/bin/env bash
-# Trainer throughput on a CUDA machine: tokens/s/GPU, MFU, peak memory and step time for rr-60m ... rr-1b with
-# `standard` and `review`, bf16, FSDP2, eager and torch.compile; prints a markdown table and the review/standard
-# step-time ratio per size and mode. Unattended, within TIME_LIMIT (8 minutes) on one H100/H200:
+# Trainer throughput on a CUDA machine, unattended, within TIME_LIMIT (8 minutes) on one H100/H200:
 #
 #   bash tests/benchmarks/gpu.sh
 #
-# Every measurement is `rrtrain bench`'s (the trainer's own step, rrtrain/training/step.py, on random tokens), all of
-# them in one process (tests/benchmarks/gpu_matrix.py): Python, torch and CUDA start once. Nothing is installed:
-# the interpreter is PYTHON, else .venv/bin/python when its torch sees CUDA, else python3, with this checkout
-# on PYTHONPATH; it needs torch and pyyaml only (not streaming, deepspeed or submitit).
+# 1. a float8 vs bf16 pair at FLOAT8_SIZE: tokens/s, and the loss over LOSS_STEPS steps on the same seeded batches
+#    (the difference must stay within LOSS_BOUND, relative);
+# 2. one step of BIG_SIZE with the AC mode and micro-batch `rrtrain plan` recommends for one GPU of this kind, its
+#    measured peak memory against the plan's (within ±20%);
+# 3. tokens/s/GPU, MFU, peak memory and step time for rr-60m ... rr-1b with `standard`, `standard` matched to
+#    `review` (`standard@review`: match.reference=review) and `review`, bf16, FSDP2, compiled, at
+#    train.micro_batch=auto; then review's time per token against its matched baseline beside their FLOP ratio.
+# It prints the torch and torchao versions that ran, and the tables.
+#
+# Every measurement is `rrtrain bench`'s (the trainer's own step, rrtrain/training/step.py), all of them in one
+# process (tests/benchmarks/gpu_matrix.py): Python, torch and CUDA start once. The interpreter is PYTHON, else
+# .venv/bin/python when its torch sees CUDA, else python3, with this checkout on PYTHONPATH; it needs torch and
+# pyyaml, and torchao for float8: when that cannot be imported and WHEELS holds a torchao wheel, it is installed
+# from there into a temporary directory (no network; see docs/performance.md, "GPU").
 # A measurement that fails (e.g. out of memory) is reported and the others go on; measurements that would
-# start too late are skipped (eager ones run first, then compiled ones from the largest size down); a run
-# still going at TIME_LIMIT is stopped and the table shows what was measured. Exit status 0 when every
-# planned measurement was made, else 1.
+# start too late are skipped (the pair and the large model first, then the sizes from the largest down); a run
+# still going at TIME_LIMIT is stopped and the tables show what was measured. Exit status 0 when every
+# planned measurement was made (float8 may be reported as unsupported on a GPU without it) and the float8 loss
+# stayed within its bound, else 1.
 #
 # Environment (defaults in brackets):
 #   SIZES [rr-60m rr-150m rr-320m rr-590m rr-1b]   presets from configs/sizes/
-#   VARIANTS [standard review]   residual rules (standard: the plain pre-norm residual, comparable to the anchors)
-#   COMPILE_MODES [false true]   train.compile settings to measure
-#   MICRO_<size> (e.g. MICRO_rr_1b)   sequences per GPU per step [16 up to rr-320m, 8 above]; MICRO for other sizes
-#   STEPS [8] WARMUP [2]   timed and untimed optimizer steps per measurement (warm-up covers compilation)
+#   VARIANTS [standard standard@review review]   residual rules; A@B: A parameter-matched to B
+#   COMPILE_MODES [true]   train.compile settings to measure ("false true": eager too)
+#   MICRO [auto]           sequences per GPU per step for every size: N, auto, or table (gpu_matrix.py's old table)
+#   MICRO_<size> (e.g. MICRO_rr_1b)   the same for one size
+#   STEPS [5] WARMUP [2]   timed and untimed optimizer steps per size measurement (warm-up covers compilation)
+#   FLOAT8_SIZE [rr-1b]    the float8 pair's size ("" skips the pair); FLOAT8 [rowwise] the recipe (or tensorwise)
+#   FLOAT8_MICRO [16] LOSS_STEPS [60] LOSS_BOUND [0.02] FLOAT8_COMPILE [true]
+#   BIG_SIZE [frontier-7b] the large model ("" skips it); BIG_STEPS [2] BIG_WARMUP [1] BIG_COMPILE [true]
 #   TIME_LIMIT [480]       seconds for the whole script
 #   NGPU [1]               ranks (one per GPU; >1 runs under torchrun); the global batch is MICRO x NGPU
 #   EXTRA []               more key=value overrides for every measurement (e.g. parallel.ac=selective)
 #   RESULTS [a temporary file]   where the JSON lines of the measurements are kept
+#   WHEELS [.whl]          a directory of wheels to install torchao from when it is missing
 #   ALLOW_CPU [0]          1: run without CUDA (only to test this script on a CPU machine)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -45,11 +59,25 @@ if [ "${ALLOW_CPU:-0}" != 1 ]; then
   has_cuda "$PY" || die "torch in $PY sees no CUDA device (set ALLOW_CPU=1 only to test this script)"
 fi
 
-SIZES=${SIZES:-"rr-60m rr-150m rr-320m rr-590m rr-1b"}
-VARIANTS=${VARIANTS:-"standard review"}
-COMPILE_MODES=${COMPILE_MODES:-"false true"}
-STEPS=${STEPS:-8}
+if ! "$PY" -c "import torchao.float8" >/dev/null 2>&1; then
+  WHEELS=${WHEELS:-.whl}
+  wheel=$(ls "$WHEELS"/torchao-*.whl 2>/dev/null | head -1)
+  if [ -n "$wheel" ]; then
+    site=$(mktemp -d -t rrtrain-site.XXXXXX)
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$wheel" >&2 \
+      && export PYTHONPATH="$PYTHONPATH:$site" || echo "gpu.sh: could not install $wheel" >&2
+  fi
+fi
+
+SIZES=${SIZES-"rr-60m rr-150m rr-320m rr-590m rr-1b"}
+VARIANTS=${VARIANTS:-"standard standard@review review"}
+COMPILE_MODES=${COMPILE_MODES:-"true"}
+STEPS=${STEPS:-5}
 WARMUP=${WARMUP:-2}
+MICRO=${MICRO:-auto}
+FLOAT8_SIZE=${FLOAT8_SIZE-rr-1b}
+BIG_SIZE=${BIG_SIZE-frontier-7b}
+LOSS_BOUND=${LOSS_BOUND:-0.02}
 TIME_LIMIT=${TIME_LIMIT:-480}
 NGPU=${NGPU:-1}
 [ "$TIME_LIMIT" -ge 90 ] 2>/dev/null || die "TIME_LIMIT must be at least 90 (seconds), got '$TIME_LIMIT'"
@@ -63,17 +91,33 @@ for size in $SIZES; do
   var="MICRO_${size//-/_}"
   if [ -n "${!var:-}" ]; then args+=(--micro "$size=${!var}"); fi
 done
-[ -n "${MICRO:-}" ] && args+=(--default-micro "$MICRO")
+args+=(--default-micro "$MICRO")
 for kv in ${EXTRA:-}; do args+=(--set "$kv"); done
 planned=$(( $(wc -w <<<"$SIZES") * $(wc -w <<<"$VARIANTS") * $(wc -w <<<"$COMPILE_MODES") ))
+if [ -n "$FLOAT8_SIZE" ]; then
+  args+=(--float8-size "$FLOAT8_SIZE" --float8 "${FLOAT8:-rowwise}" --float8-micro "${FLOAT8_MICRO:-16}"
+         --loss-steps "${LOSS_STEPS:-60}" --float8-compile "${FLOAT8_COMPILE:-true}")
+  planned=$(( planned + 2 ))
+fi
+if [ -n "$BIG_SIZE" ]; then
+  args+=(--big-size "$BIG_SIZE" --big-steps "${BIG_STEPS:-2}" --big-warmup "${BIG_WARMUP:-1}"
+         --big-compile "${BIG_COMPILE:-true}")
+  planned=$(( planned + 1 ))
+fi
 
 # The driver's own budget leaves time to stop it and to print the table; `timeout` stops it regardless.
 left=$(( TIME_LIMIT - (SECONDS - START) ))
 args+=(--budget-s $(( left - 45 )))
 "$PY" - <<'EOF' >&2
 import torch
+try:
+    import torchao
+    ao = torchao.__version__
+except ImportError:
+    ao = "not installed"
 n = torch.cuda.device_count()
-print(f"gpu.sh: torch {torch.__version__}, {n} CUDA device(s)" + (f": {torch.cuda.get_device_name(0)}" if n else ""))
+print(f"gpu.sh: torch {torch.__version__}, torchao {ao}, {n} CUDA device(s)"
+      + (f": {torch.cuda.get_device_name(0)}" if n else ""))
 EOF
 echo "gpu.sh: $planned measurements in at most ${left}s; results in $RESULTS" >&2
 if [ "$NGPU" -gt 1 ]; then
@@ -84,7 +128,7 @@ fi
 timeout -k 10 $(( left - 15 )) "${launch[@]}" tests/benchmarks/gpu_matrix.py "${args[@]}"
 rc=$?
 if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then echo "gpu.sh: stopped at the time limit" >&2; fi
-"$PY" tests/benchmarks/gpu_matrix.py render "$RESULTS" --expect "$planned"
+"$PY" tests/benchmarks/gpu_matrix.py render "$RESULTS" --expect "$planned" --loss-bound "$LOSS_BOUND"
 shown=$?
 echo "gpu.sh: done in $(( SECONDS - START ))s" >&2
 [ "$rc" = 0 ] && [ "$shown" = 0 ]

@@ -18,7 +18,7 @@ KEYS = {
     "device", "threads", "micro_batch", "global_batch", "accum", "warmup", "steps", "step_time_s",
     "step_time_median_s", "step_time_min_s", "step_cpu_time_s", "tokens_per_s", "tokens_per_s_total", "flops_per_token",
     "tflops_per_s", "peak_flops", "peak_source", "mfu", "peak_mem_gb", "peak_mem_kind", "loss_first", "loss_last",
-    "param_bytes", "optim_bytes",
+    "param_bytes", "optim_bytes", "float8", "auto_micro_batch",
 }
 # byte-level vocabulary (as `tiny` trains in the demo) and short sequences keep this to a second or two
 SMALL = ["model.vocab_size=258", "model.seq_len=32", "train.global_batch=4", "train.micro_batch=2"]

@@ -39,10 +39,15 @@ LAYERS: dict[str, int] = {
     "rrtrain.rundir": 7,
     "rrtrain.training": 8,
     "rrtrain.monitoring": 9,
+    "rrtrain.eval": 9,  # downstream evaluation (lm-eval): the model class, and its callback on the loop
+    "rrtrain.model.from_run": 9,  # a run's model from its checkpoint: stands on the checkpoint manager (training/)
     "rrtrain.train": 10,
     "rrtrain.planning": 11,
+    "rrtrain.planning.plan": 7,  # the memory model (resolve and model below it): train.micro_batch=auto uses it
+    "rrtrain.planning.auto_batch": 7,  # train.micro_batch=auto, resolved by the trainer
     "rrtrain.report": 11,
     "rrtrain.dashboard": 11,
+    "rrtrain.export": 11,  # a run's checkpoint as a Hugging Face directory (rrtrain.model.from_run)
     "rrtrain.cli": 12,
     "rrtrain.__main__": 12,
     "launchers": 13,
