@@ -54,7 +54,7 @@ from rrtrain.config import Config
 from rrtrain.core.dist import DistInfo
 from rrtrain.core.errors import UsageError
 from rrtrain.model.transformer import Transformer, build_model
-from rrtrain.parallel.adamw import build_optimizer, set_lr
+from rrtrain.parallel.adamw import build_optimizer, check_decay_groups, group_names, set_lr
 from rrtrain.parallel.engine import Engine
 from rrtrain.parallel.materialize import initialise_units, is_meta, place
 from rrtrain.parallel.prepare import prepare_blocks
@@ -191,6 +191,7 @@ class DeepSpeedEngine(Engine):
         self.inner = model
         prepare_blocks(model, cfg)
         self.base_opt = build_optimizer(model, t, fused=info.device.type == "cuda", cls=_DiscardableAdamW)
+        self.decay_groups = group_names(model, t.weight_decay)  # what a checkpoint's groups must match
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=self.base_opt,
                                                                 config=self.config, dist_init_required=False)
         self.ds = self.model
@@ -267,6 +268,9 @@ class DeepSpeedEngine(Engine):
                              "at the world size that wrote them (use that world size, or a new run.dir)")
         from rrtrain.parallel.safe_load import weights_only_deepspeed_engine
 
+        saved = saved_groups(Path(path) / TAG / "mp_rank_00_model_states.pt")
+        if saved is not None:
+            check_decay_groups(saved, self.decay_groups, Path(path).parent.name)
         saving = self.ds.checkpoint_engine
         self.ds.checkpoint_engine = weights_only_deepspeed_engine(saving)  # every file it reads: weights-only
         try:
@@ -300,3 +304,23 @@ class DeepSpeedEngine(Engine):
         for state in self.base_opt.state.values():
             optim += sum(nbytes(v) for v in state.values() if torch.is_tensor(v))
         return {"param_bytes": int(params), "optim_bytes": int(optim)}
+
+
+def saved_groups(model_states: Path) -> list[set[str]] | None:
+    """The parameter names of each optimizer group a DeepSpeed checkpoint was written with (its `param_shapes`),
+    read weights-only and memory-mapped (the weights beside them are not read); None when it records none."""
+    import pickle
+
+    from rrtrain.parallel.safe_load import deepspeed_globals, refused
+
+    if not model_states.is_file():
+        return None  # DeepSpeed's own load says what is missing
+    try:
+        with torch.serialization.safe_globals(deepspeed_globals()):
+            state = torch.load(model_states, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as err:
+        raise refused(model_states, err) from None
+    shapes = state.get("param_shapes") if isinstance(state, dict) else None
+    if not isinstance(shapes, list) or not all(isinstance(g, dict) for g in shapes):
+        return None
+    return [{str(n) for n in g} for g in shapes]

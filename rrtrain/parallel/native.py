@@ -14,7 +14,7 @@ import torch
 from rrtrain.config import Config
 from rrtrain.core.errors import UsageError
 from rrtrain.model.transformer import Transformer
-from rrtrain.parallel.adamw import build_optimizer, set_lr
+from rrtrain.parallel.adamw import build_optimizer, check_decay_groups, set_lr
 from rrtrain.parallel.engine import Engine
 
 # DCP warns on every save/load in a single process that it "assumes the intent is to save in a single process":
@@ -86,6 +86,7 @@ class NativeEngine(Engine):
 
         read_metadata(path)  # every rank, before any collective: a refused file ends all ranks alike, in one line
         state = self._state()
+        groups = [set(g["params"]) for g in state["optim"]["param_groups"]]  # dcp.load puts the saved ones here
         try:
             dcp.load(state, storage_reader=RestrictedFileSystemReader(path), planner=WeightsOnlyLoadPlanner())
         except CheckpointException as err:  # a rank's refusal (safe_load.refused), wrapped by DCP's collectives
@@ -93,6 +94,7 @@ class NativeEngine(Engine):
             if refusal is not None:
                 raise refusal from None
             raise
+        check_decay_groups([set(g["params"]) for g in state["optim"]["param_groups"]], groups, path.parent.name)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 

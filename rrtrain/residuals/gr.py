@@ -1,7 +1,7 @@
-"""GR: the multi-branch Gated Residual of Qwen3.8-Flash-Next / qwen4_exp (RESIDUALS.md §4).
+"""GR: the multi-branch Gated Residual of Qwen3.8-Flash-Next / qwen4_exp (docs/residuals.md).
 
 Legend:  b batch · t tokens · n branches · d model width · r controller rank
-    R̂    = RMSN_i(R) ⊙ (1 + w)                    per-branch statistics, gain w ∈ R^{n·d}     (b, t, n, d)
+    R̂    = RMSN_i(R) ⊙ (1 + w)                    per-branch statistics, gain w ∈ R^{n×d}     (b, t, n, d)
     G    = σ(W_up silu(W_down vec(R̂) / n))        per-branch, per-component read gates      (b, t, n, d)
     x    = (1/n) Σ_i G_i ⊙ R̂_i                     the sublayer's input; F adds no pre-norm   (b, t, d)
     s    = 2σ(W_inj vec(R̂) / n)                    one write scalar per branch               (b, t, n)
@@ -9,8 +9,10 @@ Legend:  b batch · t tokens · n branches · d model width · r controller rank
 expand tiles the embedding; readout is one more read (own controller, no W_inj) fed straight to the
 LM head, with no extra final norm: x is already built from normalised branches.
 
-Initialisation (§4.4, [choice]): w = 0, W_down ~ N(0, 1/(n·d)), W_up, W_inj ~ N(0, 0.02²). All-zero
+Initialisation (our choice): w = 0, W_down ~ N(0, 1/(n·d)), W_up, W_inj ~ N(0, 0.02²). All-zero
 controllers would keep the tiled branches identical forever (identical updates, identical gradients).
+The gain w is held as one (n, d) parameter (one pass over all branches) and declared in `no_decay`: like every
+other rule's norm gains it is never weight-decayed, although it has two dimensions.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo, require
 from rrtrain.residuals.streams import StreamKnobs, TiledStream, rms_rstd, upcast, write_back
 
 RANK_DIVISOR = 8  # gr_rank = 0 means r = d / 8, the released config (d = 2560, r = 320)
-UP_INJ_STD = 0.02  # W_up and W_inj: the HF / Megatron default initializer_range (§4.4)
+UP_INJ_STD = 0.02  # W_up and W_inj: the HF / Megatron default initializer_range
 
 
 @dataclass
@@ -91,6 +93,8 @@ class GRController(nn.Module):
 class GRSite(Site):
     """One GR site: the read gates the sublayer's input, the write adds s_i·y to each raw branch."""
 
+    no_decay = ("ctrl.norm_weight",)  # the branch norm's gain: 2-D (n, d), so the < 2-D rule would decay it
+
     def __init__(self, info: SiteInfo) -> None:
         super().__init__(info)
         d, cfg = info.d_model, info.cfg
@@ -115,6 +119,8 @@ class GRSite(Site):
 
 class GRStream(TiledStream):
     """expand: tile the embedding; readout: a final read (the `hyper_connection_mixer`), no final norm."""
+
+    no_decay = ("mixer.norm_weight",)
 
     def __init__(self, info: StreamInfo) -> None:
         super().__init__(info)
