@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test test-fast bench install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ demo: $(STAMP)
 # scheduler and the daemons; with a third worker both cores stay busy (2% idle over a whole run).
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -n 3 --dist loadgroup --durations=20
+
+# The edit loop's tier: tests/unit without the `slow` mark, on two workers, about 3 minutes on two cores. It
+# starts no training subprocess, torchrun, browser or cluster: tests/tiers.py fails a test that does.
+test-fast: $(STAMP)
+	RRTRAIN_TEST_TIER=fast $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m "not slow" --durations=10 tests/unit
 
 bench: $(STAMP)
 	$(PY) -m pytest -q -s -p no:cacheprovider tests/benchmarks

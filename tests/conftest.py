@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ torch.set_num_threads(1)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import tiers  # noqa: E402
+import xdist_groups  # noqa: E402
 from trainutil import prep_stories  # noqa: E402
 
 
@@ -27,14 +30,51 @@ SLURM_TESTS = Path(__file__).resolve().parent / "slurm"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `make test` (pytest-xdist, three workers) the tests that use the local Slurm cluster share it: they
-    form one group, run by one worker in order. tests/slurm comes first, so that the group's long chain of
-    scheduler waits overlaps the rest of the suite on the other worker; its tests that need no cluster (the
-    LocalExecutor, the rendezvous) stay out of the group. Every other test goes with the rest of its file: a
-    module's fixtures (a sweep trained for the dashboard, an HSDP run) are then built once, not once per worker,
-    and a file with a test on the cluster goes to the group whole."""
+    """Under `make test` (pytest-xdist, three workers, `--dist loadgroup` scheduled by tests/xdist_groups.py)
+    the tests that use the local Slurm cluster share it: they form one group, run by one worker in order.
+    tests/slurm comes first, so that the group's long chain of scheduler waits overlaps the rest of the suite on
+    the other workers; its tests that need no cluster (the LocalExecutor, the rendezvous) stay out of the group.
+    Every other test goes with the rest of its file: a module's fixtures (a sweep trained for the dashboard, an
+    HSDP run) are then built once, not once per worker, and a file with a test on the cluster goes to the group
+    whole."""
     in_slurm = {item.nodeid: Path(item.path).resolve().is_relative_to(SLURM_TESTS) for item in items}
     on_cluster = {item.path for item in items if "cluster_session" in getattr(item, "fixturenames", ())}
     for item in items:  # a file with one test on the cluster goes whole: its other tests share its fixtures
         item.add_marker(pytest.mark.xdist_group("slurm" if item.path in on_cluster else Path(item.path).stem))
     items[:] = [item for item in items if in_slurm[item.nodeid]] + [item for item in items if not in_slurm[item.nodeid]]
+
+
+# `--dist loadgroup` by tests/xdist_groups.py's scheduler: the groups travel in a file, not in node ids (which
+# pytest 9.2 no longer lets pytest-xdist rewrite). optionalhook: without pytest-xdist these hooks do nothing.
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # noqa: ANN001 - xdist's WorkerController
+    xdist_groups.configure_node(node.config, node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201 - xdist's Producer, Scheduling
+    if config.getvalue("dist") == "loadgroup":
+        return xdist_groups.GroupScheduling(config, log)
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker sends the collection to the controller
+def pytest_collection_finish(session: pytest.Session) -> None:
+    xdist_groups.write_groups(session)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if tiers.fast_tier():  # make test-fast: a test that trains in a subprocess, or starts torchrun, a browser or
+        tiers.install_guard()  # the Slurm cluster, fails (tests/tiers.py)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_trains_nothing() -> Iterator[None]:
+    """make test-fast: at each test's end, every training start it made was refused (tests/tiers.py)."""
+    yield
+    if tiers.fast_tier():
+        tiers.check_launches()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    xdist_groups.unconfigure(config)

@@ -94,6 +94,7 @@ def latest_state(run: Path) -> tuple[Path, dict]:
     return path, json.loads(path.read_text())
 
 
+@pytest.mark.slow  # two `rrtrain.train` runs in a subprocess: out of make test-fast
 def test_a_user_callback_is_checkpointed_and_restored_like_the_built_ins(tmp_path, stories_data):
     lib, run = user_module(tmp_path / "lib"), tmp_path / "run"
     train_with(run, stories_data, lib, "train.max_steps=4")

@@ -254,19 +254,20 @@ DEPTH_RUN = ["model.variant=fixup", "model.n_layers=20", f"train.max_steps={DEPT
 
 
 @pytest.mark.slow
-def test_fixup_trains_at_40_sublayers_for_seeds_0_to_4(tmp_path, stories_data):
-    """Every seed keeps every step finite, and by step 30 the loss is below the corpus's unigram entropy: it
-    learns context (in the 200-step runs of docs/depth.md the mean of steps 26-30 is 2.77-2.82 for seeds 0-4,
-    from 5.67-5.92 over steps 1-5; the entropy is 3.117)."""
+def test_fixup_trains_at_40_sublayers(tmp_path, stories_data):
+    """Seed 0 keeps every step finite, and by step 30 the loss is below the corpus's unigram entropy: it learns
+    context (in the 200-step runs of docs/depth.md the mean of steps 26-30 is 2.77-2.82 for seeds 0-4, from
+    5.67-5.92 over steps 1-5; the entropy is 3.117). With RMSN_f before the head seed 0 goes non-finite at step
+    15, so one seed is enough to catch the readout coming back; seeds 0-4 over the whole schedule are
+    tests/benchmarks/bench_fixup_depth.py's (`make bench`)."""
     from trainutil import final, records, train
 
     entropy = json.loads((stories_data / "manifest.json").read_text())["unigram_entropy"]
-    for seed in range(5):
-        run = tmp_path / f"seed{seed}"
-        train(run, stories_data, *DEPTH_RUN, f"train.seed={seed}", expect=None)
-        done = final(run)
-        assert done["status"] == "completed" and done["nonfinite_skipped"] == 0, (seed, done)
-        losses = [r["loss"] for r in records(run) if "loss" in r and "val_loss" not in r]
-        assert len(losses) == DEPTH_STEPS and all(math.isfinite(x) for x in losses), (seed, losses)
-        late = sum(losses[-5:]) / 5
-        assert late < entropy - 0.2 and late < sum(losses[:5]) / 5 - 2.0, (seed, losses)
+    run = tmp_path / "seed0"
+    train(run, stories_data, *DEPTH_RUN, "train.seed=0", expect=None)
+    done = final(run)
+    assert done["status"] == "completed" and done["nonfinite_skipped"] == 0, done
+    losses = [r["loss"] for r in records(run) if "loss" in r and "val_loss" not in r]
+    assert len(losses) == DEPTH_STEPS and all(math.isfinite(x) for x in losses), losses
+    late = sum(losses[-5:]) / 5
+    assert late < entropy - 0.2 and late < sum(losses[:5]) / 5 - 2.0, losses

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from trainutil import PY, REPO, TINY, env
 
 HEAVY = ("transformers", "torchvision", "deepspeed", "datasets", "matplotlib", "scipy", "pandas", "sklearn")
@@ -25,6 +27,7 @@ runpy.run_module("rrtrain.train", run_name="__main__")
 """
 
 
+@pytest.mark.slow  # a real `rrtrain.train` start in a fresh interpreter: out of make test-fast
 def test_a_tiny_run_imports_no_heavy_package(tmp_path, stories_data):
     listing = tmp_path / "modules.json"
     proc = subprocess.run(

@@ -65,6 +65,7 @@ def copy_of(tmp_path):
     return make
 
 
+@pytest.mark.slow  # trains in a subprocess (make test-fast leaves it out)
 def test_checkpoint_without_manifest_is_refused_unless_allowed(dcp_run, copy_of, stories_data):
     run_dir = copy_of(dcp_run)
     ckpt = _checkpoint(run_dir)
@@ -79,6 +80,7 @@ def test_checkpoint_without_manifest_is_refused_unless_allowed(dcp_run, copy_of,
     assert json.loads((run_dir / "final.json").read_text())["step"] == 3
 
 
+@pytest.mark.slow  # trains in a subprocess (make test-fast leaves it out)
 def test_crafted_dcp_metadata_is_refused_and_runs_nothing(dcp_run, copy_of, stories_data, tmp_path):
     run_dir = copy_of(dcp_run)
     ckpt = _checkpoint(run_dir)
@@ -97,6 +99,7 @@ def test_crafted_dcp_metadata_is_refused_and_runs_nothing(dcp_run, copy_of, stor
     assert not marker.exists()
 
 
+@pytest.mark.slow  # trains in a subprocess (make test-fast leaves it out)
 def test_dcp_metadata_reader_admits_real_metadata_only(dcp_run, tmp_path):
     from rrtrain.core.errors import UsageError
     from rrtrain.parallel.safe_load import read_metadata
@@ -135,6 +138,7 @@ def test_dcp_byte_items_are_read_weights_only(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow  # trains in a subprocess (make test-fast leaves it out)
 def test_crafted_deepspeed_file_is_refused_and_runs_nothing(stories_data, tmp_path):
     """The real DeepSpeed path (DS_ACCELERATOR=cpu, as rrtrain sets it without CUDA): a checkpoint whose
     optimizer file would run a command is refused. (Intact DeepSpeed checkpoints resume exactly through the

@@ -136,6 +136,7 @@ def test_train_state_keeps_non_finite_numbers_exactly(tmp_path):
     assert math.isnan(back["callbacks"]["monitor"]["x"][0]) and back["callbacks"]["monitor"]["x"][1] == 2.0
 
 
+@pytest.mark.slow  # trains in a subprocess (make test-fast leaves it out)
 def test_a_non_finite_loss_is_null_in_final_json_with_the_reason(stories_data, tmp_path):
     """A learning rate that blows the model up: every loss is NaN, and final.json stays JSON."""
     run_dir = tmp_path / "run"

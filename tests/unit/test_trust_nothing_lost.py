@@ -101,6 +101,7 @@ def _copy(run_dir: Path, tmp_path: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow  # trains in a subprocess (make test-fast leaves it out)
 def test_a_refused_resume_leaves_final_json_alone(finished, stories_data, tmp_path):
     run_dir = _copy(finished, tmp_path)
     before = (run_dir / "final.json").read_bytes()
@@ -112,6 +113,7 @@ def test_a_refused_resume_leaves_final_json_alone(finished, stories_data, tmp_pa
     assert not (run_dir / "run.lock").exists()  # the directory is free again
 
 
+@pytest.mark.slow  # trains in a subprocess (make test-fast leaves it out)
 def test_a_garbage_metrics_line_neither_fails_a_finished_run_nor_blocks_resume(finished, stories_data, tmp_path):
     run_dir = _copy(finished, tmp_path)
     with open(run_dir / "metrics.jsonl", "ab") as f:
@@ -124,6 +126,7 @@ def test_a_garbage_metrics_line_neither_fails_a_finished_run_nor_blocks_resume(f
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory"])
+@pytest.mark.slow  # trains in a subprocess (make test-fast leaves it out)
 def test_a_metrics_file_that_is_a_fifo_or_a_directory_is_one_line_and_left_alone(finished, stories_data, tmp_path,
                                                                                  kind):
     run_dir = _copy(finished, tmp_path)
@@ -154,6 +157,7 @@ class Breaks(Callback):
 """
 
 
+@pytest.mark.slow  # trains in a subprocess (make test-fast leaves it out)
 def test_a_completed_run_stays_completed_when_a_later_attempt_fails_while_training(finished, stories_data,
                                                                                    tmp_path):
     run_dir = _copy(finished, tmp_path)

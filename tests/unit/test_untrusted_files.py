@@ -342,7 +342,8 @@ def content(base: Any) -> st.SearchStrategy[bytes]:
 
 @pytest.fixture(scope="module")
 def real_sweep(tmp_path_factory, stories_data) -> Path:
-    """A real sweep of one tiny run (two steps), trained once for the module."""
+    """A real sweep of one tiny run (two steps), trained once for the module, in this process (the debug
+    executor): only the files it leaves are under test, and the fast tier trains nothing in a subprocess."""
     root = tmp_path_factory.mktemp("real-sweep")
     spec = root / "s.yaml"
     spec.write_text(yaml.safe_dump({
@@ -352,9 +353,9 @@ def real_sweep(tmp_path_factory, stories_data) -> Path:
                       "data.eval_batches": 1, "model.n_layers": 1, "train.diag_every": 1},
         "resources": {"time_min": 10, "signal_delay_s": 30}}))
     out = root / "sweep"
-    proc = subprocess.run([PY, "-m", "rrtrain", "sweep", str(spec), "--out", str(out), "--executor", "debug"],
-                          capture_output=True, text=True, env=env(), cwd=REPO, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    from launchers import sweep_cli
+
+    assert sweep_cli.main([str(spec), "--out", str(out), "--executor", "debug"]) == 0
     ranks_dir = out / RID / layout.RANKS  # a one-process run writes none: give the readers one to read
     ranks_dir.mkdir()
     (ranks_dir / "rank0.json").write_text(json.dumps({"rank": 0, "host": "a", "world_size": 1, "started": 1.0}))

@@ -1,0 +1,64 @@
+"""CPU time of `rrtrain status` on a big sweep: 200 runs whose metrics.jsonl are 200 MB each (sparse padding,
+then 300 real steps), half of them running (locked by this process), half completed.
+
+Run:  .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/benchmarks -k status   (or `make bench`)
+
+The figure is this process's CPU time (`time.process_time`), what reading whole logs would cost whatever else
+runs on the machine; docs/cluster.md quotes the target (under 2 s). The suite checks the mechanism instead (the
+bytes read per file, tests/unit/test_sweep_status.py), which does not depend on the machine's load.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from launchers import record, status_cli
+from rrtrain.rundir import lock as runlock
+
+RUNS, BIG_MB, TARGET_CPU_S = 200, 200, 2.0
+
+
+def fake_run(root: Path, rid: str, step: int, final: dict | None) -> dict:
+    run_dir = root / rid
+    run_dir.mkdir(parents=True)
+    with open(run_dir / "metrics.jsonl", "wb") as f:
+        f.truncate(BIG_MB * 2**20)
+        f.seek(BIG_MB * 2**20)
+        f.write(b"\n")
+        for s in range(max(1, step - 300), step + 1):
+            rec = {"step": s, "loss": 5.0 - s / 1000, "grad_norm": 1.0, "lr": 1e-3, "tokens": s * 512}
+            if s % 10 == 0:
+                rec["tokens_per_s"] = 1234.5
+            f.write((json.dumps(rec) + "\n").encode())
+            if s % 250 == 0:
+                f.write((json.dumps({"step": s, "val_loss": 4.0 - s / 1000, "tokens": s * 512}) + "\n").encode())
+            if s % 50 == 0:
+                f.write((json.dumps({"kind": "diag", "step": s, "block_grad_norm": [0.1] * 200}) + "\n").encode())
+    if final is not None:
+        (run_dir / "final.json").write_text(json.dumps(final))
+    config = {"train": {"max_steps": 1000, "tokens": None, "global_batch": 8},
+              "model": {"size": "tiny", "seq_len": None}, "data": {"path": None}, "run": {"dir": str(run_dir)}}
+    return {"size": "tiny", "variant": "review", "seed": 0, "dir": str(run_dir), "config": config, "resources": {}}
+
+
+def test_status_cpu_on_200_big_runs(tmp_path):
+    runs, held = {}, []
+    for i in range(RUNS):
+        rid = f"tiny-review-s{i}"
+        final = {"status": "completed", "step": 1000, "tokens": 512000, "flags": []} if i % 2 else None
+        runs[rid] = fake_run(tmp_path, rid, 1000 if i % 2 else 500 + i, final)
+        if final is None:
+            held.append(runlock.RunLock(tmp_path / rid).acquire(0))
+    record.save(tmp_path, {"version": 1, "name": "big", "runs": runs, "submissions": []})
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        status = status_cli.collect(tmp_path)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        for lock in held:
+            lock.release()
+    assert status["counts"] == {"running": RUNS // 2, "completed": RUNS // 2}
+    print(f"\nrrtrain status, {RUNS} runs of {BIG_MB} MB metrics: {cpu:.2f} s CPU, {wall:.2f} s wall "
+          f"(target: under {TARGET_CPU_S:g} s CPU)")
