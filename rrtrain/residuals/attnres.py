@@ -1,4 +1,4 @@
-"""AttnRes: Attention Residuals, Full and Block (Kimi Team, RESIDUALS.md §3).
+"""AttnRes: Attention Residuals, Full and Block (Kimi Team, 2026; docs/residuals.md).
 
 Legend:  b batch · t tokens · d model width · m sources visible to a sublayer
     state     tuple (v_0, …, v_{m−1}) of (b, t, d): v_0 = e, then one entry per closed block (the sum of

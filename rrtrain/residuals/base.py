@@ -1,6 +1,6 @@
 """The residual-rule interface: how a sublayer's output is merged into the residual state.
 
-A rule has two parts, following RESIDUALS.md section 0:
+A rule has two parts, as docs/residuals.md describes:
 
 * a `Stream` at the model's two ends: `expand(e) -> state` builds the residual state from the token
   embeddings, `readout(state) -> z` gives the tensor that goes to the LM head (final norm included);

@@ -1,4 +1,4 @@
-"""DeepNorm: post-norm with an up-weighted residual (Wang et al., DeepNet; RESIDUALS.md §5.3).
+"""DeepNorm: post-norm with an up-weighted residual (Wang et al., DeepNet, 2022).
 
 Legend:  b batch · t tokens · d model width · N blocks (decoder-only)
     h ← RMSN(α h + F(h)),   α = (2N)^{1/4}       the sublayer reads h directly: no pre-norm

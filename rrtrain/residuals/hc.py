@@ -1,4 +1,4 @@
-"""HC: Hyper-Connections, static and dynamic (Zhu et al., RESIDUALS.md §1).
+"""HC: Hyper-Connections, static and dynamic (Zhu et al., ICLR 2025).
 
 Legend:  b batch · t tokens · n streams · d model width · k sublayer index (0-based)
     x    = Σ_i a_i S_i                          read ("width connection")            (b, t, d)
@@ -34,7 +34,7 @@ class HCKnobs:
 class HCSite(Site):
     """One HC site. The dynamic projections are packed as columns [w_a | W_A | w_b] of `dyn_proj` (d, n + 2)."""
 
-    # RESIDUALS.md §1.7: HC's connection parameters excluded from weight decay (lucidrains/hyper-connections#4)
+    # HC's connection parameters excluded from weight decay (lucidrains/hyper-connections#4)
     no_decay = ("static_a", "static_A", "static_b", "dyn_proj", "scale_a", "scale_b")
 
     def __init__(self, info: SiteInfo) -> None:

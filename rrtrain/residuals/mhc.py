@@ -1,4 +1,4 @@
-"""mHC: Manifold-Constrained Hyper-Connections (DeepSeek-AI, RESIDUALS.md §2).
+"""mHC: Manifold-Constrained Hyper-Connections (DeepSeek-AI, 2025).
 
 Legend:  b batch · t tokens · n streams · d model width · s = vec(S) ∈ R^{n·d} per token
     z      = RMSN_unit(s) Φ                       one norm over all n·d features (gain folded into Φ)
@@ -6,9 +6,9 @@ Legend:  b batch · t tokens · n streams · d model width · s = vec(S) ∈ R^{
     H_post = 2σ(α_post z_post + b_post)           (b, t, n)     in (0, 2)
     H_res  = Sinkhorn(α_res z_res + b_res)        (b, t, n, n)  rows = DESTINATION (paper convention)
     x      = Σ_i H_pre_i S_i;  y = F(RMSN(x));  S'_j = Σ_i H_res[j, i] S_i + H_post_j y
-Init (§2.3, near identity): Φ ~ N(0, PHI_STD²), α = `mhc_alpha_init`, b_pre = −log(n − 1) (read = stream
+Init (near identity): Φ ~ N(0, PHI_STD²), α = `mhc_alpha_init`, b_pre = −log(n − 1) (read = stream
 mean), b_post = 0 (H_post = 1), b_res = `mhc_offdiag_logit` off the diagonal (H_res ≈ 0.98 I at n = 4).
-readout (§2.4, DeepSeek-V4 HyperHead): w = σ(scale · RMSN_unit(s) Φ_head + base) + eps, z = Σ_i w_i S_i,
+readout (DeepSeek-V4 HyperHead): w = σ(scale · RMSN_unit(s) Φ_head + base) + eps, z = Σ_i w_i S_i,
 then the final RMSNorm. All coefficient and Sinkhorn math in fp32.
 """
 
@@ -27,7 +27,7 @@ from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo, require
 from rrtrain.residuals.norm import RMSNorm
 from rrtrain.residuals.streams import StreamKnobs, TiledStream, acc_dtype, combine, rms_rstd, upcast, write_back
 
-PHI_STD = 1e-4  # Φ and Φ_head init std: the Megatron-derived port of §2.3 (small, not zero: α gets a gradient)
+PHI_STD = 1e-4  # Φ and Φ_head init std: the Megatron-derived port (small, not zero: α gets a gradient)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The paper's Table 2 (seed 000, Section 5) fed in as single-seed runs: the report must give the
+"""The Review Residuals paper's Table 2 (its Section 5) fed in as single-seed runs: the report must give the
 paper's differences, and must refuse to call any of them significant (one seed per side)."""
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Multi-stream (gr, hc, mhc), depth-aggregating (attnres) and post-norm (deepnorm) residual rules.
 
-Hand-checked vectors of RESIDUALS.md §1.8, §2.8, §3.6, §4.3, §5.3 and the second seed, in float64 to 1e-6;
-Sinkhorn's properties; the initial equivalences of §8.2; GR's symmetry breaking (§4.4); HC's mixing-direction
-convention (§1.7); forward+backward in fp32 and bf16; parameter formulas against meta-built models.
+The hand-worked vectors of docs/residuals.md ("Test vectors") in float64 to 1e-6; Sinkhorn's properties;
+the equivalences at initialisation; GR's symmetry breaking; HC's mixing-direction convention; forward+backward in fp32 and bf16; parameter formulas against meta-built models.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ def close(a: torch.Tensor, b, tol: float = 1e-6) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# GR (RESIDUALS.md §4, seed 002)
+# GR
 
 R_SEED = t([2.0, 2.0], [4.0, -4.0])  # (1, 1, n=2, d=2)
 Y_SEED = torch.tensor([[[0.5, -0.25]]], dtype=F64)
@@ -66,7 +65,7 @@ def test_gr_seed_worked_example_with_injected_controller_outputs():
     close(site(GRSite).write(R_SEED, Y_SEED, s), t([2.6, 1.7], [4.2, -4.1]))
 
 
-def test_gr_zero_controllers_give_half_gates_and_unit_writes():  # §4.3(b)
+def test_gr_zero_controllers_give_half_gates_and_unit_writes():
     gr = site(GRSite, gr_rank=1)
     for lin in (gr.ctrl.down, gr.ctrl.up, gr.ctrl.inj):
         torch.nn.init.zeros_(lin.weight)
@@ -76,7 +75,7 @@ def test_gr_zero_controllers_give_half_gates_and_unit_writes():  # §4.3(b)
     close(gr.write(R_SEED, Y_SEED, s), t([2.5, 1.75], [4.5, -4.25]))
 
 
-def test_gr_full_controller_path():  # §4.3(c): n = 2, d = 2, r = 1
+def test_gr_full_controller_path():  # n = 2, d = 2, r = 1
     gr = site(GRSite, gr_rank=1)
     with torch.no_grad():
         gr.ctrl.down.weight.copy_(torch.tensor([[1.0, 0, 0, 0]]))
@@ -116,7 +115,7 @@ def _branch_spread(state: torch.Tensor) -> float:
 def test_gr_branches_diverge_after_one_step_unless_controllers_start_at_zero(zero_controllers):
     torch.manual_seed(0)
     model = build_model(tiny("gr"))
-    if zero_controllers:  # the hazard of §4.4: symmetric controllers keep tiled branches identical forever
+    if zero_controllers:  # the hazard: symmetric controllers keep tiled branches identical forever
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if any(k in name for k in ("down.", "up.", "inj.")):
@@ -134,12 +133,12 @@ def test_gr_branches_diverge_after_one_step_unless_controllers_start_at_zero(zer
 
 
 # ---------------------------------------------------------------------------------------------
-# HC (RESIDUALS.md §1)
+# HC
 
 S_HC = t([1.0, 2.0], [3.0, 4.0])
 
 
-def test_hc_static_arbitrary_coefficients():  # §1.8(a)
+def test_hc_static_arbitrary_coefficients():
     hc = site(HCSite, hc_dynamic=False)
     with torch.no_grad():
         hc.static_a.copy_(torch.tensor([0.7, 0.3]))
@@ -151,7 +150,7 @@ def test_hc_static_arbitrary_coefficients():  # §1.8(a)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_hc_init_reads_stream_k_mod_n_and_adds_y_everywhere(dynamic):  # §1.8(b)
+def test_hc_init_reads_stream_k_mod_n_and_adds_y_everywhere(dynamic):
     y = torch.tensor([[[0.5, -1.0]]], dtype=F64)
     for k, expected in ((0, [1.0, 2.0]), (1, [3.0, 4.0]), (2, [1.0, 2.0])):
         hc = site(HCSite, index=k, hc_dynamic=dynamic, eps=1e-6)
@@ -160,7 +159,7 @@ def test_hc_init_reads_stream_k_mod_n_and_adds_y_everywhere(dynamic):  # §1.8(b
         close(hc.write(S_HC, y, ctx), t([1.5, 1.0], [3.5, 3.0]))
 
 
-def test_hc_dynamic_coefficients():  # §1.8(c)
+def test_hc_dynamic_coefficients():
     hc = site(HCSite, hc_dynamic=True)
     with torch.no_grad():
         hc.dyn_proj.zero_()
@@ -201,9 +200,9 @@ def test_mix_matmul_and_low_precision_paths_agree():
 
 
 # ---------------------------------------------------------------------------------------------
-# mHC (RESIDUALS.md §2)
+# mHC
 
-def test_sinkhorn_hand_vectors():  # §2.8(a): column step, then row step, per iteration
+def test_sinkhorn_hand_vectors():  # column step, then row step, per iteration
     lg = torch.tensor([[0.0, -1.0], [-2.0, 0.0]], dtype=F64)
     close(sinkhorn(lg, 1, 0.0), torch.tensor([[0.766085, 0.233915], [0.140196, 0.859804]], dtype=F64))
     close(sinkhorn(lg, 2, 0.0), torch.tensor([[0.798078, 0.201922], [0.164424, 0.835576]], dtype=F64))
@@ -230,7 +229,7 @@ def test_sinkhorn_survives_bf16_logits_and_saturation():
     assert m.dtype == torch.float32 and torch.isfinite(m).all()
 
 
-def test_mhc_layer_vector():  # §2.8(b); H_res rows = destination
+def test_mhc_layer_vector():  # H_res rows = destination
     mhc = site(MHCSite)
     s = t([2.0, 2.0], [4.0, -4.0])
     h_pre = torch.tensor([[[0.5, 0.5]]], dtype=F64)
@@ -258,9 +257,9 @@ def test_mhc_near_identity_init_that_learns():
 
 
 # ---------------------------------------------------------------------------------------------
-# AttnRes (RESIDUALS.md §3)
+# AttnRes
 
-def test_attnres_hand_vector():  # §3.6
+def test_attnres_hand_vector():
     v0, v1 = torch.tensor([[[2.0, 2.0]]], dtype=F64), torch.tensor([[[4.0, -4.0]]], dtype=F64)
     ones = torch.ones(2, dtype=F64)
     close(depth_attention((v0, v1), torch.zeros(2, dtype=F64), ones, 0.0), [3.0, -1.0])
@@ -288,7 +287,7 @@ def test_attnres_block_bookkeeping(size, lengths):
 
 
 # ---------------------------------------------------------------------------------------------
-# DeepNorm (RESIDUALS.md §5.3)
+# DeepNorm
 
 @pytest.mark.parametrize("n, alpha, beta", [(8, 2.0, 0.35355), (12, 2.21336, 0.31947), (16, 2.37841, 0.29730),
                                             (24, 2.63215, 0.26864), (32, 2.82843, 0.25), (48, 3.13017, 0.22590)])
@@ -318,7 +317,7 @@ def test_deepnorm_scales_branch_init():
 
 
 # ---------------------------------------------------------------------------------------------
-# Initial equivalences (§8.2), whole tiny models, float64
+# Equivalences at initialisation, whole tiny models, float64
 
 def _copy_backbone(src, dst) -> None:
     keep = {k: v for k, v in src.state_dict().items() if "_site." not in k and not k.startswith("stream.")}
@@ -358,7 +357,7 @@ def test_mhc_with_one_stream_equals_prenorm_residual():
 
 
 def test_identity_path_when_sublayers_output_zero():
-    """§8.4: y = 0 leaves the state unchanged (HC at init, GR; mHC up to Sinkhorn error on tiled streams)."""
+    """y = 0 leaves the state unchanged (HC at init, GR; mHC up to Sinkhorn error on tiled streams)."""
     s = tile(torch.randn(2, 3, 8, dtype=F64), 4)
     y = torch.zeros(2, 3, 8, dtype=F64)
     for cls, tol in ((HCSite, 0.0), (GRSite, 0.0), (MHCSite, 1e-6)):

@@ -1,4 +1,4 @@
-"""Single-stream residual rules: the test vectors of RESIDUALS.md §5 and §6.1, gates at initialisation,
+"""Single-stream residual rules: the hand-worked vectors of docs/residuals.md ("Test vectors"), gates at initialisation,
 the low-rank gate, and the interface contract every registered rule must keep.
 
 The vectors are reproduced by building one site (d = 2), injecting the sublayer output u and the gate
@@ -43,7 +43,7 @@ def set_gate_value(site: torch.nn.Module, r: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# RESIDUALS.md §6.1: Review, W_r = 0  =>  r = 0.5
+# Review, W_r = 0  =>  r = 0.5
 
 
 def test_review_vector_additive():
@@ -63,7 +63,7 @@ def test_highway_additive_vector_at_init():
 
 
 # ---------------------------------------------------------------------------------------------
-# RESIDUALS.md §5
+# ReZero, LayerScale, Highway
 
 
 def test_rezero_vectors():
