@@ -6,6 +6,10 @@ from task YAML files of your own (`--include`: a directory or one file; lm-eval'
 table (task, metric, value, stderr) and writes `RUN_DIR/eval/step_NNNNNNNN-KEY.json` (written aside and
 renamed; docs/evaluation.md). Bad input (an unknown task, a step without a checkpoint, a directory that is not
 a run, a tokenizer that does not match the checkpoint) is one line, exit status 2, and nothing is written.
+
+On several GPUs, launch it with torchrun (`python -m launchers.local_torchrun --nproc_per_node=N -m rrtrain eval
+...`): each rank loads the model on its own device, scores every N-th batch of the requests, and the scores are
+gathered, as in-loop evaluation does; rank 0 prints the table and writes the file.
 """
 
 from __future__ import annotations
@@ -60,27 +64,39 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"{run_dir} has no checkpoint")
     if args.step is not None and args.step not in steps:
         raise UsageError(f"{run_dir} has no checkpoint at step {args.step} (checkpoints: {', '.join(map(str, steps))})")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from rrtrain.core import dist
+
+    info = dist.setup(timeout_s=1800)  # under torchrun: one rank per device; else one process
+    if info.world_size > 1 and args.device is not None:
+        raise UsageError("--device: under torchrun each rank takes its own device (leave --device out)")
+    device = info.device if info.world_size > 1 else torch.device(
+        args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device}: no CUDA device here")
 
     from rrtrain.eval import harness, results
-    from rrtrain.eval.lm import RRTrainLM
+    from rrtrain.eval.lm import RRTrainLM, Share
     from rrtrain.eval.tasks import load_tasks, task_manager
 
     manager = task_manager(tasks, include)
     loaded = load_tasks(manager, tasks, args.num_fewshot)
     run = load_run(run_dir, args.step, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
                    device=device)
-    lm = RRTrainLM(run.model, run.tokenizer, run.model.shape.seq_len, device=device, batch_size=args.batch_size)
+    share = Share(info.rank, info.world_size, dist.gather_objects) if info.world_size > 1 else Share()
+    lm = RRTrainLM(run.model, run.tokenizer, run.model.shape.seq_len, device=device, batch_size=args.batch_size,
+                   share=share)
     t0 = time.perf_counter()
     with torch.no_grad():
         found = harness.run(lm, loaded, args.limit, args.bootstrap_iters)
     seconds = time.perf_counter() - t0
+    if not info.is_main:  # every rank computed the same metrics from the gathered scores: rank 0 reports them
+        dist.teardown()
+        return 0
     content = results.content(run.step, tasks, args.num_fewshot, args.limit, seconds, harness.lm_eval_version(),
                               found)
     path = results.write(run_dir, run.step, result_key(tasks, args.num_fewshot, args.limit), content)
     print(f"rrtrain eval: {run_dir} step {run.step} ({run.config.model.variant}), {seconds:.1f} s", flush=True)
     print(results.table(found))
     print(f"wrote {path}")
+    dist.teardown()
     return 0

@@ -10,37 +10,17 @@ bytes read per file, tests/unit/test_sweep_status.py), which does not depend on 
 
 from __future__ import annotations
 
-import json
+import sys
 import time
 from pathlib import Path
 
 from launchers import record, status_cli
 from rrtrain.rundir import lock as runlock
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_sweep_status import fake_run  # noqa: E402  the suite's big run, measured here instead of checked
+
 RUNS, BIG_MB, TARGET_CPU_S = 200, 200, 2.0
-
-
-def fake_run(root: Path, rid: str, step: int, final: dict | None) -> dict:
-    run_dir = root / rid
-    run_dir.mkdir(parents=True)
-    with open(run_dir / "metrics.jsonl", "wb") as f:
-        f.truncate(BIG_MB * 2**20)
-        f.seek(BIG_MB * 2**20)
-        f.write(b"\n")
-        for s in range(max(1, step - 300), step + 1):
-            rec = {"step": s, "loss": 5.0 - s / 1000, "grad_norm": 1.0, "lr": 1e-3, "tokens": s * 512}
-            if s % 10 == 0:
-                rec["tokens_per_s"] = 1234.5
-            f.write((json.dumps(rec) + "\n").encode())
-            if s % 250 == 0:
-                f.write((json.dumps({"step": s, "val_loss": 4.0 - s / 1000, "tokens": s * 512}) + "\n").encode())
-            if s % 50 == 0:
-                f.write((json.dumps({"kind": "diag", "step": s, "block_grad_norm": [0.1] * 200}) + "\n").encode())
-    if final is not None:
-        (run_dir / "final.json").write_text(json.dumps(final))
-    config = {"train": {"max_steps": 1000, "tokens": None, "global_batch": 8},
-              "model": {"size": "tiny", "seq_len": None}, "data": {"path": None}, "run": {"dir": str(run_dir)}}
-    return {"size": "tiny", "variant": "review", "seed": 0, "dir": str(run_dir), "config": config, "resources": {}}
 
 
 def test_status_cpu_on_200_big_runs(tmp_path):
@@ -48,7 +28,7 @@ def test_status_cpu_on_200_big_runs(tmp_path):
     for i in range(RUNS):
         rid = f"tiny-review-s{i}"
         final = {"status": "completed", "step": 1000, "tokens": 512000, "flags": []} if i % 2 else None
-        runs[rid] = fake_run(tmp_path, rid, 1000 if i % 2 else 500 + i, final)
+        runs[rid] = fake_run(tmp_path, rid, 1000 if i % 2 else 500 + i, BIG_MB, final)
         if final is None:
             held.append(runlock.RunLock(tmp_path / rid).acquire(0))
     record.save(tmp_path, {"version": 1, "name": "big", "runs": runs, "submissions": []})

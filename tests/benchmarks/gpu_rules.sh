@@ -38,20 +38,8 @@ cd "$(dirname "$0")/../.." || exit 1
 START=$SECONDS
 
 die() { echo "gpu_rules.sh: error: $*" >&2; exit 1; }
-has_cuda() { "$1" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; }
-
-if [ -n "${PYTHON:-}" ]; then
-  PY=$PYTHON
-elif [ -x .venv/bin/python ] && has_cuda .venv/bin/python; then
-  PY=.venv/bin/python
-else
-  PY=python3
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-"$PY" -c "import torch, yaml, numpy, tokenizers" || die "$PY cannot import torch, yaml, numpy and tokenizers"
-if [ "${ALLOW_CPU:-0}" != 1 ]; then
-  has_cuda "$PY" || die "torch in $PY sees no CUDA device (set ALLOW_CPU=1 only to test this script)"
-fi
+. tests/benchmarks/gpu_python.sh
+gpu_python gpu_rules.sh "torch, yaml, numpy, tokenizers"
 
 DEPTH_SHAPES=${DEPTH_SHAPES:-"rr-590m rr-1b"}
 DEPTH_RULES=${DEPTH_RULES:-"review_convex review highway_convex highway"}

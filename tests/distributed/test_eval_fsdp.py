@@ -1,7 +1,8 @@
 """In-loop downstream evaluation on 2 CPU ranks under FSDP2: each rank scores its share of the requests through
 the sharded model (a batch count that does not divide by the ranks, so one rank runs a padding forward, or
 the run would hang), the scores are gathered, and the logged metrics equal `rrtrain eval` of the same
-checkpoints on one process (4 decimals). The one-process path end to end: tests/e2e/test_eval.py."""
+checkpoints on one process (4 decimals); and `rrtrain eval` itself on 2 ranks under torchrun gives what it gives on
+one process. The one-process path end to end: tests/e2e/test_eval.py."""
 
 from __future__ import annotations
 
@@ -40,3 +41,18 @@ def test_ranks_share_the_requests_and_log_what_one_process_computes(stories_data
             for name, value in metrics.items():
                 if not name.endswith("_stderr"):
                     assert close(logged[step][f"downstream/{task}/{name}"], value), (step, task, name)
+
+    # rrtrain eval on 2 ranks (torchrun): each rank scores its share of the same batches of 5; the file rank 0
+    # writes holds the one-process numbers
+    one = json.loads((run_dir / "eval" / f"step_{4:08d}-{KEY}.json").read_text())["results"]
+    ranks = subprocess.run([PY, "-m", "launchers.local_torchrun", "--nproc_per_node=2", "-m", "rrtrain", "eval",
+                            *argv[1], "--batch-size", "5"], cwd=REPO, env=env(), capture_output=True, text=True,
+                           timeout=300)
+    assert ranks.returncode == 0, ranks.stderr[-3000:]
+    assert ranks.stdout.count("wrote ") == 1, ranks.stdout  # rank 0 alone reports
+    two = json.loads((run_dir / "eval" / f"step_{4:08d}-{KEY}.json").read_text())["results"]
+    assert two.keys() == one.keys()
+    for task, metrics in one.items():
+        for name, value in metrics.items():
+            if not name.endswith("_stderr"):
+                assert close(two[task][name], value), (task, name, two[task][name], value)
