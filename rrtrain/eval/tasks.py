@@ -97,11 +97,18 @@ def load_tasks(manager: Any, tasks: Sequence[str], num_fewshot: Optional[int], w
     """The tasks loaded (their data read: lm-eval's `TaskManager.load`), few-shot counts set as
     `lm_eval.simple_evaluate` sets them (`num_fewshot` overrides a task's own count unless that is 0; none
     given and none in the task: 0; the few-shot sampler's seed 1234); a generation task is refused."""
+    import datasets
+
+    shown = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # reading a task's data draws progress bars: a refusal must stay one line
     try:
         loaded = manager.load(list(tasks))
     except Exception as err:  # noqa: BLE001 - a task's own YAML or data (a download without network...): one line
         why = f"{type(err).__name__}: {err}".splitlines()[0]
         raise UsageError(f"{where}: cannot load {', '.join(tasks)}: {why}") from None
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
     for name, task in loaded["tasks"].items():
         kind = task.get_config("output_type")
         if kind not in SCORED_TYPES:

@@ -65,8 +65,8 @@ class Broken(Callback):
 '''
 
 #: what a callback can reach: the documented `rrtrain.training.loop.Loop`, nothing of the trainer
-INTERFACE = ["any_rank", "facts", "last_val_loss", "metrics", "raise_flag", "reason", "request_stop", "resumed_at",
-             "run_eval", "save_checkpoint", "status", "step", "tokens", "total_steps", "wall_s"]
+INTERFACE = ["any_rank", "facts", "last_val_loss", "logits", "metrics", "raise_flag", "reason", "request_stop",
+             "resumed_at", "run_eval", "save_checkpoint", "status", "step", "tokens", "total_steps", "wall_s"]
 
 SMALL = ["train.global_batch=4", "train.micro_batch=4", "train.eval_every=0", "train.ckpt_every=0",
          "train.log_every=2", "train.warmup_steps=1", "data.eval_batches=1", "train.compile=false"]
