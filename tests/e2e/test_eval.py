@@ -122,8 +122,6 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(trained, stories_data,
 
 
 def test_the_exported_model_gives_the_same_numbers_with_lm_eval_hf(trained):
-    if not (REPO / "rrtrain" / "cli" / "export.py").exists():
-        pytest.skip("rrtrain export is not there")
     run_dir, root = trained["run"], trained["root"]
     out = root / "hf8"
     e = {**env(), "HF_HOME": str(root / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
