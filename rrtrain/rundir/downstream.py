@@ -17,7 +17,6 @@ No torch here: `rrtrain report` and the dashboard load this module.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import stat
@@ -175,13 +174,7 @@ def _read_object(dfd: int, name: str, problems: Optional[list[str]]) -> Optional
         raw = fh.read(MAX_FILE_BYTES + 1)
     if len(raw) > MAX_FILE_BYTES:
         return _refuse(problems, f"{where} unreadable: larger than {MAX_FILE_BYTES} bytes")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as err:
-        return _refuse(problems, f"{where} unreadable: {type(err).__name__} (truncated or not JSON)")
-    if not isinstance(data, dict):
-        return _refuse(problems, f"{where} unreadable: not a JSON object (a {type(data).__name__})")
-    return data
+    return readers.parse_json_object(raw, where, problems)
 
 
 def merge(records: Table, files: Table) -> Table:

@@ -41,6 +41,12 @@ def read_json_object(path: Path, name: Optional[str] = None,
         return None
     except OSError as err:
         return _refuse(problems, f"{name} unreadable: {err.strerror or type(err).__name__}")
+    return parse_json_object(raw, name, problems)
+
+
+def parse_json_object(raw: bytes, name: str, problems: Optional[list[str]] = None) -> Optional[dict[str, Any]]:
+    """The JSON object in `raw` (the bytes of the file called `name`); None when it is not one (said in
+    `problems`)."""
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as err:
