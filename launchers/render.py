@@ -1,5 +1,6 @@
 """sbatch scripts from the templates in `slurm/`: one array script + manifest per resource shape, one
-multi-node script per multi-node run. Every value is shell-quoted, and names and paths that could break a
+multi-node script per multi-node run, with the run's rendezvous drawn beside it (launchers.torchrun.rendezvous).
+Every value is shell-quoted, and names and paths that could break a
 script are refused before anything is written (`launchers.expand.check_safe`)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from launchers.expand import Run, check_safe
 from launchers.snapshot import NO_BYTECODE
 from launchers.spec import Resources
+from launchers.torchrun import rendezvous
 from rrtrain.core.io import atomic_write_text
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "slurm"
@@ -67,9 +69,9 @@ def _fill(template: str, sbatch: list[str], variables: list[str]) -> str:
 
 def train_argv(run: Run, python: str, config_path: Path) -> list[str]:
     """The command that trains one run on one node: torchrun when it has several tasks, with its stores on
-    loopback only (`launchers.local_torchrun`; `--standalone` would listen on every interface)."""
+    loopback only (`launchers.torchrun.local`; `--standalone` would listen on every interface)."""
     if run.resources.tasks > 1:
-        return [python, "-m", "launchers.local_torchrun", f"--nproc_per_node={run.resources.tasks}",
+        return [python, "-m", "launchers.torchrun.local", f"--nproc_per_node={run.resources.tasks}",
                 "-m", "rrtrain.train", str(config_path)]
     return [python, "-m", "rrtrain.train", str(config_path)]
 
@@ -104,8 +106,13 @@ def render(out: Path, name: str, runs: list[Run], python: str, code: str, config
             continue
         for m in members:
             header = sbatch_lines(r, f"{name}-{m.id}", str(slurm_dir / "logs" / f"{m.id}-%j.out"), None)
+            rdzv = slurm_dir / f"multinode-{m.id}.rendezvous"
+            rdzv.parent.mkdir(parents=True, exist_ok=True)
+            rendezvous.write(rdzv, rendezvous.draw())  # drawn at submission, readable by the user only
             variables = [f"PYTHON={q(python)}", f"CODE={q(code)}", f"RUN_DIR={q(str(m.dir))}",
-                         f"GPUS_PER_NODE={max(1, r.tasks)}", 'RDZV_PORT="${RDZV_PORT:-$((20000 + SLURM_JOB_ID % 10000))}"', 'RDZV_HOST="${RDZV_HOST:-}"',
+                         f"GPUS_PER_NODE={max(1, r.tasks)}", f'RDZV_FILE="${{RRTRAIN_RDZV_FILE:-{q(str(rdzv))}}}"',
+                         'RDZV_DIR="${RDZV_DIR:-$HOME/.rrtrain/rendezvous}"', 'RDZV_PORT="${RDZV_PORT:-}"',
+                         'RDZV_HOST="${RDZV_HOST:-}"',
                          'RDZV_TIMEOUT_S="${RDZV_TIMEOUT_S:-300}"', 'STEP_GRACE_S="${STEP_GRACE_S:-60}"',
                          f"MAX_REQUEUES={r.max_requeues}", *(f"export {k}={v}" for k, v in NO_BYTECODE.items()),
                          'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"',

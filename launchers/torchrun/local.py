@@ -1,13 +1,14 @@
 """torchrun on one node with its stores listening on loopback only:
-`python -m launchers.local_torchrun --nproc_per_node=N -m rrtrain.train CONFIG`.
+`python -m launchers.torchrun.local --nproc_per_node=N -m rrtrain.train CONFIG`.
 
 `torchrun --standalone` hosts two TCPStores (the c10d rendezvous store and the store its ranks share at
 MASTER_PORT), and a TCPStore server listens on every interface (`::` / `0.0.0.0`) whatever host it is given:
 anyone on the network could reach a single-node job's stores. This launcher binds the rendezvous store's
 socket to 127.0.0.1 itself (a free port, chosen per launch) and has the shared store bound there too
-(launchers/store_binding.py), then runs torchrun's own `main` with a c10d rendezvous at 127.0.0.1 under a
+(launchers/torchrun/store_binding.py), then runs torchrun's own `main` with a c10d rendezvous at 127.0.0.1 under a
 fresh id and `--local-addr=127.0.0.1`, so every rank reaches the stores over loopback and nothing of them
-listens elsewhere. The remaining arguments are torchrun's.
+listens elsewhere. Every user of the machine reaches loopback, so the rendezvous state is read back with
+launchers.torchrun.rendezvous_state, which runs nothing a writer put in it. The remaining arguments are torchrun's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import sys
 import uuid
 
-from launchers.store_binding import bind_stores
+from launchers.torchrun import rendezvous_state
+from launchers.torchrun.store_binding import bind_stores
 from rrtrain.core.stores import listener
 
 LOOPBACK = "127.0.0.1"
@@ -35,6 +37,7 @@ def main(argv: list[str]) -> None:
     port = sock.getsockname()[1]
     handed = [sock]
     bind_stores(port, lambda: handed.pop() if handed else None, LOOPBACK)
+    rendezvous_state.install()  # every user of the machine reaches loopback
     run.main(torchrun_args(port, argv))
 
 

@@ -4,7 +4,7 @@ A torchrun agent may host two TCPStores: the c10d rendezvous store (the agent on
 store its ranks share at MASTER_PORT (the agent that becomes node rank 0). torch creates both listening on `::`
 / `0.0.0.0`. `bind_stores` makes the agent create them on sockets bound to chosen addresses instead
 (`TCPStore(master_listen_fd=...)`, rrtrain.core.stores); where no address is given, torch's own store stays.
-Used by launchers.local_torchrun (one node: loopback) and launchers.node_torchrun (one node of several: the
+Used by launchers.torchrun.local (one node: loopback) and launchers.torchrun.node (one node of several: the
 node's own address).
 """
 

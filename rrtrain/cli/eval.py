@@ -7,7 +7,7 @@ table (task, metric, value, stderr) and writes `RUN_DIR/eval/step_NNNNNNNN-KEY.j
 renamed; docs/evaluation.md). Bad input (an unknown task, a step without a checkpoint, a directory that is not
 a run, a tokenizer that does not match the checkpoint) is one line, exit status 2, and nothing is written.
 
-On several GPUs, launch it with torchrun (`python -m launchers.local_torchrun --nproc_per_node=N -m rrtrain eval
+On several GPUs, launch it with torchrun (`python -m launchers.torchrun.local --nproc_per_node=N -m rrtrain eval
 ...`): each rank loads the model on its own device, scores every N-th batch of the requests, and the scores are
 gathered, as in-loop evaluation does; rank 0 prints the table and writes the file.
 """

@@ -59,7 +59,7 @@ def setup(timeout_s: int) -> DistInfo:
 def _serve_rank0_store(rank: int, timeout_s: int) -> None:
     """Under an env:// launcher without torchrun's agent store (submitit's srun tasks), rank 0 hosts the store
     the ranks meet at, and torch's would listen on every interface: start it on MASTER_ADDR's own address first
-    (rrtrain.core.stores.serve_env_store). Under torchrun the agent hosts it (launchers/store_binding.py)."""
+    (rrtrain.core.stores.serve_env_store). Under torchrun the agent hosts it (launchers/torchrun/store_binding.py)."""
     global _rank0_store
     if rank != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return

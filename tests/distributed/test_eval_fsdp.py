@@ -45,7 +45,7 @@ def test_ranks_share_the_requests_and_log_what_one_process_computes(stories_data
     # rrtrain eval on 2 ranks (torchrun): each rank scores its share of the same batches of 5; the file rank 0
     # writes holds the one-process numbers
     one = json.loads((run_dir / "eval" / f"step_{4:08d}-{KEY}.json").read_text())["results"]
-    ranks = subprocess.run([PY, "-m", "launchers.local_torchrun", "--nproc_per_node=2", "-m", "rrtrain", "eval",
+    ranks = subprocess.run([PY, "-m", "launchers.torchrun.local", "--nproc_per_node=2", "-m", "rrtrain", "eval",
                             *argv[1], "--batch-size", "5"], cwd=REPO, env=env(), capture_output=True, text=True,
                            timeout=300)
     assert ranks.returncode == 0, ranks.stderr[-3000:]

@@ -18,12 +18,14 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import re
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from launchers.torchrun import rendezvous
 from rrtrain.config import load_config
 from rrtrain.parallel.mesh import mesh_shape
 from rrtrain.rundir import ranks
@@ -129,7 +131,8 @@ def test_hsdp_mesh_of_the_sweep_config_is_2_by_2(two_node_sweep):
 def test_multinode_sbatch_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep, one_machine):
     run, log = two_node_sweep / "sbatch-run", two_node_sweep / "sbatch.log"
     e = env()
-    e.update(RRTRAIN_PYTHON=PY, RRTRAIN_RUN_DIR=str(run), RRTRAIN_NPROC_PER_NODE="2")
+    rdzv_dir = two_node_sweep / "rendezvous"  # the script draws the job's rendezvous here, and removes it after
+    e.update(RRTRAIN_PYTHON=PY, RRTRAIN_RUN_DIR=str(run), RRTRAIN_NPROC_PER_NODE="2", RDZV_DIR=str(rdzv_dir))
     job = sbatch(REPO / "slurm" / "multinode.sbatch", f"--nodes={NODES}", "--ntasks-per-node=1",
                  "--cpus-per-task=2", "--mem=3G", "--time=10", f"--output={log}", "--job-name=rr-2node",
                  args=(str(config_of(two_node_sweep)), f"run.dir={run}"), env=e)
@@ -140,8 +143,11 @@ def test_multinode_sbatch_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep
         cancel(job)
     text = log.read_text() if log.exists() else ""
     assert states == {job: "COMPLETED"}, text[-4000:]
-    rdzv_port = 20000 + int(job) % 10000
-    assert f"{NODES} nodes x 2, rendezvous rrnode1:{rdzv_port}" in text, text[:2000]
+    drawn = re.search(rf"{NODES} nodes x 2, rendezvous rrnode1:(\d+),", text)
+    assert drawn, text[:2000]
+    rdzv_port = int(drawn.group(1))
+    assert rendezvous.PORTS[0] <= rdzv_port <= rendezvous.PORTS[1]
+    assert rdzv_dir.is_dir() and not any(rdzv_dir.iterdir()), "the drawn rendezvous file stays"
     check_spans_two_nodes(run, job, one_machine)
     assert len(listening.master_ports) == 1, listening.master_ports  # torchrun's shared store
     listening.check(rdzv_port)

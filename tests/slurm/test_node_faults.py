@@ -29,7 +29,7 @@ ARGS = [f"train.max_steps={STEPS}", "train.log_every=1", "train.eval_every=0", f
 
 def ranks_of(ns: str) -> list[int]:
     """The training ranks on a node (not the torchrun agent that started them)."""
-    agents = set(node_processes(ns, "launchers.node_torchrun"))
+    agents = set(node_processes(ns, "launchers.torchrun.node"))
     return [p for p in node_processes(ns, "-m rrtrain.train") if p not in agents]
 
 

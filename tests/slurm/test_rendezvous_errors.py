@@ -1,7 +1,8 @@
 """A multi-node job that cannot form its group ends within a bounded time with a line naming the setting to
 change, never a hang: a GLOO_SOCKET_IFNAME the nodes lack (the agents meet, then every rank says so in one line
 and exits 2), an unreachable rendezvous host (the agents give up after RDZV_TIMEOUT_S) and a python that does not
-exist (no agent starts). The script's last error line tells the three apart. All on 2 nodes, one rank each."""
+exist (no agent starts). The script's last error line tells the three apart. And a co-tenant who holds the
+rendezvous port: one line naming it, and nothing it writes runs. All on 2 nodes, one rank each."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 
 import pytest
 
+from launchers.torchrun import rendezvous
 from slurmutil import NODES, ON_NODE, REPO, cancel, sbatch, wait_done
 from trainutil import PY, TINY, env
 
@@ -54,3 +56,64 @@ def test_wrong_interface_unreachable_head_and_missing_python_each_end_in_their_o
     left = subprocess.run(["bash", str(ON_NODE), "1", "sh", "-c", "ls -d /tmp/rrtrain-torchrun-* 2>/dev/null"],
                           capture_output=True, text=True, timeout=30).stdout
     assert not any(f"/tmp/rrtrain-torchrun-{job}-" in left for job in jobs.values()), "the first node's agent logs stay"
+
+
+SQUATTER = """
+import base64, os, pickle, sys, time
+import torch.distributed as dist
+
+port, marker, ready = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False)
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, (f"touch {marker}",))
+
+
+forged = base64.b64encode(pickle.dumps(Payload()))
+open(ready, "w").close()
+while True:  # whatever rendezvous state an agent writes here, replace it with one that runs code when unpickled
+    for key in store.list_keys():
+        if key.startswith("torch.rendezvous.") and store.get(key) != forged:
+            store.set(key, forged)
+    time.sleep(0.02)
+"""
+
+
+def test_a_co_tenant_holding_the_rendezvous_port_gets_one_line_and_runs_no_code(slurm_cluster, tmp_path, stories_data):
+    """A co-tenant's store on the job's rendezvous port of the head node, rewriting every rendezvous state the
+    agents write into one that runs code when unpickled. The head's agent cannot bind the port and ends the job
+    in one line naming it (torch would have become a client of that store); the other node's agent, which
+    cannot tell, meets the forged state and refuses it; nothing of it runs."""
+    rdzv = rendezvous.draw()
+    path, marker, ready = tmp_path / "job.rendezvous", tmp_path / "ran", tmp_path / "ready"
+    rendezvous.write(path, rdzv)
+    squatter = subprocess.Popen(["bash", str(ON_NODE), "1", PY, "-c", SQUATTER, str(rdzv.port), str(marker),
+                                 str(ready)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not ready.exists():
+            assert squatter.poll() is None and time.time() < deadline, squatter.stderr.read() if squatter.poll() else ""
+            time.sleep(0.2)
+        run, log = tmp_path / "run", tmp_path / "job.log"
+        e = {**env(), "RRTRAIN_PYTHON": PY, "RRTRAIN_NPROC_PER_NODE": "1", "RRTRAIN_RUN_DIR": str(run),
+             "RRTRAIN_RDZV_FILE": str(path), "RDZV_TIMEOUT_S": str(TIMEOUT_S)}
+        job = sbatch(REPO / "slurm" / "multinode.sbatch", f"--nodes={NODES}", "--ntasks-per-node=1",
+                     "--cpus-per-task=1", "--mem=1G", "--time=10", f"--output={log}",
+                     args=(TINY, f"data.path={stories_data}", f"run.dir={run}", *ARGS), env=e)
+        try:
+            state = wait_done(job, timeout=BOUND_S)[job]
+        finally:
+            cancel(job)
+        alive = squatter.poll() is None
+    finally:
+        squatter.kill()
+        squatter.wait(timeout=30)
+    text = log.read_text()
+    assert alive, "the squatter died before the job ended"
+    assert state == "FAILED", text[-3000:]
+    held = [line for line in text.splitlines() if "another process holds it" in line]
+    assert len(held) == 1 and held[0].startswith("rrtrain multinode: error: the rendezvous port "), text[-3000:]
+    assert f"port {rdzv.port} on rrnode1" in held[0], held
+    assert not marker.exists(), "a rendezvous state written by another process ran code in the job"

@@ -50,7 +50,7 @@ def test_a_single_node_launch_listens_on_loopback_only(stories_data, tmp_path):
     config.write_text(yaml.safe_dump(cfg))
     run = Run("tiny-review-s0", "tiny", "review", 0, cfg, Resources(tasks_per_node=2))
     argv = train_argv(run, sys.executable, config)
-    assert "--standalone" not in argv and argv[1:3] == ["-m", "launchers.local_torchrun"]
+    assert "--standalone" not in argv and argv[1:3] == ["-m", "launchers.torchrun.local"]
     proc = subprocess.Popen(argv, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     root = psutil.Process(proc.pid)
     seen: set[tuple[int, str, int]] = set()
