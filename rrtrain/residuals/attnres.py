@@ -1,20 +1,31 @@
 """AttnRes: Attention Residuals, Full and Block (Kimi Team, 2026; docs/residuals.md).
 
-Legend:  b batch · t tokens · d model width · m sources visible to a sublayer
-    state     tuple (v_0, …, v_{m−1}) of (b, t, d): v_0 = e, then one entry per closed block (the sum of
-              its sublayer outputs), the last entry possibly the block still being filled
+Legend:  b batch · t tokens · d model width · m sources visible to a sublayer · S slots
+    state     `Sources`: S slots of (b, t, d), the m sources (v_0, …, v_{m−1}) in the last m of them: v_0 = e,
+              then one entry per closed block (the sum of its sublayer outputs), the last entry possibly
+              the block still being filled; and a bias (S,) that is −inf on the S − m empty slots
     logit_j   = w_l · RMSN_key(v_j)                one zero-initialised pseudo-query w_l per sublayer
     α         = softmax_j(logit_j)                 over sources, per token, in fp32
     h_l       = Σ_j α_j v_j;  y = F(RMSN(h_l))     the sublayer keeps its own pre-norm
 Full AttnRes (`attnres_block_size` = 0) is Block AttnRes with one sublayer per block. A block opens at every
 sublayer index that is a multiple of the block size; the last block may be shorter.
 readout: one more aggregator (own query, own key norm) over all sources, then the final RMSNorm.
+
+Why a fixed number of slots (S = 1 + the number of blocks the model opens): `train.compile` compiles each
+transformer block, and a state whose length grew by one per sublayer made dynamo compile one graph per
+block, past its recompile limit (8) none at all. Every block now sees the same state: a new source enters
+at the end and the oldest empty slot leaves at the front (a tuple shift: no tensor is copied). The empty
+slots are views of e (no memory; any finite value would do). A read while compiling aggregates over all S
+slots, an empty slot's logit −inf, so its weight is exactly 0 and the output and gradients are those of the
+m sources alone (tests/unit/test_compile_rules.py); the price is S slots' work rather than m (about twice the
+aggregation's for Full AttnRes). An eager read knows m from its sublayer index and aggregates over the last
+m slots only: the arithmetic of the growing tuple of sources it always was, bit for bit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 from torch import nn
@@ -24,7 +35,13 @@ from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, Stream, StreamInfo,
 from rrtrain.residuals.norm import RMSNorm
 from rrtrain.residuals.streams import rms_rstd, upcast
 
-Sources = tuple[torch.Tensor, ...]
+
+class Sources(NamedTuple):
+    """AttnRes's residual state: `slots` (S tensors (b, t, d), the sources last, oldest first) and `bias`
+    (S,) fp32, 0 on a source and −inf on an empty slot. Its structure is the same in every block."""
+
+    slots: tuple[torch.Tensor, ...]
+    bias: torch.Tensor
 
 
 @dataclass
@@ -35,14 +52,17 @@ class AttnResKnobs:
         require(self, non_negative=("attnres_block_size",))
 
 
-def depth_attention(sources: Sources, query: torch.Tensor, key_gain: torch.Tensor, eps: float) -> torch.Tensor:
-    """Σ_j softmax_j(w · RMSN_key(v_j)) v_j -> (b, t, d) in fp32 or wider.
+def depth_attention(sources: tuple[torch.Tensor, ...], query: torch.Tensor, key_gain: torch.Tensor, eps: float,
+                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Σ_j softmax_j(w · RMSN_key(v_j) + bias_j) v_j -> (b, t, d) in fp32 or wider (`bias`: −inf masks a slot).
 
     Uses w · (g ⊙ v/rms(v)) = rstd(v) · (v · (w ⊙ g)): nothing (b, t, d)-sized is kept for backward beyond
     the sources themselves, which Full AttnRes would otherwise pay O(L²) times.
     """
     u = upcast(query) * upcast(key_gain)  # (d,)
     logits = torch.stack([(v * u).sum(-1) * rms_rstd(v, eps).squeeze(-1) for v in sources], dim=-1)
+    if bias is not None:
+        logits = logits + bias
     alpha = torch.softmax(logits, dim=-1)  # (b, t, m)
     out = alpha[..., 0:1] * sources[0]
     for j in range(1, len(sources)):
@@ -64,12 +84,37 @@ class DepthQuery(nn.Module):
             self.query.zero_()  # uniform weights at init: the paper saw volatility otherwise
             self.key_gain.fill_(1.0)
 
-    def forward(self, sources: Sources) -> torch.Tensor:
-        return depth_attention(sources, self.query, self.key_gain, self.eps)
+    def forward(self, sources: tuple[torch.Tensor, ...], bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return depth_attention(sources, self.query, self.key_gain, self.eps, bias)
 
 
 def block_size(cfg: ResidualConfig) -> int:
     return cfg.attnres_block_size if cfg.attnres_block_size > 0 else 1
+
+
+def n_slots(n_sublayers: int, cfg: ResidualConfig) -> int:
+    """S: the embedding plus one source per block opened (at every multiple of the block size)."""
+    return 1 + -(-n_sublayers // block_size(cfg))
+
+
+def visible_sources(index: int, cfg: ResidualConfig) -> int:
+    """m: the sources sublayer `index` reads, the embedding and every block opened before it."""
+    return 1 + -(-index // block_size(cfg))
+
+
+def read_slots(state: Sources, m: int) -> tuple[tuple[torch.Tensor, ...], Optional[torch.Tensor]]:
+    """What a read aggregates over: while compiling every slot and the bias (the same graph in every block),
+    eagerly the last m slots, the sources themselves, and no bias (no work on empty slots)."""
+    if torch.compiler.is_compiling():
+        return state.slots, state.bias
+    return state.slots[len(state.slots) - m:], None
+
+
+def open_slot(state: Sources, y: torch.Tensor) -> Sources:
+    """y becomes the newest source; the oldest slot, empty while the model has opened fewer than S − 1
+    blocks, leaves at the front, and the bias shifts with the slots."""
+    bias = torch.cat([state.bias[1:], state.bias.new_zeros(1)])
+    return Sources(state.slots[1:] + (y,), bias)
 
 
 class AttnResSite(Site):
@@ -82,6 +127,7 @@ class AttnResSite(Site):
         self.norm = RMSNorm(info.d_model, info.eps)  # the sublayer's own pre-norm
         self.agg = DepthQuery(info.d_model, info.eps)
         self.opens_block = info.index % block_size(info.cfg) == 0
+        self.visible = visible_sources(info.index, info.cfg)  # read eagerly only: no guard in a compiled block
         self.reset_parameters()
 
     @staticmethod
@@ -89,12 +135,12 @@ class AttnResSite(Site):
         return 3 * d
 
     def read(self, state: Sources) -> tuple[torch.Tensor, Any]:
-        return self.norm(self.agg(state).to(state[0].dtype)), None
+        return self.norm(self.agg(*read_slots(state, self.visible)).to(state.slots[-1].dtype)), None
 
     def write(self, state: Sources, y: torch.Tensor, ctx: Any) -> Sources:
-        if self.opens_block:
-            return state + (y,)
-        return state[:-1] + (state[-1] + y,)
+        if self.opens_block:  # a bool per site: at most 3 block shapes whatever the depth (Full, size 2: one)
+            return open_slot(state, y)
+        return Sources(state.slots[:-1] + (state.slots[-1] + y,), state.bias)
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         self.norm.reset_parameters()
@@ -110,6 +156,7 @@ class AttnResStream(Stream):
         super().__init__(info)
         self.agg = DepthQuery(info.d_model, info.eps)
         self.norm = RMSNorm(info.d_model, info.eps)
+        self.slots = n_slots(info.n_sublayers, info.cfg)
         self.reset_parameters()
 
     @staticmethod
@@ -117,10 +164,15 @@ class AttnResStream(Stream):
         return 3 * d
 
     def expand(self, e: torch.Tensor) -> Sources:
-        return (e,)
+        """e is the only source; the S − 1 empty slots before it are views of it (distinct objects, so
+        dynamo sees no aliasing that would change from block to block)."""
+        empty = tuple(e.view_as(e) for _ in range(self.slots - 1))
+        bias = torch.full((self.slots,), float("-inf"), device=e.device)
+        bias[-1] = 0.0
+        return Sources(empty + (e,), bias)
 
     def readout(self, state: Sources) -> torch.Tensor:
-        return self.norm(self.agg(state)).to(state[0].dtype)
+        return self.norm(self.agg(*read_slots(state, self.slots))).to(state.slots[-1].dtype)
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
         self.agg.reset_parameters(generator)

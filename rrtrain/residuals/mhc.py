@@ -70,6 +70,8 @@ class MHCSite(Site):
         super().__init__(info)
         d, n = info.d_model, info.cfg.streams
         self.n = n
+        # plain attributes: forward reads no config (a knob read there made dynamo guard on the section)
+        self.sinkhorn_iters, self.sinkhorn_eps = info.cfg.sinkhorn_iters, info.cfg.sinkhorn_eps
         self.norm = RMSNorm(d, info.eps)  # the sublayer's own pre-norm
         self.phi = nn.Parameter(torch.empty(n * d, n * n + 2 * n))
         self.alpha = nn.Parameter(torch.empty(3))  # α_pre, α_post, α_res
@@ -83,14 +85,14 @@ class MHCSite(Site):
 
     def coefficients(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """H_pre (b, t, n), H_post (b, t, n), H_res (b, t, n, n) in fp32."""
-        n, cfg = self.n, self.info.cfg
+        n = self.n
         z = projected_mixes(s, self.phi, self.info.eps)
         al, bias = upcast(self.alpha), upcast(self.bias)
         h_pre = torch.sigmoid(al[0] * z[..., :n] + bias[:n])
         h_post = 2.0 * torch.sigmoid(al[1] * z[..., n:2 * n] + bias[n:2 * n])
         res_logits = (al[2] * z[..., 2 * n:] + bias[2 * n:]).unflatten(-1, (n, n))
         # recomputed in backward: its 2·iters steps would otherwise keep ~6·iters·n² floats per token
-        h_res = checkpoint(sinkhorn, res_logits, cfg.sinkhorn_iters, cfg.sinkhorn_eps, use_reentrant=False)
+        h_res = checkpoint(sinkhorn, res_logits, self.sinkhorn_iters, self.sinkhorn_eps, use_reentrant=False)
         return h_pre, h_post, h_res
 
     def mix_in(self, s: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -127,6 +129,7 @@ class MHCStream(TiledStream):
     def __init__(self, info: StreamInfo) -> None:
         super().__init__(info)
         d, n = info.d_model, self.n
+        self.sinkhorn_eps = info.cfg.sinkhorn_eps
         self.head_fn = nn.Parameter(torch.empty(n * d, n))
         self.head_base = nn.Parameter(torch.empty(n))
         self.head_scale = nn.Parameter(torch.empty(1))
@@ -140,7 +143,7 @@ class MHCStream(TiledStream):
 
     def readout(self, state: torch.Tensor) -> torch.Tensor:
         z = projected_mixes(state, self.head_fn, self.info.eps)  # (b, t, n)
-        w = torch.sigmoid(upcast(self.head_scale) * z + upcast(self.head_base)) + self.info.cfg.sinkhorn_eps
+        w = torch.sigmoid(upcast(self.head_scale) * z + upcast(self.head_base)) + self.sinkhorn_eps
         return self.norm(combine(w, state)).to(state.dtype)
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:

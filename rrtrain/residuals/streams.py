@@ -40,8 +40,13 @@ def acc_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def tile(e: torch.Tensor, n: int) -> torch.Tensor:
-    """(b, t, d) -> (b, t, n, d): every stream starts as the embedding (a broadcast view, no copy)."""
-    return e.unsqueeze(-2).expand(*e.shape[:-1], n, e.shape[-1])
+    """(b, t, d) -> (b, t, n, d): every stream starts as the embedding.
+
+    A contiguous copy, not a broadcast view: every block then receives a state of the same strides, so a
+    compiled block is one graph for all blocks (a view gave the first block a graph of its own). The copy
+    costs one state of memory, next to the one per block that training keeps for backward anyway.
+    """
+    return e.unsqueeze(-2).expand(*e.shape[:-1], n, e.shape[-1]).contiguous()
 
 
 def rms_rstd(x: torch.Tensor, eps: float) -> torch.Tensor:

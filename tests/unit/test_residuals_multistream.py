@@ -17,7 +17,7 @@ from rrtrain.model import sizing
 from rrtrain.config import ModelConfig, ResidualConfig
 from rrtrain.model.transformer import build_model
 from rrtrain.residuals import SiteInfo, StreamInfo
-from rrtrain.residuals.attnres import AttnResSite, depth_attention
+from rrtrain.residuals.attnres import AttnResSite, AttnResStream, depth_attention
 from rrtrain.residuals.deepnorm import DeepNormSite, deepnorm_alpha, deepnorm_beta
 from rrtrain.residuals.gr import GRSite, GRStream, branch_norm, gr_read
 from rrtrain.residuals.hc import HCSite
@@ -275,15 +275,19 @@ def test_attnres_zero_queries_read_the_mean_of_sources():
 
 @pytest.mark.parametrize("size, lengths", [(0, [2, 3, 4, 5]), (2, [2, 2, 3, 3]), (3, [2, 2, 2, 3])])
 def test_attnres_block_bookkeeping(size, lengths):
-    """Full: one source per sublayer; Block: a block opens at every multiple of the block size."""
-    state = (torch.zeros(1, 1, 2),)
+    """Full: one source per sublayer; Block: a block opens at every multiple of the block size. The state keeps
+    its S slots throughout (the sources are the last ones, the bias masks the others)."""
+    stream = AttnResStream(StreamInfo(2, 4, 0.0, ResidualConfig(attnres_block_size=size)))
+    state = stream.expand(torch.zeros(1, 1, 2))
     ys = [torch.full((1, 1, 2), float(10 ** i)) for i in range(4)]
     for index, (y, n) in enumerate(zip(ys, lengths)):
         state = site(AttnResSite, index=index, attnres_block_size=size).to(torch.float32).write(state, y, None)
-        assert len(state) == n
+        assert len(state.slots) == lengths[-1] and int((state.bias == 0).sum()) == n
+        assert torch.isneginf(state.bias[:-n]).all()
+    sources = state.slots[len(state.slots) - lengths[-1]:]
     if size == 2:
-        close(state[1], 11.0)
-        close(state[2], 1100.0)
+        close(sources[1], 11.0)
+        close(sources[2], 1100.0)
 
 
 # ---------------------------------------------------------------------------------------------
