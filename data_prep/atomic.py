@@ -13,12 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
-import tempfile
 from typing import Iterable, Iterator
 
-from rrtrain.core import untrusted
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import replace_dir
 
@@ -48,7 +46,7 @@ def remove_stale_staging(parent: str, name: str) -> None:
         except ValueError:
             continue
         if not _pid_alive(pid):
-            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+            files.discard_made_dir(os.path.join(parent, entry))  # only one a prep made (its marker names it)
 
 
 def _homes() -> set[str]:
@@ -61,11 +59,11 @@ def _homes() -> set[str]:
     return {os.path.realpath(h) for h in homes if h}
 
 
-def holds_dataset(path: str) -> bool:
-    """Whether a directory holds an rrtrain dataset: a manifest.json that is a JSON object with the keys
-    `rrtrain prep` writes (format_version, fingerprint)."""
+def holds_dataset(path: str | int) -> bool:
+    """Whether a directory (a path, or a descriptor) holds an rrtrain dataset: a manifest.json that is a JSON
+    object with the keys `rrtrain prep` writes (format_version, fingerprint)."""
     try:  # a regular file only and at most 1 MiB: a FIFO planted there would block prep, /dev/zero fill memory
-        manifest = json.loads(untrusted.read_bytes(os.path.join(path, "manifest.json"), 1 << 20))
+        manifest = json.loads(files.read_beneath(path, "manifest.json", 1 << 20))
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(manifest, dict) and "format_version" in manifest and "fingerprint" in manifest
@@ -107,7 +105,7 @@ def check_inputs_outside(out: str, inputs: Iterable[str]) -> None:
 def _umask() -> int:
     """This process's umask (read without changing it where /proc says it)."""
     with contextlib.suppress(OSError, ValueError):
-        for line in open("/proc/self/status"):
+        for line in files.read_bytes("/proc/self/status", 1 << 20).decode("ascii", "replace").splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
     mask = os.umask(0o022)
@@ -119,7 +117,7 @@ def _umask() -> int:
 def staged_output(out: str, overwrite: bool, inputs: Iterable[str] = ()) -> Iterator[str]:
     """Yield a fresh staging dir beside OUT; publish it on success, delete it on any exception. `inputs`: the
     local paths the command reads, which OUT must not hold."""
-    out = os.path.abspath(out)
+    out, inputs = os.path.abspath(out), list(inputs)
     check_inputs_outside(out, inputs)
     check_target(out, overwrite)
     parent, name = os.path.split(out)
@@ -130,12 +128,16 @@ def staged_output(out: str, overwrite: bool, inputs: Iterable[str] = ()) -> Iter
     if not os.access(parent, os.W_OK):
         raise UsageError(f"cannot write in '{parent}': permission denied")
     remove_stale_staging(parent, name)
-    staging = tempfile.mkdtemp(prefix=f".{name}.tmp-{_host()}-{os.getpid()}-", dir=parent)
+    staging = files.make_temp_dir(f".{name}.tmp-{_host()}-{os.getpid()}-", parent)  # marked: rrtrain made it
     os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the dataset from everyone else
     try:
         yield staging
         check_target(out, overwrite)  # someone may have filled OUT meanwhile
-        replace_dir(staging, out)
+        files.unmark(staging)  # a dataset's bytes are the same from any prep: no marker naming an inode in it
+        # the old OUT is deleted only when it holds a dataset (checked through its own descriptor) and no input
+        replace_dir(staging, out, inputs, mark=False, accept=holds_dataset)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if os.path.isdir(staging):
+            files.mark_made(staging)
+            files.discard_made_dir(staging)
         raise

@@ -11,7 +11,9 @@ import json
 import os
 import sys
 
-from data_prep.prep import PrepOptions, run_prep
+from data_prep import options
+from data_prep.options import PrepOptions
+from data_prep.prep import run_prep
 from data_prep.writer import parse_size
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError, fail
@@ -20,26 +22,29 @@ PROG = "rrtrain prep"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of `rrtrain prep`; every default is PrepOptions' (data_prep/options.py)."""
+    d = options.default
     p = CommandParser(prog=PROG,
                       description="Tokenize and pack a corpus into MDS shards (train/, val/) plus manifest.json.")
     p.add_argument("--source", required=True,
                    help="synthetic:stories | FILE.txt|.jsonl|.parquet | DIR (files, or a datasets.save_to_disk dir) | hf:NAME[:SPLIT]")
-    p.add_argument("--tokenizer", default="byte", help="byte | bpe:VOCAB | hf:PATH_OR_NAME | tiktoken:NAME (default: byte)")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per training sequence; rows hold seq_len+1 ids (default: 128)")
+    p.add_argument("--tokenizer", default=d("tokenizer"), help=f"byte | bpe:VOCAB | hf:PATH_OR_NAME | tiktoken:NAME (default: {d('tokenizer')})")
+    p.add_argument("--seq-len", type=int, default=d("seq_len"), help=f"tokens per training sequence; rows hold seq_len+1 ids (default: {d('seq_len')})")
     p.add_argument("--out", required=True, help="output directory (written atomically)")
-    p.add_argument("--val-fraction", type=float, default=0.005, help="share of documents held out for validation, in (0, 0.5]")
-    p.add_argument("--min-val-samples", type=int, default=64,
-                   help="validation never has fewer rows than this; set it to at least one eval batch (default: 64)")
-    p.add_argument("--workers", type=int, default=1, help="tokenizing processes (default: 1)")
-    p.add_argument("--num-docs", type=int, default=None, help="number of documents (synthetic size; a limit for other sources)")
+    p.add_argument("--val-fraction", type=float, default=d("val_fraction"), help=f"share of documents held out for validation, in (0, 0.5] (default: {d('val_fraction')})")
+    p.add_argument("--min-val-samples", type=int, default=d("min_val_samples"),
+                   help=f"validation never has fewer rows than this; set it to at least one eval batch (default: {d('min_val_samples')})")
+    p.add_argument("--workers", type=int, default=d("workers"), help=f"tokenizing processes (default: {d('workers')})")
+    p.add_argument("--num-docs", type=int, default=d("num_docs"), help="number of documents (synthetic size; a limit for other sources)")
     p.add_argument("--overwrite", action="store_true", help="replace an OUT that holds an rrtrain dataset (the old one stays until the new one is complete); never the working directory, a parent of it or a home")
-    p.add_argument("--doc-sep", choices=("blank", "line"), default="blank", help=".txt documents: separated by blank lines, or one per line")
-    p.add_argument("--text-field", default="text", help="jsonl field / parquet or dataset column holding the text (default: text)")
-    p.add_argument("--compression", choices=("none", "zstd"), default="none", help="shard compression (default: none)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpus and of the train/val split (default: 0)")
-    p.add_argument("--shard-size", default="64mb", help="shard size limit before compression (default: 64mb)")
-    p.add_argument("--bpe-sample-docs", type=int, default=50_000, help="documents a bpe tokenizer is trained on (default: 50000)")
-    p.add_argument("--eos-token", default=None, help="end-of-document token of an hf tokenizer, when not one of the usual names")
+    p.add_argument("--doc-sep", choices=options.DOC_SEPS, default=d("doc_sep"), help=".txt documents: separated by blank lines, or one per line")
+    p.add_argument("--text-field", default=d("text_field"), help=f"jsonl field / parquet or dataset column holding the text (default: {d('text_field')})")
+    p.add_argument("--compression", choices=options.COMPRESSIONS, default=d("compression") or "none",
+                   help=f"shard compression (default: {d('compression') or 'none'})")
+    p.add_argument("--seed", type=int, default=d("seed"), help=f"seed of the synthetic corpus and of the train/val split (default: {d('seed')})")
+    p.add_argument("--shard-size", default=str(d("shard_size")), help=f"shard size limit before compression (default: {d('shard_size') >> 20}mb)")
+    p.add_argument("--bpe-sample-docs", type=int, default=d("bpe_sample_docs"), help=f"documents a bpe tokenizer is trained on (default: {d('bpe_sample_docs')})")
+    p.add_argument("--eos-token", default=d("eos_token"), help="end-of-document token of an hf tokenizer, when not one of the usual names")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     p.epilog = "rrtrain prep --verify DIR: check every shard of a prepared dataset (hashes, token ids, indexes)"
     return p

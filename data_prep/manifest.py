@@ -8,9 +8,9 @@ matters, while a byte-identical re-prep keeps the same fingerprint.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
+from rrtrain.core import files
 from rrtrain.data.verify import dataset_fingerprint  # noqa: F401  (one definition: `rrtrain prep --verify` checks it)
 
 FORMAT_VERSION = 1
@@ -47,6 +47,4 @@ def build_manifest(*, source: str, source_fingerprint: str, tokenizer: str, toke
 
 
 def write_manifest(out_dir: str, manifest: dict[str, Any]) -> None:
-    with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2)
-        f.write("\n")
+    files.atomic_write_beneath(out_dir, MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode("utf-8"))

@@ -13,60 +13,17 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 from data_prep import tokenizer as tk
 from data_prep.atomic import staged_output
+from data_prep.options import PrepOptions
 from data_prep.encode import encode_chunks
 from data_prep.manifest import build_manifest, dataset_fingerprint, write_manifest
 from data_prep.pack import Packer
 from data_prep.sources import open_source
 from data_prep.writer import SplitWriter, token_dtype, unigram_entropy
 from rrtrain.core.errors import UsageError
-
-
-@dataclass
-class PrepOptions:
-    """Everything `rrtrain prep` takes; defaults match the command line."""
-
-    source: str
-    out: str
-    tokenizer: str = "byte"
-    seq_len: int = 128
-    val_fraction: float = 0.005
-    min_val_samples: int = 64
-    workers: int = 1
-    num_docs: int | None = None
-    overwrite: bool = False
-    doc_sep: str = "blank"
-    text_field: str = "text"
-    compression: str | None = None
-    seed: int = 0
-    shard_size: int = 64 << 20
-    bpe_sample_docs: int = 50_000
-    eos_token: str | None = None
-    progress: bool = True
-    chunk_docs: int = 256
-
-    def validate(self) -> None:
-        if self.seq_len < 2:
-            raise UsageError(f"--seq-len must be at least 2, got {self.seq_len}")
-        if not 0 < self.val_fraction <= 0.5:
-            raise UsageError(f"--val-fraction must be in (0, 0.5], got {self.val_fraction}")
-        if self.min_val_samples < 1:
-            raise UsageError(f"--min-val-samples must be at least 1, got {self.min_val_samples}")
-        if self.workers < 1:
-            raise UsageError(f"--workers must be at least 1, got {self.workers}")
-        if self.num_docs is not None and self.num_docs < 1:
-            raise UsageError(f"--num-docs must be at least 1, got {self.num_docs}")
-        if self.doc_sep not in ("blank", "line"):
-            raise UsageError(f"--doc-sep must be 'blank' or 'line', got '{self.doc_sep}'")
-        if self.compression not in (None, "zstd"):
-            raise UsageError(f"--compression must be 'none' or 'zstd', got '{self.compression}'")
-        if self.bpe_sample_docs < 1:
-            raise UsageError("--bpe-sample-docs must be at least 1")
-        tk.parse_spec(self.tokenizer)
 
 
 def _unit(seed: int, index: int) -> float:

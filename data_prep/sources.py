@@ -7,19 +7,23 @@ for jsonl, the line.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from dataclasses import dataclass
 from typing import Iterator
 
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
 FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
 
 
 def _open_text(path: str):  # noqa: ANN202 - a text file object
+    """A source file as text, only when it is a regular file (a FIFO would hang prep): the file the user named,
+    or one found in the directory they named, links followed as they chose."""
     try:
-        return open(path, encoding="utf-8", errors="strict", newline="")
+        return io.TextIOWrapper(files.open_named(path), encoding="utf-8", errors="strict", newline="")
     except FileNotFoundError as err:
         raise UsageError(f"source '{path}' does not exist") from err
     except OSError as err:

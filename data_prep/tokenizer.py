@@ -13,6 +13,7 @@ from typing import Iterable, Iterator, Protocol
 
 import numpy as np
 
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
 UINT32_MAX_VOCAB = 1 << 32
@@ -82,8 +83,7 @@ class HFTokenizer:
         return _sha256(self.to_json().encode("utf-8"))
 
     def save(self, out_dir: str) -> str | None:
-        with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
-            f.write(self.to_json())
+        files.atomic_write_beneath(out_dir, "tokenizer.json", self.to_json().encode("utf-8"))
         return "tokenizer.json"
 
 
@@ -229,7 +229,6 @@ def reload(spec: str, saved_file: str | None, eos_id: int) -> Tokenizer:
 
 def load_from_dataset(data_dir: str) -> Tokenizer:
     """The tokenizer a prepared dataset was written with (for decoding samples)."""
-    with open(os.path.join(data_dir, "manifest.json"), encoding="utf-8") as f:
-        man = json.load(f)
+    man = json.loads(files.read_beneath(data_dir, "manifest.json", "manifest"))
     saved = man.get("tokenizer_file")
     return reload(man["tokenizer"], os.path.join(data_dir, saved) if saved else None, man["eos_id"])

@@ -19,16 +19,47 @@ from typing import Any, ClassVar, Literal, Optional, Union
 
 import yaml
 
-from rrtrain.core.untrusted import load_yaml as load_untrusted_yaml, read_bytes as read_untrusted
+from rrtrain.core.untrusted import LIMITS, load_yaml as load_untrusted_yaml, read_named as read_untrusted
 from rrtrain.core.errors import UsageError
+
+# ---------------------------------------------------------------------------------------------
+# Per-key rules, written on the fields themselves (`field(metadata=...)`) and read by the functions at the end
+# of this module (`resume_rule`, `sweep_axes`, `is_setting`, ...). A section's rule holds for every key under
+# it unless a field below says otherwise; a field without one reads as the defaults below.
+
+#: `resume`: what a resume does when the key's value differs from the checkpoint's (rrtrain.training.checkpoint)
+RESUME_RULES = ("free", "layout", "consent", "never")
+#: the key never changes a step: resumed silently (a cadence, an observer, where the records also go)
+FREE = types.MappingProxyType({"resume": "free"})
+#: the parallel layout: resumed without consent and listed (DCP reshards the saved state exactly)
+LAYOUT = types.MappingProxyType({"resume": "layout"})
+#: the saved state cannot be loaded with another value: refused even with `train.allow_config_change`
+NEVER = types.MappingProxyType({"resume": "never"})
+#: `axis`: one of the axes a sweep expands (its sizes, variants, seeds, run directories); a run may not override it
+AXIS = types.MappingProxyType({"axis": True})
+#: `setting`: False for a key that tells runs of one setting apart (seed, name, directory, grid label) rather
+#: than being part of the setting (sweep pruning groups runs by their settings)
+NOT_A_SETTING = types.MappingProxyType({"setting": False})
+#: a field without metadata: a changed value needs `train.allow_config_change`; no axis; a setting
+DEFAULT_RULES = types.MappingProxyType({"resume": "consent", "axis": False, "setting": True})
+
+#: what `rrtrain plan` and a sweep's GPU-hour estimate assume when no GPU or MFU is named
+DEFAULT_GPU = "h100"
+DEFAULT_MFU = 0.40
+#: DeepSpeed's ZeRO stages (`parallel.zero_stage`)
+ZERO_STAGES = (1, 2, 3)
 
 
 @dataclass
 class RunConfig:
-    dir: str = "runs/default"  # the run directory: config.yaml, metrics.jsonl, tb/, checkpoints/, final.json
-    name: str = ""  # free-form label; defaults to the directory's name
-    lock_wait_s: float = 120.0  # a second copy of this run waits this long for the run dir's lock, then exits 73
-    point: dict = field(default_factory=dict)  # a sweep's grid point this run is ({"train.lr": 0.003}): a label
+    # the run directory: config.yaml, metrics.jsonl, tb/, checkpoints/, final.json
+    dir: str = field(default="runs/default", metadata={**FREE, **AXIS, **NOT_A_SETTING})
+    # free-form label; defaults to the directory's name
+    name: str = field(default="", metadata={**FREE, **NOT_A_SETTING})
+    # a second copy of this run waits this long for the run dir's lock, then exits 73
+    lock_wait_s: float = field(default=120.0, metadata=FREE)
+    # a sweep's grid point this run is ({"train.lr": 0.003}): a label
+    point: dict = field(default_factory=dict, metadata=NOT_A_SETTING)
 
 
 class ResidualConfig:
@@ -120,8 +151,8 @@ ResidualConfig.__annotations__ = {}  # filled by `declare` with resolved types, 
 
 @dataclass
 class ModelConfig:
-    size: str = "tiny"  # a preset from configs/sizes/
-    variant: str = "standard"  # a residual rule's name (rrtrain.residuals.names())
+    size: str = field(default="tiny", metadata=AXIS)  # a preset from configs/sizes/
+    variant: str = field(default="standard", metadata=AXIS)  # a residual rule's name (rrtrain.residuals.names())
     d_model: Optional[int] = None  # None: the preset's value
     n_layers: Optional[int] = None  # blocks; a block is two sublayers (attention, MLP)
     n_heads: Optional[int] = None
@@ -146,17 +177,19 @@ class MatchConfig:
 
 @dataclass
 class DataConfig:
-    path: Optional[str] = None  # a directory written by `rrtrain prep` (or a remote URL streaming can read)
+    # a directory written by `rrtrain prep` (or a remote URL streaming can read)
+    path: Optional[str] = field(default=None, metadata=NEVER)
     num_canonical_nodes: int = 1  # pinned so the sample order is the same on any number of nodes
-    num_workers: int = 0
+    num_workers: int = field(default=0, metadata=FREE)
     shuffle: bool = True
-    cache_dir: Optional[str] = None  # local cache for remote/compressed data, one per node; None = RUN/data_cache/HOST
+    # local cache for remote/compressed data, one per node; None = RUN/data_cache/HOST
+    cache_dir: Optional[str] = field(default=None, metadata=FREE)
     eval_batches: int = 4  # fixed validation micro-batches per rank per evaluation
 
 
 @dataclass
 class TrainConfig:
-    seed: int = 0
+    seed: int = field(default=0, metadata={**NEVER, **AXIS, **NOT_A_SETTING})
     max_steps: Optional[int] = None  # wins over `tokens` when set
     tokens: Optional[int] = None  # the token budget; steps = tokens // (global_batch * seq_len)
     global_batch: int = 8  # sequences per optimizer step, whatever the world size
@@ -171,36 +204,41 @@ class TrainConfig:
     beta2: float = 0.95
     adam_eps: float = 1e-8
     grad_clip: float = 1.0  # 0 disables clipping
-    log_every: int = 10
-    eval_every: int = 100  # 0: only at the end
-    ckpt_every: int = 0  # 0: only at the end and on a signal
-    keep_ckpts: int = 2
-    ckpt_async: bool = False  # write checkpoints in the background (DCP async save); fsdp / none backends only
-    diag_every: int = 0  # per-block gradient norms and gate statistics; 0: off
+    log_every: int = field(default=10, metadata=FREE)
+    eval_every: int = field(default=100, metadata=FREE)  # 0: only at the end
+    ckpt_every: int = field(default=0, metadata=FREE)  # 0: only at the end and on a signal
+    keep_ckpts: int = field(default=2, metadata=FREE)
+    # write checkpoints in the background (DCP async save); fsdp / none backends only
+    ckpt_async: bool = field(default=False, metadata=FREE)
+    diag_every: int = field(default=0, metadata=FREE)  # per-block gradient norms and gate statistics; 0: off
     on_nonfinite: Literal["skip", "halt"] = "skip"
     max_nonfinite: int = 5  # consecutive non-finite steps before the run halts as diverged
     stop_check_every: int = 10  # steps between the all-ranks checks for a stop signal (a host sync each)
-    allow_config_change: bool = False  # resume despite changed (safe-to-change) settings
-    allow_unverified_checkpoint: bool = False  # resume from a checkpoint without its files manifest (unchecked)
-    compile: Union[bool, Literal["auto"]] = "auto"  # torch.compile each block; auto: see rrtrain/parallel/compile_policy.py
-    fail_at_step: Optional[int] = None  # testing: inject a NaN loss at this step ...
-    fail_steps: int = 1  # ... and at the steps after it, this many in all
-    callbacks: list[str] = field(default_factory=list)  # your own, as `module.path:ClassName` (docs/user-guide.md)
+    allow_config_change: bool = field(default=False, metadata=FREE)  # resume despite changed (safe-to-change) settings
+    # resume from a checkpoint without its files manifest (unchecked)
+    allow_unverified_checkpoint: bool = field(default=False, metadata=FREE)
+    # torch.compile each block; auto: see rrtrain/parallel/compile_policy.py
+    compile: Union[bool, Literal["auto"]] = field(default="auto", metadata=FREE)
+    fail_at_step: Optional[int] = field(default=None, metadata=FREE)  # testing: inject a NaN loss at this step ...
+    fail_steps: int = field(default=1, metadata=FREE)  # ... and at the steps after it, this many in all
+    # your own, as `module.path:ClassName` (docs/user-guide.md). Free on resume: a callback observes and may stop the
+    # run without changing a step (one added on resume starts from its defaults; a removed one's state is left unread)
+    callbacks: list[str] = field(default_factory=list, metadata=FREE)
 
 
 @dataclass
 class ParallelConfig:
-    backend: Literal["none", "fsdp", "deepspeed"] = "none"
+    backend: Literal["none", "fsdp", "deepspeed"] = field(default="none", metadata=NEVER)
     zero_stage: int = 2
-    ac: Literal["none", "full", "selective"] = "none"
-    ac_every: int = 2  # selective: checkpoint every k-th block
+    ac: Literal["none", "full", "selective"] = field(default="none", metadata=FREE)
+    ac_every: int = field(default=2, metadata=FREE)  # selective: checkpoint every k-th block
     precision: Literal["fp32", "fp32_tf32", "bf16"] = "fp32"
-    reshard_after_forward: bool = True
-    timeout_s: int = 600  # collective timeout
+    reshard_after_forward: bool = field(default=True, metadata=FREE)
+    timeout_s: int = field(default=600, metadata=FREE)  # collective timeout
     # FSDP's 2-D mesh (HSDP): shard over dp_shard ranks, replicate over dp_replicate groups; product = world size
     # (rrtrain/parallel/mesh.py). Unset: shard over every rank; one set alone: the other is world / it.
-    dp_shard: Optional[int] = None
-    dp_replicate: Optional[int] = None
+    dp_shard: Optional[int] = field(default=None, metadata=LAYOUT)
+    dp_replicate: Optional[int] = field(default=None, metadata=LAYOUT)
     # float8 training of the large linear layers through torchao (rrtrain/parallel/float8.py): off, rowwise or
     # tensorwise; needs a GPU of compute capability 8.9 or more and `pip install 'rrtrain[float8]'`
     float8: Union[Literal["off", "rowwise", "tensorwise"], bool] = "off"
@@ -245,7 +283,8 @@ class WandbConfig:
 class LogConfig:
     """Where a run's records go besides metrics.jsonl and TensorBoard (which are always written)."""
 
-    wandb: Optional[WandbConfig] = None  # a mapping (may be empty: `log.wandb: {}`) turns W&B on
+    # a mapping (may be empty: `log.wandb: {}`) turns W&B on
+    wandb: Optional[WandbConfig] = field(default=None, metadata=FREE)
 
 
 @dataclass
@@ -263,18 +302,20 @@ class DownstreamConfig:
 
 @dataclass
 class EvalConfig:
-    downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
+    # resumed freely: an evaluation observes the model between steps and leaves its random state as it found it
+    downstream: DownstreamConfig = field(default_factory=DownstreamConfig, metadata=FREE)
 
 
 @dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    match: MatchConfig = field(default_factory=MatchConfig)
+    model: ModelConfig = field(default_factory=ModelConfig, metadata=NEVER)  # a checkpoint holds this shape
+    match: MatchConfig = field(default_factory=MatchConfig, metadata=NEVER)  # ... and this matched width
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    # judges the trajectory, never changes it
+    monitor: MonitorConfig = field(default_factory=MonitorConfig, metadata=FREE)
     log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -455,7 +496,7 @@ def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
 
 
 #: a config file larger than this is not one (a mistaken path to a dataset or a device)
-MAX_CONFIG_BYTES = 16 * 1024 * 1024
+MAX_CONFIG_BYTES = LIMITS["config"]
 #: `base:` chains longer than this are refused (a chain of distinct files that never ends would exhaust the stack)
 MAX_BASE_DEPTH = 32
 
@@ -535,7 +576,7 @@ def validate(cfg: Config) -> None:
     for key, beta in (("train.beta1", t.beta1), ("train.beta2", t.beta2)):
         if not 0.0 <= beta < 1.0:
             raise UsageError(f"{key} must be in [0, 1), got {beta}")
-    if p.zero_stage not in (1, 2, 3):
+    if p.zero_stage not in ZERO_STAGES:
         raise UsageError(f"parallel.zero_stage must be 1, 2 or 3, got {p.zero_stage}")
     for key, value in (("parallel.dp_shard", p.dp_shard), ("parallel.dp_replicate", p.dp_replicate)):
         if value is not None and value < 1:
@@ -625,3 +666,120 @@ def validate_wandb(w: WandbConfig) -> None:
         bad = sorted({c for c in value if c in WANDB_RESERVED}) if key != "group" else []
         if bad:
             raise UsageError(f"log.wandb.{key}: W&B refuses the characters {''.join(bad)!r} in {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-key rules, read from the fields' metadata (written at the top of this module)
+
+
+def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+    """A dataclass's fields with their resolved types, by name (cached: the schema's classes do not change, except
+    `ResidualConfig`, which the registry extends and is read afresh)."""
+    cached = _FIELDS.get(cls)
+    if cached is None:
+        hints = typing.get_type_hints(cls)
+        cached = {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
+        if cls is not ResidualConfig:
+            _FIELDS[cls] = cached
+    return cached
+
+
+_FIELDS: dict[type, dict[str, tuple[dataclasses.Field, Any]]] = {}
+
+
+def _section(tp: Any) -> Optional[type]:
+    """The dataclass a field of this type holds (an Optional one unwrapped), or None for a leaf."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = inner[0] if len(inner) == 1 else tp
+    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+
+
+def key_rules(key: str) -> dict[str, Any]:
+    """The rules of a dotted key (`train.lr`, `log.wandb.project`, `run.point.train.lr`): the deepest field on its
+    path that says a rule wins. A key under a free-form mapping (`run.point`) has that mapping's rules. A key the
+    schema does not know (a setting an older rrtrain had) needs consent on resume, unless a section above it can
+    never change."""
+    rules = dict(DEFAULT_RULES)
+    cls: Optional[type] = Config
+    free_form = False
+    for part in key.split("."):
+        if free_form:  # a free-form mapping's own keys: the mapping's rules
+            break
+        found = _fields(cls).get(part) if cls is not None else None
+        if found is None:
+            return {**DEFAULT_RULES, "resume": "never" if rules["resume"] == "never" else "consent"}
+        f, tp = found
+        rules.update(f.metadata)
+        cls, free_form = _section(tp), _is_mapping(tp)
+    return rules
+
+
+def _is_mapping(tp: Any) -> bool:
+    """A free-form mapping field (`run.point`): its keys are the user's, not the schema's."""
+    return tp is dict or typing.get_origin(tp) is dict
+
+
+def choices(cls: type, name: str) -> tuple:
+    """The values a `Literal` field allows (`choices(ParallelConfig, "backend")`), in the schema's order; the
+    planner's flags check against the same lists as the config."""
+    tp = _fields(cls)[name][1]
+    if typing.get_origin(tp) is not Literal:
+        raise TypeError(f"{cls.__name__}.{name} is not a Literal field")
+    return typing.get_args(tp)
+
+
+def resume_rule(key: str) -> str:
+    """What a resume does when `key` changed: free, layout, consent or never (RESUME_RULES)."""
+    return key_rules(key)["resume"]
+
+
+def is_setting(key: str) -> bool:
+    """Whether `key` is part of a run's setting, as opposed to telling the runs of one setting apart (the seed,
+    name, directory, and every key of the grid label `run.point`)."""
+    return bool(key_rules(key)["setting"])
+
+
+def schema_keys(cls: type = Config, prefix: str = "", inherited: Optional[dict] = None) -> dict[str, dict[str, Any]]:
+    """Every key of the schema with its rules, in declaration order: each leaf, and each optional section as a key
+    of its own too (unset, it is one value: `log.wandb: null`). A free-form mapping (`run.point`) is one key,
+    marked `free_form`. Residual knobs count once the registry has declared them."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, (f, tp) in _fields(cls).items():
+        key, rules = f"{prefix}{name}", {**(inherited or DEFAULT_RULES), **f.metadata}
+        inner = _section(tp)
+        if inner is None:
+            out[key] = {**rules, "free_form": _is_mapping(tp)}
+        else:
+            if tp is not inner:  # an optional section: unset, it is a value of its own
+                out[key] = {**rules, "free_form": False}
+            out.update(schema_keys(inner, key + ".", rules))
+    return out
+
+
+def keys_with_resume(rule: str) -> frozenset[str]:
+    """The schema's keys whose resume rule is `rule` (see RESUME_RULES)."""
+    if rule not in RESUME_RULES:
+        raise ValueError(f"resume rule must be one of {', '.join(RESUME_RULES)}, got {rule!r}")
+    return frozenset(k for k, r in schema_keys().items() if r["resume"] == rule)
+
+
+def keys_that_may_change_on_resume() -> frozenset[str]:
+    """The keys a resume accepts changed without a word: they never change a step."""
+    return keys_with_resume("free")
+
+
+def sweep_axes() -> tuple[str, ...]:
+    """The keys a sweep expands into runs (run directory, size, variant, seed), in schema order."""
+    return tuple(k for k, r in schema_keys().items() if r["axis"])
+
+
+def keys_a_grid_may_not_move() -> tuple[str, ...]:
+    """The sweep's axes and the keys that name a run (`run.name`, `run.point`): a grid key may be none of them."""
+    return tuple(k for k, r in schema_keys().items() if r["axis"] or not r["setting"])
+
+
+def non_setting_keys() -> tuple[str, ...]:
+    """The schema's fixed keys that are not a setting (run directory, name, seed), in schema order. The keys under
+    the free-form `run.point` are not settings either: `is_setting` answers for any key."""
+    return tuple(k for k, r in schema_keys().items() if not r["setting"] and not r["free_form"])

@@ -12,10 +12,10 @@ import argparse
 import difflib
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from data_prep.options import PrepOptions, command
 from rrtrain import residuals
 from rrtrain.cli.rule_checks import CHECKS, Outcome, RuleUnderCheck, run_check
 from rrtrain.config import Config, apply_overrides, build, validate
@@ -50,8 +50,8 @@ def selected(only: str) -> list[str]:
 
 def prepare_data(out: Path) -> Path:
     """A small byte-level synthetic dataset (sequences of 64 tokens), as the test suite trains on."""
-    cmd = [sys.executable, "-m", "rrtrain", "prep", "--source", "synthetic:stories", "--tokenizer", "byte",
-           "--seq-len", "64", "--num-docs", "300", "--out", str(out), "--seed", "0"]
+    cmd = command(PrepOptions(source="synthetic:stories", out=str(out), tokenizer="byte", seq_len=64, num_docs=300,
+                              seed=0))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise UsageError(f"could not prepare a dataset for the training checks: {proc.stderr.strip()[-300:]}")

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from rrtrain.core import files
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 from rrtrain.model.sizing import configs_dir
@@ -140,7 +141,7 @@ def follow(proc: subprocess.Popen, out: Path, interval: float, wait_for_runs: bo
             break
         time.sleep(interval)
     if status is None:
-        lines = (out / "sweep.log").read_text().strip().splitlines()
+        lines = files.tail_text(out / "sweep.log").strip().splitlines()
         raise UsageError(f"rrtrain sweep ended (exit {proc.returncode}) before submitting anything: "
                          f"{lines[-1] if lines else 'no output'}")
     return status
@@ -148,7 +149,7 @@ def follow(proc: subprocess.Popen, out: Path, interval: float, wait_for_runs: bo
 
 def report_table(report_md: Path) -> str:
     """The first table of report.md (the Welch-t comparison per size) with its heading."""
-    lines = report_md.read_text().splitlines()
+    lines = files.read_text(report_md, "report").splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("|")), None)
     if start is None:
         return "(report.md has no table)"
@@ -197,7 +198,11 @@ def main(argv: list[str]) -> int:
     log_path = out / "sweep.log"
     print(f"rrtrain demo: {shlex.join(['rrtrain'] + cmd[3:])}\n  (its output: {log_path})", flush=True)
     t0 = time.time()
-    with open(log_path, "a") as log:
+    try:
+        log = files.open_append(log_path)  # never through a link planted at OUT/sweep.log, never to a FIFO
+    except OSError as err:
+        raise UsageError(f"{log_path} cannot be appended to: {err.strerror or type(err).__name__}") from None
+    with log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
             status = follow(proc, out, args.interval, wait_for_runs=args.executor == "slurm")
@@ -206,7 +211,7 @@ def main(argv: list[str]) -> int:
             print(f"\ninterrupted: run `rrtrain demo --out {args.out}` again to resume")
             return 130
     if proc.returncode not in (0, 1):  # 1: a run did not complete, which the stalled convex run is meant to do
-        tail = log_path.read_text().strip().splitlines()[-1:]
+        tail = files.tail_text(log_path).strip().splitlines()[-1:]
         if proc.returncode == 2:
             raise UsageError(f"rrtrain sweep refused: {tail[0] if tail else '(no output)'}")
         print(f"rrtrain demo: rrtrain sweep failed with exit status {proc.returncode}; see {log_path}")

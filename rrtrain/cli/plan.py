@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from rrtrain.config import ModelConfig, apply_overrides, build
+from rrtrain.config import DEFAULT_GPU, DEFAULT_MFU, ModelConfig, apply_overrides, build
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 from rrtrain.model import sizing
@@ -46,7 +46,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("sweep", nargs="?", default=None, metavar="SWEEP.yaml", help="plan every run of a sweep file")
     p.add_argument("--size", help="a preset: " + ", ".join(sizing.presets()))
     p.add_argument("--gpus", type=_positive_int, help="GPUs in the job")
-    p.add_argument("--gpu", default=None, help="h100, h200, a100, b200, ... (default h100, or the sweep's gpu)")
+    p.add_argument("--gpu", default=None, help=f"h100, h200, a100, b200, ... (default {DEFAULT_GPU}, or the sweep's gpu)")
     p.add_argument("--backend", default="fsdp", help="fsdp (default), deepspeed or none (one GPU)")
     p.add_argument("--dp-shard", type=_positive_int, default=None,
                    help="FSDP shard group size, as parallel.dp_shard (default: all GPUs; fewer: HSDP)")
@@ -58,8 +58,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="sequences per optimizer step (default: micro-batch x GPUs)")
     p.add_argument("--seq-len", type=_positive_int, default=None, help="sequence length (default: the preset's)")
     p.add_argument("--tokens", type=_tokens, default=None, help="token budget, e.g. 2e12 or 140B")
-    p.add_argument("--mfu", type=float, default=None, help="model FLOPs utilisation to assume (default 0.40, "
-                   "or the sweep's mfu)")
+    p.add_argument("--mfu", type=float, default=None, help=f"model FLOPs utilisation to assume (default "
+                   f"{DEFAULT_MFU:.2f}, or the sweep's mfu)")
     p.add_argument("--variant", default="standard", help="residual rule (default standard)")
     p.add_argument("--precision", default="bf16", help="bf16 (default), fp32_tf32 or fp32 (as parallel.precision)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -73,10 +73,10 @@ def setup_from(args: argparse.Namespace) -> planner.Setup:
     if args.seq_len is not None:
         overrides.append(f"seq_len={args.seq_len}")
     model: ModelConfig = build(ModelConfig, apply_overrides({}, overrides), prefix="model")
-    return planner.Setup(model=model, gpus=args.gpus, gpu=args.gpu or "h100", backend=args.backend,
+    return planner.Setup(model=model, gpus=args.gpus, gpu=args.gpu or DEFAULT_GPU, backend=args.backend,
                          dp_shard=args.dp_shard, zero_stage=args.zero_stage, ac=args.ac, ac_every=args.ac_every,
                          micro_batch=args.micro_batch, global_batch=args.global_batch, tokens=args.tokens,
-                         mfu=args.mfu if args.mfu is not None else 0.40, precision=args.precision)
+                         mfu=args.mfu if args.mfu is not None else DEFAULT_MFU, precision=args.precision)
 
 
 def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tuple[str, planner.Setup]]:
@@ -87,7 +87,6 @@ def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tu
     """
     from launchers import spec as sweep_spec
     from launchers.expand import data_path, expand
-    from rrtrain.parallel.mesh import mesh_shape
 
     sweep = sweep_spec.load(path)
     out = Path(sweep.spec.out).expanduser() if sweep.spec.out else Path(path).resolve().parent / sweep.spec.name
@@ -98,17 +97,10 @@ def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tu
     setups = []
     for run in expand(sweep, out, data_path(sweep, out)):
         resolved = run.resolved
-        cfg = resolved.cfg
-        t, par = cfg.train, cfg.parallel
+        t = resolved.cfg.train
         gpus = run.resources.world_size
-        backend = par.backend if gpus > 1 else "none"
-        dp_shard = mesh_shape(par, gpus)[1] if backend == "fsdp" else None  # as the trainer will build its mesh
-        setup = planner.Setup(
-            model=cfg.model, run=resolved, gpus=gpus, gpu=gpu, backend=backend,
-            dp_shard=dp_shard, zero_stage=par.zero_stage, ac=par.ac, ac_every=par.ac_every,
-            micro_batch=1 if t.micro_batch == "auto" else t.micro_batch, global_batch=t.global_batch,
-            tokens=resolved.tokens, mfu=mfu, precision=par.precision,
-            reshard_after_forward=par.reshard_after_forward)
+        setup = planner.Setup.of_run(resolved, gpus, micro_batch=1 if t.micro_batch == "auto" else t.micro_batch,
+                                     backend=None if gpus > 1 else "none", tokens=resolved.tokens, gpu=gpu, mfu=mfu)
         if t.micro_batch == "auto":  # as the trainer will choose it, with the GPU's usable memory as the free figure
             setup = auto_setup(setup)
         setups.append((run.id, setup))

@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from rrtrain.core import files
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 
@@ -146,7 +147,7 @@ def output_dir(out: Path) -> Path:
         raise UsageError(_linked(out))
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = files.open_dir(out)
     except OSError as err:  # a file on its path, a read-only mount, a link planted meanwhile (ELOOP)
         if out.is_symlink():
             raise UsageError(_linked(out)) from None

@@ -16,7 +16,6 @@ The last two train through `python -m rrtrain.train` in subprocesses on a tiny d
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -32,9 +31,11 @@ import yaml
 
 from rrtrain import residuals
 from rrtrain.config import ModelConfig, ResidualConfig
+from rrtrain.core import files
 from rrtrain.model import sizing
 from rrtrain.model.transformer import build_model
 from rrtrain.residuals import SiteInfo, StreamInfo
+from rrtrain.rundir import readers
 
 
 class CheckFailed(Exception):
@@ -123,7 +124,8 @@ def check_params(rule: RuleUnderCheck) -> str:
 
 
 def _as_tuple(state):
-    return tuple(state) if isinstance(state, (tuple, list)) else (state,)
+    """The state's tensors: a tensor, a tuple of them, or any nest of them (AttnRes: slots and a mask)."""
+    return tuple(torch.utils._pytree.tree_leaves(state))
 
 
 def check_compile(rule: RuleUnderCheck) -> str:
@@ -139,7 +141,8 @@ def check_compile(rule: RuleUnderCheck) -> str:
         want = _as_tuple(block(state))
         try:
             got = _as_tuple(compiled(state))
-            torch.autograd.grad(sum(g.float().sum() for g in got), list(block.parameters()), allow_unused=True)
+            torch.autograd.grad(sum(g.float().sum() for g in got if g.requires_grad), list(block.parameters()),
+                                allow_unused=True)
         except Exception as err:  # dynamo's graph-break errors are long: their first line says where
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise CheckFailed(f"dynamo cannot trace the block in one graph (diagnostic step: {record}): "
@@ -183,8 +186,7 @@ def _run_config(rule: RuleUnderCheck, run_dir: Path, **train: object) -> Path:
         "parallel": {"backend": "none", "precision": "fp32"},
     }
     path = run_dir.with_suffix(".yaml")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    files.atomic_write_file(path, yaml.safe_dump(data, sort_keys=False))
     return path
 
 
@@ -200,9 +202,8 @@ def _train(rule: RuleUnderCheck, run_dir: Path, *overrides: str, nproc: int = 1,
         tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["(no output)"]
         raise CheckFailed(f"training exited {proc.returncode}: {tail[0]}")
     out: dict[int, float] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "loss" in record:
+    for record in readers.records(readers.metrics_path(run_dir)):
+        if record is not None and "loss" in record:
             out[record["step"]] = record["loss"]
     return out
 

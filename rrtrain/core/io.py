@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import json
 import math
 import os
-import shutil
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from rrtrain.core import files
 
 
 @contextlib.contextmanager
@@ -42,12 +45,10 @@ def _umask() -> int:
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write `data` to `path` atomically, flushed to disk before the rename."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+    """Write `data` to `path` atomically, flushed to disk before the rename (`files.atomic_write_file`: the
+    temporary file made and renamed relative to the directory's descriptor, a link at `path` replaced, never
+    written through)."""
+    files.atomic_write_file(path, data)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
@@ -68,7 +69,12 @@ def finite_or_null(obj: Any) -> Any:
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     """Write `obj` as JSON, atomically. Always valid JSON: a non-finite number is written as null (a writer that
     must say why, as final.json does, says so in a field of its own)."""
-    atomic_write_text(path, json.dumps(finite_or_null(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
+    atomic_write_text(path, json_text(obj))
+
+
+def json_text(obj: Any) -> str:
+    """`obj` as rrtrain writes JSON files: indented, keys sorted, non-finite numbers as null, a final newline."""
+    return json.dumps(finite_or_null(obj), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 _RENAME_EXCHANGE = 2
@@ -88,16 +94,28 @@ def _exchange(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
     return fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
 
 
-def replace_dir(staging: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
-    """Move the finished directory `staging` to `target`. An existing `target` stays whole until the new one is
-    in its place (swapped in one renameat2 where the OS has it, else moved aside first) and is deleted only then,
-    so an interruption leaves the old directory or the new one under `target`, never neither."""
+def replace_dir(staging: str | os.PathLike[str], target: str | os.PathLike[str],
+                inputs: Iterable[str | os.PathLike[str]] = (), mark: bool = True,
+                accept: Optional[Callable[[int], bool]] = None) -> None:
+    """Move the finished directory `staging` (made by the caller) to `target`. An existing `target` stays whole
+    until the new one is in its place (swapped in one renameat2 where the OS has it, else moved aside first)
+    and is deleted only then, so an interruption leaves the old directory or the new one under `target`, never
+    neither. `staging` is marked as made by rrtrain (`files.mark_made`) before it moves in, unless `mark` is
+    False; the old `target` is deleted only when it carries that marker (or `accept`, given its descriptor,
+    proves it the command's own) and holds none of `inputs` (the command's own inputs), else it is left beside
+    `target` and said on stderr in one line."""
     staging, target = os.fspath(staging), os.fspath(target)
+    inputs = list(inputs)
+    held = files.holds_input(target, inputs)  # checked before the swap moves the old target to another name
+    if held is not None:
+        raise files.NotMade(errno.EPERM, f"not replaced: it holds '{held}', an input of this command", target)
+    if mark:
+        files.mark_made(staging)
     if not os.path.exists(target) or (os.path.isdir(target) and not os.listdir(target)):
         os.rename(staging, target)  # rename(2) replaces an empty directory atomically
         return
     if _exchange(staging, target):
-        shutil.rmtree(staging, ignore_errors=True)  # staging now holds the old target
+        _discard_old(staging, inputs, accept)  # staging now holds the old target
         return
     old = staging + ".old"
     os.rename(target, old)
@@ -106,7 +124,16 @@ def replace_dir(staging: str | os.PathLike[str], target: str | os.PathLike[str])
     except BaseException:
         os.rename(old, target)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    _discard_old(old, inputs, accept)
+
+
+def _discard_old(path: str, inputs: list[str | os.PathLike[str]],
+                 accept: Optional[Callable[[int], bool]]) -> None:
+    """Delete a replaced directory when rrtrain made it; otherwise leave it and say so."""
+    why = files.discard_made_dir(path, inputs, accept)
+    if why is not None:
+        print(f"rrtrain: the replaced directory was kept as {why}; delete it yourself when it is not needed",
+              file=sys.stderr)
 
 
 def unwritable_reason(directory: str | os.PathLike[str]) -> str | None:

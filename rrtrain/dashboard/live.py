@@ -28,11 +28,11 @@ costs four stats a refresh; nothing here waits on a run being written.
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from rrtrain.core import files
 from rrtrain.rundir import downstream, events, fields, layout as rundir_layout, readers
 from rrtrain.rundir.events import EventFile
 from rrtrain.rundir.outcome import CANCELLED, PRUNED, cancelled_status
@@ -296,14 +296,14 @@ class RunFeed:
             name = f"{status}.{k}"
         self.used_names.add(name)
         new_dir = self.out / name
-        new_dir.mkdir()
+        files.make_dir(new_dir)  # marked: replaced (deleted) when the outcome changes again
         experiment, start, end = hparams(hp, metrics)
         show_first(experiment, IDENTITY)
         out = [events.event(s, 0) for s in (experiment, start, end)]
         out += [scalar(key, value, 0) for key, value in metrics.items()]
         EventFile(new_dir / events.new_name(SUFFIX)).append(out)
         if self.session_dir is not None:
-            shutil.rmtree(self.session_dir, ignore_errors=True)
+            files.discard_made_dir(self.session_dir)
         self.session, self.session_dir = says, new_dir
 
     def row(self) -> str:

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from rrtrain.core import files
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir import fields, readers
@@ -134,7 +133,7 @@ def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLog
     if home.is_symlink() or (home.exists() and not home.is_dir()):
         raise UsageError(f"{home} is not a directory of its own (a link or a file): move it away")
     home.mkdir(exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix="build-", dir=home))
+    build = Path(files.make_temp_dir("build-", home))  # marked: a later start may delete it
     build.chmod(0o755)
     kept = LiveLogdir(sweep, build, summary)
     for run, ident in zip(runs, idents):
@@ -144,17 +143,15 @@ def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLog
     names = list(kept.names)
     if state is not None:
         state.append(kept)
-    link, tmp_link = home / "logdir", home / f".logdir.{os.getpid()}"
+    link = home / "logdir"
     try:
         old = link.resolve() if link.is_symlink() else None
     except (OSError, RuntimeError):  # a loop of links (RuntimeError on Python 3.11): replaced below, not followed
         print(f"rrtrain dashboard: {link} is a loop of symbolic links; replacing it", file=sys.stderr, flush=True)
         old = None
-    tmp_link.unlink(missing_ok=True)
-    tmp_link.symlink_to(build.name)
-    os.replace(tmp_link, link)
+    files.link_atomically(link, build.name)
     if old is not None and old != build and old.parent == home:
-        shutil.rmtree(old, ignore_errors=True)
+        files.discard_made_dir(old)  # only a build rrtrain made (its marker names it), never what a link names
     return link, names
 
 

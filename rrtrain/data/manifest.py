@@ -27,7 +27,7 @@ def is_remote(path: str) -> bool:
 
 
 #: a manifest is a few kB; a larger file is not one
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+MAX_MANIFEST_BYTES = untrusted.LIMITS["manifest"]
 DTYPES = ("uint8", "uint16", "int32", "uint32", "int64")
 INT_MAX = 2**63 - 1
 
@@ -39,8 +39,7 @@ def _text(path: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         local = os.path.join(tmp, MANIFEST)
         CloudDownloader.direct_download(path.rstrip("/") + "/" + MANIFEST, local)
-        with open(local, encoding="utf-8") as f:
-            return f.read()
+        return untrusted.read_bytes(local, MAX_MANIFEST_BYTES).decode("utf-8")
 
 
 def read_manifest(path: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ import torch
 
 from rrtrain.core.errors import UsageError
 from rrtrain.core.lazy_import import streaming_module
+from rrtrain.core import files as rrfiles
 from rrtrain.core.untrusted import open_lock_file
 
 #: one process per machine at a time makes or probes streaming's shared-memory names (see `shm_guard`)
@@ -235,8 +236,11 @@ def in_use(shm_dir: str = "/dev/shm", proc: str = "/proc") -> set[str]:
         if not pid.isdigit():
             continue
         try:
-            with open(os.path.join(proc, pid, "maps")) as maps:
-                for line in maps:  # "address perms offset major:minor inode /dev/shm/000000_locals"
+            with rrfiles.open_regular(os.path.join(proc, pid, "maps")) as maps:
+                for raw in rrfiles.lines(maps, 1 << 16):  # "address perms offset major:minor inode /dev/shm/NAME"
+                    if raw is None:
+                        continue
+                    line = raw.decode("utf-8", "surrogateescape")
                     fields = line.split(None, 5)
                     if len(fields) == 6 and fields[5].startswith(prefix):
                         major, minor = (int(part, 16) for part in fields[3].split(":"))
@@ -293,7 +297,7 @@ def unlink_stale(shm_dir: str = "/dev/shm", proc: str = "/proc") -> int:
         if name[:6] in live:
             continue
         try:
-            os.unlink(os.path.join(shm_dir, name))
+            rrfiles.remove_file(os.path.join(shm_dir, name), missing_ok=False)
             removed += 1
         except OSError:
             pass  # gone meanwhile, or not ours to remove

@@ -27,7 +27,7 @@ INDEX = "index.json"
 HASH_PREFERENCE = ("xxh64", "xxh3_64", "sha1", "sha256", "md5")
 _CHUNK = 8 << 20
 #: an index.json of 100,000 shards is about 60 MB; a larger file is not one
-MAX_INDEX_BYTES = 64 * 1024 * 1024
+MAX_INDEX_BYTES = untrusted.LIMITS["index"]
 #: what a shard's file name may be: a plain name in its split directory, never a path, "." or ".."
 SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 #: the most samples one shard may claim (a count, not a size: 2**40 rows would not fit any disk)

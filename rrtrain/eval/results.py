@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rrtrain.core.errors import UsageError
-from rrtrain.core.io import atomic_write_json
+from rrtrain.core import files
+from rrtrain.core.io import json_text
 from rrtrain.rundir import layout
 
 
@@ -41,8 +42,9 @@ def write(run_dir: Path, step: int, key: str, content: dict[str, Any]) -> Path:
     path = result_path(run_dir, step, key)
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise UsageError(f"{path} is not a regular file: remove it")
-    try:
-        atomic_write_json(path, content)
+    try:  # beneath the run directory: eval/ and the file never through a link, however they change meanwhile
+        files.atomic_write_beneath(run_dir, f"{layout.EVAL}/{path.name}", json_text(content).encode("utf-8"),
+                                   make_parents=False)
     except OSError as err:
         raise UsageError(f"cannot write {path}: {err.strerror or err}") from None
     return path

@@ -24,6 +24,7 @@ import inspect
 from pathlib import Path
 from types import ModuleType
 
+from rrtrain.core import files as rrfiles
 from rrtrain.residuals import RuleSpec
 
 SHIM = "rrtrain_shim"
@@ -152,5 +153,5 @@ def write(out_dir: Path, rule: RuleSpec) -> list[str]:
     source = source_files(rule)
     files = {**source, **template_files(sorted([*(f[:-3] for f in source), SHIM]))}
     for name, text in sorted(files.items()):
-        (out_dir / name).write_text(text, encoding="utf-8")
+        rrfiles.atomic_write_beneath(out_dir, name, text.encode("utf-8"))
     return sorted(files)

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from rrtrain.core import files as rrfiles
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import replace_dir
 from rrtrain.export import bundle, stock as stock_mod, tokenizer as tok_mod
@@ -130,14 +129,14 @@ def export_hf(run_dir: str | Path, out: str | Path, step: Optional[int] = None, 
         problem = stock_mod.stock_problem(run.config.model.variant, run.shape, run.config.model.residual.values())
         if problem:
             raise UsageError(f"--stock: {problem}")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp_", dir=out.parent))
+    tmp = Path(rrfiles.make_temp_dir(f".{out.name}.tmp_", out.parent))  # marked: deleted below only if made here
     try:
         write_into(tmp, run, torch_dtype, stock)
         _usual_modes(tmp)
         check_out(out)  # still absent or empty: nobody wrote there meanwhile
         replace_dir(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        rrfiles.discard_made_dir(tmp)
         raise
     files = sorted(p.name for p in out.iterdir())
     return Exported(out=out, step=run.step, variant=run.config.model.variant, files=files, stock=stock)

@@ -44,7 +44,7 @@ from rrtrain.training.checkpoint import CheckpointManager
 
 STEP_DIR = re.compile(r"^step_(\d{1,18})$")
 #: a tokenizer.json larger than this is not one a dataset of rrtrain's holds (GPT-2's is 1.4 MB)
-MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
+MAX_TOKENIZER_BYTES = untrusted.LIMITS["tokenizer"]
 #: DeepSpeed's tag under a checkpoint's state/ (rrtrain/parallel/deepspeed.py)
 DEEPSPEED_TAG = "zero"
 

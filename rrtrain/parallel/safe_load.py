@@ -26,6 +26,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
 METADATA_FILE = ".metadata"
@@ -66,7 +67,7 @@ def read_metadata(path: Path | str) -> Any:
 
     file = Path(path) / METADATA_FILE
     try:
-        with open(file, "rb") as f:
+        with files.open_regular(file) as f:  # not a link, not a FIFO
             metadata = MetadataUnpickler(f).load()
     except OSError as err:
         raise UsageError(f"checkpoint file {file} cannot be read ({err.strerror or err})") from None
@@ -93,7 +94,7 @@ class RestrictedFileSystemReader(FileSystemReader):
 
 def _read_rank_metadata(file: Path) -> Any:
     try:
-        with open(file, "rb") as f:
+        with files.open_regular(file) as f:  # not a link, not a FIFO
             return MetadataUnpickler(f).load()
     except OSError:
         raise

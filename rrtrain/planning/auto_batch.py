@@ -70,19 +70,10 @@ class Choice:
 
 def planned_peak(run, world_size: int) -> Callable[[int], int]:
     """The planner's peak per rank at micro-batch m for the resolved run `run` (rrtrain.resolve.ResolvedRun)."""
-    from rrtrain.parallel.mesh import mesh_shape
     import rrtrain.planning.plan as planner
 
-    cfg = run.cfg
-    p, t = cfg.parallel, cfg.train
-    backend = p.backend
-    dp_shard = mesh_shape(p, world_size)[1] if backend == "fsdp" else None
-
     def peak(m: int) -> int:
-        setup = planner.Setup(model=cfg.model, run=run, gpus=world_size, backend=backend, dp_shard=dp_shard,
-                              zero_stage=p.zero_stage, ac=p.ac, ac_every=p.ac_every, micro_batch=m,
-                              global_batch=t.global_batch, precision=p.precision,
-                              reshard_after_forward=p.reshard_after_forward)
+        setup = planner.Setup.of_run(run, world_size, micro_batch=m)
         return planner.plan(setup).total()  # the GPU named in Setup only sets capacity, unused here
 
     return peak

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from rrtrain.core import files
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 
@@ -293,7 +294,10 @@ def render_file(path: Path, expected: Optional[int]) -> int:
     """Print the table of a results file; 1 when runs are missing, failed or were skipped."""
     from rrtrain.planning.depth_verdict import render
 
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = []
+    if path.exists():
+        with files.open_regular(path) as fh:  # not a link, not a FIFO; an overlong line is left out
+            rows = [json.loads(line) for line in files.lines(fh) if line is not None and line.strip()]
     print(render(rows))
     missing = (expected - len(rows)) if expected is not None else 0
     if missing > 0:

@@ -30,11 +30,11 @@ import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
-from rrtrain.config import Config, ModelConfig
+from rrtrain.config import DEFAULT_GPU, DEFAULT_MFU, ZERO_STAGES, Config, ModelConfig, ParallelConfig, choices
 from rrtrain.core.errors import UsageError
 from rrtrain.core.hardware import GPU_MEMORY_GIB, GPU_PEAK_TFLOPS, precision_key
 from rrtrain.model import sizing
@@ -44,32 +44,68 @@ from rrtrain.resolve import resolve as resolve_run
 
 #: the share of a GPU's memory the plan leaves free for the CUDA context, NCCL buffers and fragmentation
 HEADROOM = 0.10
-BACKENDS = ("none", "fsdp", "deepspeed")
-AC_MODES = ("none", "selective", "full")
+BACKENDS = choices(ParallelConfig, "backend")
+AC_MODES = ("none", "selective", "full")  # parallel.ac's values, least recomputation first (`recommended`)
 DTYPE_BYTES = {"bf16": 2, "fp32": 4}
-PRECISIONS = ("bf16", "fp32_tf32", "fp32")  # as parallel.precision
+PRECISIONS = choices(ParallelConfig, "precision")
+#: the keys of the run's parallel section, which a Setup holds as they are (read through: `setup.backend`)
+PARALLEL_KEYS = frozenset(f.name for f in dataclasses.fields(ParallelConfig))
+#: where a plan's parallel defaults differ from a run's: a plan is of a GPU job (FSDP, bf16), a run's defaults
+#: are one process in fp32
+PLAN_PARALLEL = {"backend": "fsdp", "precision": "bf16"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Setup:
-    """One run to plan: the model, the hardware and the parallel and batch settings."""
+    """One run to plan: the run's model and parallel sections as the trainer reads them, its batch, the hardware.
+
+    The parallel keys read through (`setup.backend`, `setup.ac`, ...) and may be given as keywords, each over
+    `parallel` (or over a plan's defaults: `PLAN_PARALLEL`): `Setup(model, gpus=8, ac="full")`.
+    `Setup.of_run` lays out a resolved run as the trainer will.
+    """
 
     model: ModelConfig
     gpus: int
-    gpu: str = "h100"
-    backend: str = "fsdp"
-    dp_shard: Optional[int] = None  # ranks a parameter is sharded over; None: all GPUs
-    zero_stage: int = 2
-    ac: str = "none"
-    ac_every: int = 2
+    parallel: ParallelConfig  # backend, dp_shard (None: all GPUs), zero_stage, ac, ac_every, precision, ...
     micro_batch: int = 1
     global_batch: Optional[int] = None  # None: micro_batch x GPUs (no accumulation)
-    tokens: Optional[float] = None
-    mfu: float = 0.40
-    precision: str = "bf16"  # "bf16" (mixed, as on GPUs), "fp32_tf32" (fp32, TF32 matmuls) or "fp32" (CPU tests)
-    reshard_after_forward: bool = True
+    tokens: Optional[float] = None  # the budget to price (None: memory only)
+    gpu: str = DEFAULT_GPU
+    mfu: float = DEFAULT_MFU
     run: Optional[ResolvedRun] = None  # the resolved run when known (a sweep's: matched shape, the dataset's
     # vocabulary); else `model` is resolved alone (the preset's shape)
+
+    def __init__(self, model: ModelConfig, gpus: int, *, parallel: Optional[ParallelConfig] = None,
+                 micro_batch: int = 1, global_batch: Optional[int] = None, tokens: Optional[float] = None,
+                 gpu: str = DEFAULT_GPU, mfu: float = DEFAULT_MFU, run: Optional[ResolvedRun] = None,
+                 **parallel_keys: Any) -> None:
+        unknown = sorted(set(parallel_keys) - PARALLEL_KEYS)
+        if unknown:
+            raise TypeError(f"Setup got an unexpected keyword argument '{unknown[0]}'")
+        base = parallel if parallel is not None else ParallelConfig(**PLAN_PARALLEL)
+        values = {"model": model, "gpus": gpus, "parallel": dataclasses.replace(base, **parallel_keys),
+                  "micro_batch": micro_batch, "global_batch": global_batch, "tokens": tokens, "gpu": gpu,
+                  "mfu": mfu, "run": run}
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def of_run(cls, run: ResolvedRun, gpus: int, *, micro_batch: int, backend: Optional[str] = None,
+               **plan_keys: Any) -> "Setup":
+        """A resolved run on `gpus` GPUs as the trainer lays it out: its model, its parallel section with the
+        FSDP mesh it will build (`dp_shard`), its global batch; `backend` over the run's own."""
+        from rrtrain.parallel.mesh import mesh_shape
+
+        par = run.cfg.parallel
+        backend = backend or par.backend
+        dp_shard = mesh_shape(par, gpus)[1] if backend == "fsdp" else None
+        return cls(run.cfg.model, gpus, parallel=dataclasses.replace(par, backend=backend, dp_shard=dp_shard),
+                   micro_batch=micro_batch, global_batch=run.cfg.train.global_batch, run=run, **plan_keys)
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found: the parallel section's keys
+        if name in PARALLEL_KEYS:
+            return getattr(self.parallel, name)
+        raise AttributeError(f"'Setup' object has no attribute '{name}'")
 
     @property
     def shard(self) -> int:
@@ -85,7 +121,8 @@ class Setup:
 
 
 def check(s: Setup) -> None:
-    """Raise a one-line UsageError for a setup that cannot run."""
+    """Raise a one-line UsageError for a setup that cannot run (named by `rrtrain plan`'s flags; the allowed
+    values are the config's own)."""
     if s.gpus < 1:
         raise UsageError(f"--gpus must be at least 1, got {s.gpus}")
     if s.backend not in BACKENDS:
@@ -96,7 +133,7 @@ def check(s: Setup) -> None:
         raise UsageError(f"--ac must be one of {', '.join(AC_MODES)}, got '{s.ac}'")
     if s.ac_every < 1:
         raise UsageError(f"--ac-every must be at least 1, got {s.ac_every}")
-    if s.zero_stage not in (1, 2, 3):
+    if s.zero_stage not in ZERO_STAGES:
         raise UsageError(f"--zero-stage must be 1, 2 or 3, got {s.zero_stage}")
     if s.precision not in PRECISIONS:
         raise UsageError(f"--precision must be one of {', '.join(PRECISIONS)}, got '{s.precision}'")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rrtrain.core import files
 from rrtrain.report import stats
 from rrtrain.report.analysis import Analysis, analyze
 from rrtrain.report.collect import Run
@@ -344,8 +345,8 @@ def larger_sizes(sweep_dir: Path | None, opts: Options, notes: list[str]) -> lis
 
 def _read_sweep_json(sweep_dir: Path) -> dict | None:
     try:
-        data = json.loads((Path(sweep_dir) / "sweep.json").read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+        data = json.loads(files.read_beneath(sweep_dir, "sweep.json", "record"))  # no link, no FIFO, bounded
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("runs"), dict) else None
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import errno
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from rrtrain.core import files
 from rrtrain.rundir import fields, layout, readers
 
 #: a downstream record's kind, and the prefix of its value keys
@@ -31,7 +31,7 @@ PREFIX = "downstream/"
 #: `rrtrain eval`'s result files: step_{N:08d}-{key}.json
 FILE_NAME = re.compile(r"step_([0-9]{8,19})-([A-Za-z0-9._,+=-]{1,200})\.json")
 #: a result file is a few kB; one larger than this is not one rrtrain wrote
-MAX_FILE_BYTES = 16 * 1024 * 1024
+MAX_FILE_BYTES = files.LIMITS["json"]
 #: the most result files read of one run (a checkpoint step per file and task set)
 MAX_FILES = 10_000
 #: a task or metric name becomes a TensorBoard tag, a markdown cell and a CSV column: a plain name only
@@ -132,7 +132,7 @@ def read_eval_dir(run_dir: str | os.PathLike[str], problems: Optional[list[str]]
     table: Table = {}
     path = Path(run_dir) / layout.EVAL
     try:
-        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        dfd = files.open_beneath(run_dir, layout.EVAL, directory=True)
     except FileNotFoundError:
         return table
     except OSError as err:  # a link to a directory is ENOTDIR here, to anything else ELOOP
@@ -163,17 +163,10 @@ def _read_object(dfd: int, name: str, problems: Optional[list[str]]) -> Optional
     (a FIFO), only when it is a regular file, and at most MAX_FILE_BYTES of it."""
     where = f"{layout.EVAL}/{name}"
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), dir_fd=dfd)
-    except OSError as err:
+        raw = files.read_beneath(dfd, name, MAX_FILE_BYTES)
+    except OSError as err:  # a link (LinkRefused), not a regular file, larger than MAX_FILE_BYTES
         why = "a link (not followed)" if err.errno == errno.ELOOP else err.strerror or type(err).__name__
         return _refuse(problems, f"{where} unreadable: {why}")
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return _refuse(problems, f"{where} unreadable: not a regular file")
-        os.set_blocking(fd, True)
-        raw = fh.read(MAX_FILE_BYTES + 1)
-    if len(raw) > MAX_FILE_BYTES:
-        return _refuse(problems, f"{where} unreadable: larger than {MAX_FILE_BYTES} bytes")
     return readers.parse_json_object(raw, where, problems)
 
 

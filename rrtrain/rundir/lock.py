@@ -32,13 +32,13 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
-from rrtrain.core import untrusted
+from rrtrain.core import files, untrusted
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir import fields, layout, own_files
 
 LOCK_NAME = layout.LOCK
 #: a lock names its holder in well under a kB
-MAX_LOCK_BYTES = 64 * 1024
+MAX_LOCK_BYTES = files.LIMITS["lock"]
 LOCKED_EXIT = 73  # EX_CANTCREAT: another copy of this run holds its directory
 HEARTBEAT_S = 10.0
 STALE_S = 60.0
@@ -60,7 +60,7 @@ def job_id() -> Optional[str]:
 def _start_time(pid: int) -> Optional[str]:
     """The process's start time in clock ticks since boot (tells a live holder from a reused pid)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = files.read_bytes(f"/proc/{pid}/stat", "proc").decode("utf-8", "surrogateescape")
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()[19]
@@ -69,7 +69,7 @@ def _start_time(pid: int) -> Optional[str]:
 def _cmdline(pid: int) -> Optional[list[str]]:
     """The process's command line (argv), or None when it cannot be read."""
     try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        raw = files.read_bytes(f"/proc/{pid}/cmdline", "proc")
     except OSError:
         return None
     args = raw.split(b"\0")
@@ -111,7 +111,7 @@ def _lock_table(fresh: bool) -> Optional[str]:
     now = time.monotonic()
     if fresh or _LOCK_TABLE[1] is None or now - _LOCK_TABLE[0] > LOCK_TABLE_TTL_S:
         try:
-            _LOCK_TABLE[:] = [now, Path("/proc/locks").read_text()]
+            _LOCK_TABLE[:] = [now, files.read_bytes("/proc/locks", "proc").decode("utf-8", "surrogateescape")]
         except OSError:
             return None
     return _LOCK_TABLE[1]
@@ -140,18 +140,14 @@ def _read_open(fd: int, path: Path) -> Optional[dict[str, Any]]:
     return info
 
 
-#: how a lock file is opened for reading: never through a symbolic link, never waiting on a FIFO
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
-
 def read(run_dir: str | os.PathLike[str]) -> Optional[dict[str, Any]]:
     """The lock's content, or None when there is no (readable) lock: a lock that is not a JSON object, or a
     `run.lock` that is a symbolic link (read never through one: it would be another file's word), names no
     holder. `heartbeat` (the file's mtime), `lock_path` and `lock_id` are added from the file itself."""
     path = Path(run_dir) / LOCK_NAME
     try:
-        return _read_open(os.open(path, _READ_FLAGS), path)
-    except OSError:
+        return _read_open(files.open_beneath(run_dir, LOCK_NAME), path)
+    except OSError:  # missing, a link (not followed), not a regular file
         return None
 
 
@@ -159,16 +155,11 @@ def _read_beneath(run_dir: str | os.PathLike[str]) -> Optional[dict[str, Any]]:
     """As `read`, with the run directory itself opened without following a link either (what a signal is
     sent on: a run directory that is a link to another run's names that run's holder)."""
     path = Path(run_dir) / LOCK_NAME
+    head, name = os.path.split(os.path.normpath(os.fspath(run_dir)))
     try:
-        dfd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+        return _read_open(files.open_beneath(head or ".", os.path.join(name, LOCK_NAME)), path)
+    except OSError:  # missing, a link on the way or as the lock (not followed), not a regular file
         return None
-    try:
-        return _read_open(os.open(LOCK_NAME, _READ_FLAGS, dir_fd=dfd), path)
-    except OSError:
-        return None
-    finally:
-        os.close(dfd)
 
 
 def _same_process(info: dict[str, Any]) -> Optional[int]:
@@ -334,7 +325,7 @@ class RunLock:
         """Create the lock with this process's content and keep it open and flock-ed (the proof that this
         process holds it); a lock file whose write failed is removed again."""
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = files.open_beneath(self.run_dir, LOCK_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
         try:
@@ -349,8 +340,7 @@ class RunLock:
             os.fsync(fd)
         except BaseException:
             os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+            files.remove_file(self.path)
             raise
         self._fd = fd
         return True
@@ -366,8 +356,7 @@ class RunLock:
             else:
                 gone = now is None and _unreadable_since(self.path) == seen_stat
             if gone:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path)
+                files.remove_file(self.path)  # the name only: unlink never follows a link
                 print(f"rrtrain: taking over {self.path}: {why}", file=sys.stderr, flush=True)
 
     def acquire(self, wait_s: float) -> "RunLock":
@@ -421,8 +410,7 @@ class RunLock:
         self._stop.set()
         info = read(self.run_dir)
         if info is not None and info.get("nonce") == self.nonce:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+            files.remove_file(self.path)
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import stat
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional, TextIO
 
-from rrtrain.core import untrusted
-from rrtrain.core.io import atomic_path, atomic_write_text
+from rrtrain.core import files, untrusted
+from rrtrain.core.io import atomic_write_text
 from rrtrain.rundir import events, fields, layout
 
 
 #: a metrics line longer than this is not one rrtrain wrote (a diagnostic line of a deep model is a few kB)
-MAX_LINE_BYTES = 16 * 1024 * 1024
+MAX_LINE_BYTES = files.MAX_LINE_BYTES
 
 
 class MetricsLogger:
@@ -50,7 +48,7 @@ class MetricsLogger:
             src = untrusted.open_regular(self.path)  # read as bytes: a line not UTF-8 is garbage, not a crash
         except FileNotFoundError:
             src = None
-        with atomic_path(self.path) as tmp, open(tmp, "wb") as out:
+        with files.atomic_writer(self.path.parent, self.path.name, make_parents=False) as out:
             if src is None:
                 return
             with src:
@@ -64,8 +62,6 @@ class MetricsLogger:
                     at = fields.step(rec.get("step", 0))
                     if at is not None and at <= step:
                         out.write(raw.rstrip(b"\r\n") + b"\n")
-            out.flush()
-            os.fsync(out.fileno())
 
     def log(self, record: dict[str, Any], tb_prefix: str = "train") -> None:
         """Append one record (non-finite numbers become null: the file stays valid JSON) and mirror it."""
@@ -117,27 +113,11 @@ def _finite_or_none(value: Any) -> Any:
 
 def open_for_append(path: Path) -> TextIO:
     """`path` opened for appending, never through a symbolic link and only when it is a regular file (a FIFO
-    would block the writer): OSError otherwise. The trainer checks its files before it starts
-    (`rrtrain.rundir.own_files`); this holds even if one is swapped meanwhile."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise untrusted.NotRegular(0, "not a regular file", str(path))
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "a")
-    except BaseException:
-        os.close(fd)
-        raise
+    would block the writer): OSError otherwise (`files.open_append`). The trainer checks its files before it
+    starts (`rrtrain.rundir.own_files`); this holds even if one is swapped meanwhile."""
+    return files.open_append(path)  # type: ignore[return-value]
 
 
 def _lines(fh: BinaryIO, limit: int) -> Iterator[bytes]:
     """The lines of `fh`, each at most `limit` bytes; a longer one is read through and left out."""
-    while True:
-        line = fh.readline(limit + 1)
-        if not line:
-            return
-        if len(line) > limit and not line.endswith(b"\n"):
-            while line and not line.endswith(b"\n"):  # the rest of an overlong line, in bounded pieces
-                line = fh.readline(limit + 1)
-            continue
-        yield line
+    return (line for line in files.lines(fh, limit) if line is not None)

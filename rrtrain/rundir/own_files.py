@@ -22,7 +22,7 @@ from rrtrain.core import untrusted
 from rrtrain.rundir import layout
 
 #: files the trainer reads whole or replaces: never larger than this when rrtrain wrote them (a few kB)
-MAX_JSON_BYTES = 16 * 1024 * 1024
+MAX_JSON_BYTES = untrusted.LIMITS["json"]
 #: file name -> the most bytes it may hold (None: no whole-file limit; metrics.jsonl is read line by line)
 FILES: dict[str, Optional[int]] = {
     layout.CONFIG: MAX_JSON_BYTES,

@@ -52,7 +52,7 @@ def read(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for path in sorted((Path(run_dir) / RANKS).glob("rank*.json")):
         try:
-            rec = json.loads(untrusted.read_bytes(path, 1 << 20))
+            rec = json.loads(untrusted.read_bytes(path, "rank"))
         except (OSError, ValueError, RecursionError):
             continue
         rank, host = (fields.count(rec.get("rank")), fields.text(rec.get("host"))) if isinstance(rec, dict) else (None, None)

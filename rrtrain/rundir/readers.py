@@ -14,9 +14,9 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Optional
+from typing import Any, Iterator, Optional
 
-from rrtrain.core import untrusted
+from rrtrain.core import files, untrusted
 from rrtrain.rundir import fields, layout
 
 #: by default `read_tail` parses training, evaluation and flag lines only: the long diagnostic lines are skipped
@@ -24,7 +24,7 @@ TRAIN_EVAL_FLAG = (b'"loss"', b'"flag"')
 #: `latest_records` reads the end of metrics.jsonl, growing from TAIL_START until it has what it wants
 TAIL_START, TAIL_MAX = 64 * 1024, 4 * 1024 * 1024
 #: a metrics line longer than this is not one rrtrain wrote (a diagnostic line of a deep model is a few kB)
-MAX_LINE_BYTES = 16 * 1024 * 1024
+MAX_LINE_BYTES = files.MAX_LINE_BYTES
 
 
 # -- whole files --------------------------------------------------------------------------------
@@ -244,9 +244,8 @@ def records(path: Path, max_line: int = MAX_LINE_BYTES) -> Iterator[Optional[dic
     except OSError:
         return
     with fh:
-        while raw := fh.readline(max_line + 1):
-            if len(raw) > max_line:  # not a line rrtrain wrote (a sparse file of 8 GiB has one, of zeros)
-                _skip_line(fh)
+        for raw in files.lines(fh, max_line):  # an overlong line (a sparse file of 8 GiB has one) is None
+            if raw is None:
                 yield None
                 continue
             if not raw.strip():
@@ -257,15 +256,6 @@ def records(path: Path, max_line: int = MAX_LINE_BYTES) -> Iterator[Optional[dic
                 yield None
                 continue
             yield rec if isinstance(rec, dict) else None
-
-
-def _skip_line(fh: BinaryIO) -> None:
-    """Move past the rest of the current line (through its newline, or to the end), 1 MiB at a time."""
-    while chunk := fh.read(1 << 20):
-        cut = chunk.find(b"\n")
-        if cut >= 0:
-            fh.seek(cut + 1 - len(chunk), os.SEEK_CUR)
-            return
 
 
 def read_tail(path: Path, tail_bytes: Optional[int] = 1 << 20,

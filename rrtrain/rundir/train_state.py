@@ -17,7 +17,7 @@ from rrtrain.rundir import fields
 
 NAME = "train_state.json"
 #: train_state.json holds the resolved config and the loader's position: a few kB (16 MiB is far beyond it)
-MAX_BYTES = 16 * 1024 * 1024
+MAX_BYTES = untrusted.LIMITS["train_state"]
 
 
 #: how train_state.json spells a non-finite float (JSON has none; a best loss starts at infinity)

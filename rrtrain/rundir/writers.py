@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rrtrain.core import files
 from rrtrain.core.io import atomic_write_json, atomic_write_text
 from rrtrain.rundir import layout
 
@@ -40,4 +41,4 @@ def write_pause(run_dir: str | os.PathLike[str], step: int, reason: str) -> None
 
 def clear_pause(run_dir: str | os.PathLike[str]) -> None:
     """No pause.json: the run trains to its end (a stale request must not pause a resubmitted run)."""
-    Path(run_dir, layout.PAUSE).unlink(missing_ok=True)
+    files.remove_file(Path(run_dir, layout.PAUSE))  # the name only, never what a link there names

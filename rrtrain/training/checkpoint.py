@@ -29,7 +29,6 @@ import errno
 import os
 import pickle
 import random
-import shutil
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,7 +40,9 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
+from rrtrain.config import resume_rule
 from rrtrain.core import dist
+from rrtrain.core import files as rrfiles
 from rrtrain.core.dist import DistInfo
 from rrtrain.core.errors import RunError, UsageError
 from rrtrain.core.io import atomic_write_json, atomic_write_text, replace_dir
@@ -334,7 +335,7 @@ class CheckpointManager:
 
     def _give_up(self, tmp: Path, final: Path, failure: str) -> NoReturn:
         if self.info.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
+            rrfiles.discard_made_dir(tmp)  # made by _fresh_dir, marked
         previous = next((p.name for p in self.complete() if p != final), None)
         raise RunError(f"no space left on the device while writing checkpoint {final.name} under {self.root} "
                        f"({failure}); its partial files were removed"
@@ -351,9 +352,9 @@ class CheckpointManager:
     def _prune(self) -> None:
         done = sorted(p for p in self.root.glob("step_*") if p.is_dir())
         for old in done[: max(0, len(done) - self.keep)]:
-            shutil.rmtree(old, ignore_errors=True)
+            rrfiles.discard_made_dir(old)  # only a checkpoint rrtrain made (its marker names it): never a planted one
         for stale in self.root.glob(".tmp_*"):
-            shutil.rmtree(stale, ignore_errors=True)
+            rrfiles.discard_made_dir(stale)
 
     @staticmethod
     def read_train_state(path: Path) -> dict:
@@ -374,8 +375,12 @@ class CheckpointManager:
 
 
 def _fresh_dir(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
+    """The hidden directory a save writes into, new and marked as made by rrtrain (so that pruning may delete
+    it later); a leftover of a killed save is deleted first when rrtrain made it, else refused in one line."""
+    why = rrfiles.discard_made_dir(path)
+    if why is not None:
+        raise UsageError(f"{why}: move it out of the checkpoint directory and start the run again")
+    rrfiles.make_dir(path)
 
 
 def _space_failure(action, where: Path) -> Optional[str]:  # noqa: ANN001 - a thunk
@@ -403,33 +408,18 @@ def _first(failure: Optional[str]) -> Optional[str]:
 # ---------------------------------------------------------------------------------------------
 # Which configuration changes a resume accepts
 
-#: changes that never matter for the run's trajectory
-FREE = {
-    "run.name", "train.log_every", "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.diag_every",
-    "train.allow_config_change", "train.fail_at_step", "train.fail_steps", "parallel.ac", "parallel.ac_every", "parallel.timeout_s",
-    "parallel.reshard_after_forward", "train.compile", "data.num_workers", "data.cache_dir", "run.dir",
-    "run.lock_wait_s", "train.ckpt_async", "train.allow_unverified_checkpoint",
-}
-#: callbacks observe and may stop the run without changing a step (one added on resume starts from its
-#: defaults; a removed one's saved state is left unread; a checkpoint from before the key has none)
-FREE |= {"train.callbacks"}
-#: monitor thresholds and actions judge the trajectory without changing it (a checkpoint from before the
-#: monitor existed has none)
-FREE |= {f"monitor.{key}" for key in ("min_steps", "window", "min_improvement", "entropy_margin", "grad_ratio",
-                                       "spike_sigma", "spike_patience", "on_stall", "on_diverge", "heartbeat_s",
-                                       "peer_mad")}
-#: where the records also go (W&B): an observer, like a callback (a checkpoint from before the key has none)
-FREE |= {"log.wandb", "log.wandb.project", "log.wandb.entity", "log.wandb.mode", "log.wandb.group"}
-#: downstream evaluation observes the model between steps and leaves its random state as it found it
-#: (rrtrain.eval.harness); a checkpoint from before the key has none
-FREE |= {f"eval.downstream.{key}" for key in ("tasks", "every", "limit", "num_fewshot", "include", "batch_size")}
-#: the parallel layout: accepted without consent and listed. Step s takes the same samples at any layout (the
-#: loader's order depends on the global batch only) and DCP reshards the saved state exactly, so only the
-#: reductions' rounding differs. (DeepSpeed refuses a changed world size when it loads its own checkpoint.)
-LAYOUT = {"world_size", "parallel.dp_shard", "parallel.dp_replicate"}
-#: changes that make resuming impossible whatever the user says (the saved state cannot be loaded)
-NEVER_PREFIXES = ("model.", "match.")
-NEVER = {"data.path", "train.seed", "parallel.backend"}
+#: Each key's rule is written on its field in rrtrain/config.py (`field(metadata=...)`, read by `resume_rule`):
+#: free (never changes a step: cadences, observers such as callbacks, the monitor, W&B and downstream
+#: evaluation), layout (the parallel layout: step s takes the same samples at any layout, since the loader's
+#: order depends on the global batch only, and DCP reshards the saved state exactly, so only the reductions'
+#: rounding differs; DeepSpeed refuses a changed world size when it loads its own checkpoint), consent (the
+#: default: the trajectory changes) or never (the saved state cannot be loaded: model, matching, data, seed,
+#: backend). The world size is not a config key; it is a layout change.
+WORLD_SIZE = "world_size"
+
+
+def _rule(key: str) -> str:
+    return "layout" if key == WORLD_SIZE else resume_rule(key)
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -450,10 +440,10 @@ def check_resume(saved: dict, current: dict, saved_world: int, world: int, allow
     old, new = flatten(saved), flatten(current)
     diffs = [(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     if saved_world != world:
-        diffs.append(("world_size", saved_world, world))
-    relevant = [d for d in diffs if d[0] not in FREE]
-    fatal = [d for d in relevant if d[0] in NEVER or d[0].startswith(NEVER_PREFIXES)]
-    consent = [d for d in relevant if d[0] not in LAYOUT]
+        diffs.append((WORLD_SIZE, saved_world, world))
+    relevant = [d for d in diffs if _rule(d[0]) != "free"]
+    fatal = [d for d in relevant if _rule(d[0]) == "never"]
+    consent = [d for d in relevant if _rule(d[0]) != "layout"]
     text = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in (fatal or consent))
     if fatal:
         raise UsageError(f"cannot resume: the checkpoint was written with a different configuration ({text}); "

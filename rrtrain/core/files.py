@@ -1,0 +1,556 @@
+"""The one file-access layer: every path rrtrain did not create in this process (a run, sweep or dataset
+directory, a config, a lock, a log, a report, an event file) is opened, read, written, appended to or deleted
+here, so that what a hostile or broken file can do is decided in one place.
+
+What it guarantees:
+- *No link on the way.* `open_beneath(root, rel)` walks `rel` one component at a time from `root`, each
+  directory opened with `O_NOFOLLOW | O_DIRECTORY` relative to its parent's descriptor and the last component
+  with `O_NOFOLLOW`: a symbolic link anywhere below `root`, a `..` or an absolute component is `LinkRefused` /
+  `BadPath` (OSError). `root` itself is named by the caller (a command-line argument) and is taken as given.
+  The path-based helpers (`open_regular`, `read_bytes`, `open_append`) are `open_beneath(dirname, basename)`:
+  the file itself is never a link; `open_named` / `read_named` follow links, for a file the user named.
+- *Regular files only*, opened non-blocking and checked with fstat: a FIFO never hangs a reader or a writer,
+  a device never feeds one.
+- *Bounded reads*: a whole-file read stops at the bound of its kind of file (`LIMITS`); `lines` stops a line at
+  a length bound and reads the rest of an overlong one through in bounded pieces, never holding it whole.
+- *Writes and appends* go only to files opened that way: `atomic_write_beneath` writes aside in the parent's
+  descriptor and renames with `os.replace(..., src_dir_fd=, dst_dir_fd=)`; `open_append` appends with
+  `O_APPEND | O_NOFOLLOW` to a regular file.
+- *Deletes only of directories rrtrain made*: `make_dir` / `mark_made` leave a marker file naming the
+  directory's device and inode; `remove_made_dir` removes a directory only when that marker is a regular file
+  naming that very directory, and never one that holds an input of the same command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional, TextIO, Union
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+
+#: the largest JSON or YAML file read whole when no kind says less (sweep.json of a thousand runs is a few MB)
+MAX_BYTES = 256 * 1024 * 1024
+
+#: kind of file -> the most bytes a whole-file read takes (each a few times what rrtrain ever writes there)
+LIMITS: dict[str, int] = {
+    "record": MAX_BYTES,  # sweep.json and other records read whole
+    "json": 16 * 1024 * 1024,  # a run's own JSON files (final.json, pause.json, cancelled.json, eval results)
+    "config": 16 * 1024 * 1024,  # a YAML config (a mistaken path to a dataset or a device is refused)
+    "manifest": 16 * 1024 * 1024,  # a dataset's manifest.json (a few kB)
+    "index": 64 * 1024 * 1024,  # a split's index.json
+    "tokenizer": 256 * 1024 * 1024,  # a saved tokenizer.json
+    "train_state": 16 * 1024 * 1024,  # a checkpoint's train_state.json
+    "rank": 1024 * 1024,  # ranks/rankN.json
+    "lock": 64 * 1024,  # run.lock
+    "report": 16 * 1024 * 1024,  # a report's Markdown or a log shown to the user
+    "proc": 16 * 1024 * 1024,  # a file of /proc (a process's stat or command line, the kernel's lock table)
+}
+#: the longest line `lines` hands over (a metrics line of a deep model is a few kB)
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+#: the file `make_dir` leaves in a directory it makes; its content names the directory (device, inode)
+MARKER = ".rrtrain-made"
+_TAG = "rrtrain-made-dir"
+
+
+class NotRegular(OSError):
+    """The path is there but is not a regular file (a FIFO, a device, a directory, a link)."""
+
+
+class LinkRefused(OSError):
+    """A symbolic link where the layer follows none (errno ELOOP)."""
+
+
+class BadPath(OSError):
+    """A relative path that would leave its root: `..`, an absolute component, or nothing at all."""
+
+
+class TooLarge(OSError):
+    """A file larger than the bound of its kind (errno EFBIG)."""
+
+
+class NotMade(OSError):
+    """A directory `remove_made_dir` refuses to delete: rrtrain did not make it, or it holds an input."""
+
+
+Limit = Union[str, int]
+
+
+def limit_of(limit: Limit) -> int:
+    """The byte bound of a kind of file (a `LIMITS` key), or `limit` itself when it is a number."""
+    if isinstance(limit, str):
+        return LIMITS[limit]
+    return int(limit)
+
+
+# -- opening ------------------------------------------------------------------------------------------
+
+
+def _parts(rel: str | os.PathLike[str]) -> list[str]:
+    text = os.fspath(rel)
+    if os.path.isabs(text):
+        raise BadPath(errno.EINVAL, "an absolute path where a path inside the directory belongs", text)
+    parts = [p for p in text.split(os.sep) if p not in ("", ".")]
+    if ".." in parts:
+        raise BadPath(errno.EINVAL, "'..' leads out of the directory", text)
+    if not parts:
+        raise BadPath(errno.EINVAL, "names no file inside the directory", text)
+    return parts
+
+
+def _refusal(err: OSError, dfd: int, name: str, where: str, last: bool) -> OSError:
+    """`err` of opening `name` at `dfd` in words: a link is LinkRefused, whatever errno the kernel chose."""
+    if err.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        with contextlib.suppress(OSError):
+            if stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                words = "not a regular file" if last else f"a symbolic link on the way ({name}, not followed)"
+                return LinkRefused(errno.ELOOP, words, where)
+    if err.errno == errno.ENXIO and last:  # a FIFO opened for writing with no reader (non-blocking)
+        with contextlib.suppress(OSError):
+            if not stat.S_ISREG(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                return NotRegular(errno.ENXIO, "not a regular file", where)
+    err.filename = where
+    return err
+
+
+def open_root(root: str | os.PathLike[str]) -> int:
+    """A descriptor of the directory `root` (named by the caller: taken as given, links included)."""
+    return os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+
+
+def _walk(root: Union[int, str, os.PathLike[str]], parts: list[str], where: str,
+          make: bool = False) -> int:
+    """A new descriptor of the directory holding the last of `parts`, each directory on the way opened without
+    following a link (created first when `make`)."""
+    dfd = os.dup(root) if isinstance(root, int) else open_root(root)
+    try:
+        for name in parts[:-1]:
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o777, dir_fd=dfd)
+            try:
+                nfd = os.open(name, _DIR, dir_fd=dfd)
+            except OSError as err:
+                raise _refusal(err, dfd, name, where, last=False) from None
+            os.close(dfd)
+            dfd = nfd
+        return dfd
+    except BaseException:
+        os.close(dfd)
+        raise
+
+
+def open_beneath(root: Union[int, str, os.PathLike[str]], rel: str | os.PathLike[str], flags: int = os.O_RDONLY,
+                 mode: int = 0o666, directory: bool = False, make_parents: bool = False) -> int:
+    """A descriptor of `root/rel`, no link followed below `root` (see the module docstring), non-blocking while
+    opening and checked to be a regular file (a directory with `directory`); blocking again once checked.
+    `root` is a path or a directory descriptor. OSError subclasses: LinkRefused, BadPath, NotRegular, and
+    the kernel's own (FileNotFoundError, PermissionError, ...)."""
+    parts = _parts(rel)
+    where = os.path.join(os.fspath(root), *parts) if not isinstance(root, int) else os.path.join(*parts)
+    dfd = _walk(root, parts, where, make=make_parents)
+    try:
+        last = flags | os.O_NOFOLLOW | _CLOEXEC | (os.O_DIRECTORY if directory else os.O_NONBLOCK)
+        try:
+            fd = os.open(parts[-1], last, mode, dir_fd=dfd)
+        except OSError as err:
+            raise _refusal(err, dfd, parts[-1], where, last=True) from None
+    finally:
+        os.close(dfd)
+    try:
+        st_mode = os.fstat(fd).st_mode
+        if directory and not stat.S_ISDIR(st_mode):
+            raise NotRegular(errno.ENOTDIR, "not a directory", where)
+        if not directory:
+            if not stat.S_ISREG(st_mode):
+                raise NotRegular(0, "not a regular file", where)
+            os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_dir(path: str | os.PathLike[str]) -> int:
+    """A descriptor of the directory `path`, never through a link as its last component (LinkRefused when it is
+    one): a directory an output is written into, held so that a later swap of its name redirects nothing."""
+    head, name = _split(path)
+    return open_beneath(head, name, directory=True)
+
+
+def _split(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """(directory, name) of `path`; a path ending in `.`, `..` or a separator names its directory absolutely
+    (getcwd's path has no links), so that `--out .` is a directory like any other."""
+    head, name = os.path.split(os.fspath(path))
+    if name in ("", ".", ".."):
+        head, name = os.path.split(os.path.abspath(path))
+    return head or ".", name
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """`path` opened for binary reading: its directory as given, the file itself never a link and only a
+    regular file (FileNotFoundError when missing, NotRegular / LinkRefused otherwise)."""
+    head, name = _split(path)
+    return os.fdopen(open_beneath(head, name), "rb")
+
+
+def open_named(path: str | os.PathLike[str]) -> BinaryIO:
+    """A file the user named (a config or a corpus on the command line), opened for binary reading with links
+    followed (the user chose them), only when it is a regular file, non-blocking while opening."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular(0, "not a regular file", os.fspath(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_lock_file(path: str | os.PathLike[str], mode: int = 0o644) -> int:
+    """A lock file's descriptor, opened read-write and created when missing, never through a symbolic link
+    (OSError ELOOP: a planted link would make the opener create a file elsewhere) and only when it is a regular
+    file (NotRegular: a FIFO would block the opener). flock(2) works on it as on any descriptor."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC, mode)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotRegular(0, "not a regular file", os.fspath(path))
+    return fd
+
+
+# -- reading ------------------------------------------------------------------------------------------
+
+
+def _read_bounded(fh: BinaryIO, limit: Limit, where: str) -> bytes:
+    bound = limit_of(limit)
+    with fh:
+        data = fh.read(bound + 1)
+    if len(data) > bound:
+        raise TooLarge(errno.EFBIG, f"larger than {bound} bytes", where)
+    return data
+
+
+def read_beneath(root: Union[int, str, os.PathLike[str]], rel: str | os.PathLike[str],
+                 limit: Limit = "record") -> bytes:
+    """The whole of `root/rel` (opened as `open_beneath` does), at most the bound of its kind."""
+    return _read_bounded(os.fdopen(open_beneath(root, rel), "rb"), limit, os.fspath(rel))
+
+
+def read_bytes(path: str | os.PathLike[str], limit: Limit = "record") -> bytes:
+    """The whole of a regular file (as `open_regular` opens it) of at most `limit` bytes or the bound of the
+    kind `limit` names; OSError (NotRegular, LinkRefused, FileNotFoundError, TooLarge) otherwise."""
+    return _read_bounded(open_regular(path), limit, os.fspath(path))
+
+
+def read_named(path: str | os.PathLike[str], limit: Limit = "config") -> bytes:
+    """As `read_bytes`, for a file the user named (links followed: `open_named`)."""
+    return _read_bounded(open_named(path), limit, os.fspath(path))
+
+
+def read_text(path: str | os.PathLike[str], limit: Limit = "report") -> str:
+    """`read_bytes` decoded as UTF-8 (undecodable bytes replaced: text shown to a person)."""
+    return read_bytes(path, limit).decode("utf-8", errors="replace")
+
+
+def tail_text(path: str | os.PathLike[str], max_bytes: int = 64 * 1024) -> str:
+    """The last `max_bytes` of a regular file (as `open_regular` opens it) as text, its first line dropped when
+    cut: the end of a log of any size, shown to a person."""
+    with open_regular(path) as fh:
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, size - max_bytes))
+        data = fh.read(max_bytes)
+    if size > max_bytes:
+        data = data.split(b"\n", 1)[1] if b"\n" in data else b""
+    return data.decode("utf-8", errors="replace")
+
+
+def lines(fh: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[Optional[bytes]]:
+    """The lines of `fh` (newline kept), each at most `limit` bytes; a longer one is read through to its
+    newline in 1 MiB pieces, never held whole, and stands as None."""
+    while raw := fh.readline(limit + 1):
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            _skip_line(fh)
+            yield None
+            continue
+        yield None if len(raw) > limit else raw
+
+
+def _skip_line(fh: BinaryIO) -> None:
+    """Move past the rest of the current line (through its newline, or to the end), 1 MiB at a time."""
+    while chunk := fh.read(1 << 20):
+        cut = chunk.find(b"\n")
+        if cut >= 0:
+            fh.seek(cut + 1 - len(chunk), os.SEEK_CUR)
+            return
+
+
+# -- writing ------------------------------------------------------------------------------------------
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_writer(root: Union[int, str, os.PathLike[str]], rel: str | os.PathLike[str],
+                  make_parents: bool = True) -> Iterator[BinaryIO]:
+    """A binary file to write `root/rel` through, atomically: a hidden file created (O_EXCL, no link followed)
+    in the parent's descriptor, flushed and renamed over the name relative to that same descriptor when the
+    block succeeds, removed when it fails. Neither a link on the way nor one planted at the name redirects the
+    write (a link at the name is replaced, never written through). Missing directories on the way are made
+    when `make_parents`. For a large file written as it streams; `atomic_write_beneath` for bytes in hand."""
+    parts = _parts(rel)
+    where = os.path.join(os.fspath(root), *parts) if not isinstance(root, int) else os.path.join(*parts)
+    dfd = _walk(root, parts, where, make=make_parents)
+    name = parts[-1]
+    tmp = f".{name}.{secrets.token_hex(4)}.tmp{os.path.splitext(name)[1]}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o666 & ~_umask(),
+                     dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                yield out
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+    finally:
+        os.close(dfd)
+
+
+def atomic_write_beneath(root: Union[int, str, os.PathLike[str]], rel: str | os.PathLike[str], data: bytes,
+                         make_parents: bool = True) -> None:
+    """Write `data` to `root/rel` atomically (`atomic_writer`)."""
+    with atomic_writer(root, rel, make_parents) as out:
+        out.write(data)
+
+
+def atomic_write_file(path: str | os.PathLike[str], data: bytes | str) -> None:
+    """`atomic_write_beneath(dirname, basename, data)`: the directory as given (made when missing), the name
+    replaced, never written through; text is written as UTF-8."""
+    head, name = _split(path)
+    os.makedirs(head, exist_ok=True)
+    atomic_write_beneath(head, name, data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def open_append(path: str | os.PathLike[str], text: bool = True) -> Union[TextIO, BinaryIO]:
+    """`path` opened for appending (created when missing): the directory as given, the file itself never a
+    link (LinkRefused) and only a regular file (NotRegular: a FIFO would block the writer)."""
+    head, name = _split(path)
+    fd = open_beneath(head, name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    return os.fdopen(fd, "a" if text else "ab")
+
+
+def link_atomically(link: str | os.PathLike[str], target: str) -> None:
+    """Make `link` a symbolic link to `target`, in one rename: a link made under a fresh hidden name beside it
+    and renamed over it, so a reader sees the old link or the new one and whatever `link` was (a file, a link
+    elsewhere) is replaced as a name, never written through."""
+    head, name = _split(link)
+    tmp = os.path.join(head, f".{name}.{secrets.token_hex(4)}.tmp")
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, link)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# -- directories rrtrain made, and only those deleted -------------------------------------------------
+
+
+def _marker_text(st: os.stat_result) -> str:
+    return f"{_TAG} {st.st_dev} {st.st_ino}\n"
+
+
+def mark_made(path: str | os.PathLike[str]) -> None:
+    """Leave the marker in the directory `path` (rrtrain made it): a file naming its device and inode, so a
+    marker copied from another directory names the wrong one. Kept as it is when already right."""
+    dfd = os.open(path, _DIR)
+    try:
+        text = _marker_text(os.fstat(dfd))
+        with contextlib.suppress(OSError):
+            if read_beneath(dfd, MARKER, 256).decode("ascii", "replace") == text:
+                return
+        atomic_write_beneath(dfd, MARKER, text.encode("ascii"), make_parents=False)
+    finally:
+        os.close(dfd)
+
+
+def make_dir(path: str | os.PathLike[str], exist_ok: bool = False) -> str:
+    """Make the directory `path` (its parents as needed) and mark it as made by rrtrain (`mark_made`), so
+    that `remove_made_dir` may delete it later. Returns the path."""
+    os.makedirs(path, exist_ok=exist_ok)
+    mark_made(path)
+    return os.fspath(path)
+
+
+def make_temp_dir(prefix: str, parent: str | os.PathLike[str]) -> str:
+    """A fresh directory in `parent` (tempfile.mkdtemp: 0700, a name no one else has), marked as made."""
+    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    mark_made(path)
+    return path
+
+
+def holds_input(directory: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]]) -> Optional[str]:
+    """The first of `inputs` that is `directory` or lies inside it, both sides resolved (None: none does)."""
+    real = os.path.realpath(directory)
+    for item in inputs:
+        got = os.path.realpath(item)
+        if got == real or got.startswith(real.rstrip(os.sep) + os.sep):
+            return os.fspath(item)
+    return None
+
+
+def unmark(path: str | os.PathLike[str]) -> None:
+    """Take the marker out of the directory `path` (one whose bytes must be exactly the caller's, as a
+    prepared dataset's are); a later delete then needs the caller's own proof (`remove_made_dir`'s `accept`)."""
+    dfd = os.open(path, _DIR)
+    try:
+        os.unlink(MARKER, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def made_here(path: str | os.PathLike[str], accept: Optional[Callable[[int], bool]] = None) -> Optional[str]:
+    """Why `path` is not a directory rrtrain made (None: it is one, its marker naming it, or `accept` given
+    its descriptor says it is one of the command's own)."""
+    try:
+        dfd = os.open(path, _DIR)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path):
+            return "it is a symbolic link"
+        return "it is not a directory" if err.errno == errno.ENOTDIR else (err.strerror or type(err).__name__)
+    try:
+        try:
+            got: Optional[str] = read_beneath(dfd, MARKER, 256).decode("ascii", "replace")
+            why = None if got == _marker_text(os.fstat(dfd)) else \
+                f"its {MARKER} names another directory (copied, not made here)"
+        except FileNotFoundError:
+            why = f"it has no {MARKER} marker (rrtrain did not make it)"
+        except OSError as err:
+            why = f"its {MARKER} is {err.strerror or type(err).__name__}"
+        if why is not None and accept is not None and accept(dfd):
+            return None
+        return why
+    finally:
+        os.close(dfd)
+
+
+def remove_made_dir(path: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]] = (),
+                    missing_ok: bool = True, accept: Optional[Callable[[int], bool]] = None) -> None:
+    """Delete the directory `path` and everything in it, only when rrtrain made it (its marker is a regular
+    file naming this very directory, opened without following a link; or, where the command has its own proof,
+    `accept(descriptor)` says so: a prepared dataset's manifest under --overwrite) and it holds none of
+    `inputs` (the paths the same command reads); NotMade, one line, otherwise. shutil.rmtree follows no link
+    inside."""
+    if missing_ok and not os.path.lexists(path):
+        return
+    held = holds_input(path, inputs)
+    if held is not None:
+        raise NotMade(errno.EPERM, f"not removed: it holds '{held}', an input of this command", os.fspath(path))
+    why = made_here(path, accept)
+    if why is not None:
+        raise NotMade(errno.EPERM, f"not removed: {why}", os.fspath(path))
+    shutil.rmtree(path)
+
+
+def discard_made_dir(path: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]] = (),
+                     accept: Optional[Callable[[int], bool]] = None) -> Optional[str]:
+    """`remove_made_dir` for clean-up that must not fail: the refusal or error as one line, or None."""
+    try:
+        remove_made_dir(path, inputs, accept=accept)
+    except OSError as err:
+        return f"{os.fspath(path)}: {err.strerror or type(err).__name__}"
+    return None
+
+
+def remove_file(path: str | os.PathLike[str], missing_ok: bool = True) -> None:
+    """Delete the name `path` (a file, or a link itself: unlink never follows one), never a directory."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+# -- YAML someone else wrote --------------------------------------------------------------------------
+
+
+#: the most values a YAML document may expand to, each alias counted as everything it repeats (a config holds
+#: hundreds; a few lines of nested aliases expand to billions, and whatever walks them hangs)
+MAX_YAML_NODES = 100_000
+#: the deepest a YAML document may nest (a config nests four or five levels)
+MAX_YAML_DEPTH = 64
+
+
+def load_yaml(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_YAML_DEPTH) -> Any:
+    """`yaml.safe_load` of a document someone else may have written, with alias expansion and nesting bounded:
+    ValueError (one line) for a document that expands to more than `max_nodes` values, nests deeper than
+    `max_depth`, or holds an alias inside its own anchor (a structure that contains itself); yaml.YAMLError for
+    one that is not YAML."""
+    loader = _bounded_yaml_loader()(text)
+    loader.max_nodes, loader.max_depth = max_nodes, max_depth
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+@functools.lru_cache(maxsize=None)
+def _bounded_yaml_loader() -> type:
+    """A SafeLoader that counts, as it composes, how many values each node expands to (an alias: its anchor's
+    count, already known), so a bound is enforced before anything is constructed; built once, yaml imported
+    only by the readers that need it."""
+    import yaml
+
+    class BoundedSafeLoader(yaml.SafeLoader):
+        max_nodes, max_depth = MAX_YAML_NODES, MAX_YAML_DEPTH
+
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self.expanded: dict[int, int] = {}  # id(node) -> the values it stands for, once composed whole
+            self.depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) and event.anchor in self.anchors \
+                    and id(self.anchors[event.anchor]) not in self.expanded:
+                raise ValueError(f"the alias *{event.anchor} is inside its own anchor (a structure that contains itself)")
+            self.depth += 1
+            if self.depth > self.max_depth:
+                raise ValueError(f"nested too deeply (more than {self.max_depth} levels)")
+            try:
+                node = super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+            size = self.expanded.get(id(node))
+            if size is None:
+                if isinstance(node, yaml.SequenceNode):
+                    size = 1 + sum(self.expanded.get(id(child), 1) for child in node.value)
+                elif isinstance(node, yaml.MappingNode):
+                    size = 1 + sum(self.expanded.get(id(k), 1) + self.expanded.get(id(v), 1) for k, v in node.value)
+                else:
+                    size = 1
+                self.expanded[id(node)] = size
+            if size > self.max_nodes:
+                raise ValueError(f"it expands to more than {self.max_nodes:,} values, each alias counted at every use")
+            return node
+
+    return BoundedSafeLoader
