@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tiers  # noqa: E402
 import xdist_groups  # noqa: E402
-from trainutil import prep_stories  # noqa: E402
+from trainutil import prep_stories, stop_server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -77,4 +77,5 @@ def _fast_tier_trains_nothing() -> Iterator[None]:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    stop_server()  # the fork server of this pytest process (tests/forkserver.py), if a test started it
     xdist_groups.unconfigure(config)

@@ -9,11 +9,12 @@ import subprocess
 from pathlib import Path
 from typing import Iterator
 
-from trainutil import PY, REPO, TINY, env, free_port
+from trainutil import PY, TINY, Process, env, free_port, spawn
 
 
-def start_ranks(run_dir: Path, data: Path, *overrides: str, world: int = 2) -> list[subprocess.Popen]:
-    """Start `world` ranks of one run; each in its own session, output captured separately."""
+def start_ranks(run_dir: Path, data: Path, *overrides: str, world: int = 2) -> list[Process]:
+    """Start `world` ranks of one run; each in its own session, output captured separately (forked by the tests'
+    fork server, trainutil.spawn: as plain processes, the way srun starts them)."""
     port = free_port()
     procs = []
     for rank in range(world):
@@ -22,12 +23,11 @@ def start_ranks(run_dir: Path, data: Path, *overrides: str, world: int = 2) -> l
         e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                  LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
         cmd = [PY, "-m", "rrtrain.train", TINY, f"data.path={data}", f"run.dir={run_dir}", *overrides]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, start_new_session=True))
+        procs.append(spawn(cmd, e, merge_stderr=False))
     return procs
 
 
-def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
+def finish(procs: list[Process], timeout: float) -> list[tuple[int, str, str]]:
     """Wait for every rank (killing the rest when time runs out); (exit status, stdout, stderr) per rank."""
     out = []
     for p in procs:

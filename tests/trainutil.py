@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
+
+import forkserver
+import tiers
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -50,23 +55,99 @@ def train_cmd(run_dir: Path, data: Path, overrides: list[str], nproc: int = 1, c
             f"--master_port={free_port()}", "-m", "rrtrain.train", *args]
 
 
+Process = Union[subprocess.Popen, forkserver.Forked]
+# Fork servers of this pytest process, by the environment their interpreter started with (what Python, torch and
+# OpenMP read when they start: forkserver.startup_env). A library a test imports in this process may add such a
+# variable to os.environ for good (KMP_INIT_AT_FORK, ...); its runs then get a server of their own.
+_servers: dict[frozenset, forkserver.Client] = {}
+_asked: dict[frozenset, int] = {}
+_failed: set[frozenset] = set()
+_servers_lock = threading.Lock()  # a test may start runs from several threads
+MAX_SERVERS = 3
+_DEFAULT = frozenset(forkserver.startup_env(env()).items())  # this process's own: served from the first run
+
+
+def _forks(cmd: list[str]) -> bool:
+    """Whether `cmd` may run as a child of a fork server (tests/forkserver.py): a one-process
+    `python -m rrtrain.train`, outside the fast tier (whose guard watches Popen), unless RRTRAIN_TEST_FORKSERVER=0."""
+    return (cmd[:3] == [PY, "-m", "rrtrain.train"] and os.environ.get(forkserver.ENV_SWITCH, "1") != "0"
+            and not tiers.fast_tier() and hasattr(os, "fork"))
+
+
+def _server_for(environ: dict[str, str]) -> Optional[forkserver.Client]:
+    """The server for `environ`'s start-up variables; started on the first run of this process's own and on the
+    second of any other (a one-off, such as a test's PYTHONPATH, does not repay a server), at most MAX_SERVERS."""
+    key = frozenset(forkserver.startup_env(environ).items())
+    with _servers_lock:
+        server = _servers.get(key)
+        if server is None:
+            _asked[key] = _asked.get(key, 0) + 1
+            if (key != _DEFAULT and _asked[key] < 2) or len(_servers) >= MAX_SERVERS or key in _failed:
+                return None
+            try:
+                server = _servers[key] = forkserver.Client(PY, environ, str(REPO))
+            except (OSError, RuntimeError) as err:  # no server: the runs start as plain processes
+                print(f"tests: no fork server ({err}); training runs start as new processes", file=sys.stderr)
+                _failed.add(key)
+                return None
+            if len(_servers) == 1:
+                atexit.register(stop_server)  # pytest_unconfigure (tests/conftest.py) stops them first
+    return server if server.serves(environ) else None
+
+
+def spawn(cmd: list[str], environ: dict[str, str], merge_stderr: bool, fresh: bool = False) -> Process:
+    """Start `cmd` in a session of its own with stdout and stderr piped (merged or not): forked by a fork server
+    where one serves (`_forks`, `_server_for`), else a plain subprocess. `fresh`: always a plain subprocess (a
+    test of what a new interpreter does at start-up)."""
+    server = _server_for(environ) if not fresh and _forks(cmd) else None
+    if server is not None:
+        return server.start(cmd, environ, str(REPO), merge_stderr)
+    return subprocess.Popen(cmd, cwd=REPO, env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def run_cmd(cmd: list[str], environ: dict[str, str], timeout: float,
+            fresh: bool = False) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout) in the repository, through spawn (a
+    one-process training run is forked by the fork server); on timeout the process tree is killed."""
+    proc = spawn(cmd, environ, merge_stderr=False, fresh=fresh)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def stop_server() -> None:
+    """End the fork servers (what they still run is killed) and reap them: their children's CPU time counts in
+    ours."""
+    with _servers_lock:
+        for server in _servers.values():
+            server.stop()
+        _servers.clear()
+
+
 def train(run_dir: Path, data: Path, *overrides: str, nproc: int = 1, timeout: float = 600,
-          expect: Optional[int] = 0) -> subprocess.CompletedProcess:
-    """Run a training job to its end; check its exit status unless expect is None."""
-    proc = subprocess.run(train_cmd(run_dir, data, list(overrides), nproc), cwd=REPO, env=env(),
-                          capture_output=True, text=True, timeout=timeout)
-    if expect is not None and proc.returncode != expect:
-        raise AssertionError(f"exit {proc.returncode} (expected {expect})\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return proc
+          expect: Optional[int] = 0, fresh: bool = False) -> subprocess.CompletedProcess:
+    """Run a training job to its end; check its exit status unless expect is None. One process: forked by the fork
+    server unless `fresh` (see spawn)."""
+    result = run_cmd(train_cmd(run_dir, data, list(overrides), nproc), env(), timeout, fresh=fresh)
+    if expect is not None and result.returncode != expect:
+        raise AssertionError(f"exit {result.returncode} (expected {expect})\n{result.stdout[-3000:]}\n"
+                             f"{result.stderr[-5000:]}")
+    return result
 
 
-def start(run_dir: Path, data: Path, *overrides: str, nproc: int = 1) -> subprocess.Popen:
-    """Start a training job in its own process group (so a signal reaches every rank)."""
-    return subprocess.Popen(train_cmd(run_dir, data, list(overrides), nproc), cwd=REPO, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def start(run_dir: Path, data: Path, *overrides: str, nproc: int = 1, fresh: bool = False) -> Process:
+    """Start a training job in its own process group (so a signal reaches every rank); stderr joins stdout.
+    One process: forked by the fork server unless `fresh` (see spawn)."""
+    return spawn(train_cmd(run_dir, data, list(overrides), nproc), env(), merge_stderr=True, fresh=fresh)
 
 
-def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> int:
+def wait_for_step(run_dir: Path, step: int, proc: Process, timeout: float = 300) -> int:
     """Poll metrics.jsonl until a training line with at least `step` appears; returns the step seen."""
     deadline = time.time() + timeout
     path = run_dir / "metrics.jsonl"
@@ -82,7 +163,7 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: flo
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
-def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+def kill_group(proc: Process, sig: int = signal.SIGKILL) -> None:
     """Signal the launcher and every process below it. torchrun starts each rank in a session of its
     own, so signalling the launcher's process group alone would leave the ranks running."""
     import psutil

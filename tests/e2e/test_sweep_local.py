@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainutil import PY, REPO, env, final, losses
+from trainutil import PY, REPO, env, final, losses, spawn
 
 pytestmark = pytest.mark.slow
 
@@ -95,8 +95,7 @@ def test_two_copies_of_one_run_one_writer(tmp_path, stories_data):
     cmd = [PY, "-m", "rrtrain.train", str(REPO / "configs" / "train" / "tiny.yaml"), f"data.path={stories_data}",
            f"run.dir={run_dir}", "train.max_steps=120", "train.eval_every=0", "train.ckpt_every=0",
            "model.n_layers=2", "train.global_batch=8", "train.micro_batch=8", "run.lock_wait_s=1"]
-    procs = [subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
+    procs = [spawn(cmd, env(), merge_stderr=True) for _ in range(2)]
     deadline = time.time() + 300
     while all(p.poll() is None for p in procs) and time.time() < deadline:
         time.sleep(0.05)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainutil import PY, REPO, env, final, losses, records
+from trainutil import PY, REPO, env, final, losses, records, run_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -82,8 +82,8 @@ def test_pruning_stops_the_worst_points_rung_by_rung_and_a_raised_keep_resumes_t
     assert {rid: final(out / rid)["status"] for rid in LRS} == dict.fromkeys(LRS, "completed")
     assert not (out / second / "pause.json").exists()
     ref = tmp_path / "uninterrupted"
-    train = subprocess.run([PY, "-m", "rrtrain.train", str(out / "configs" / f"{second}.yaml"), f"run.dir={ref}"],
-                           capture_output=True, text=True, env=env(), cwd=REPO, timeout=600)
+    train = run_cmd([PY, "-m", "rrtrain.train", str(out / "configs" / f"{second}.yaml"), f"run.dir={ref}"], env(),
+                    timeout=600)
     assert train.returncode == 0, train.stderr[-3000:]
     assert losses(out / second) == losses(ref) and len(losses(ref)) == STEPS  # paused twice, pruned, resumed
     vals = [{r["step"]: r["val_loss"] for r in records(d) if "val_loss" in r} for d in (out / second, ref)]

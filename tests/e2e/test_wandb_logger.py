@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainutil import PY, REPO, TINY, env, final, kill_group, records, train_cmd, wait_for_step
+from trainutil import PY, REPO, TINY, env, final, kill_group, records, run_cmd, spawn, train_cmd, wait_for_step
 
 pytest.importorskip("wandb")
 
@@ -58,14 +58,13 @@ def two_starts(tmp_path_factory, stories_data):
     run, wdir = root / "run", root / "wandb-files"
     wdir.mkdir()
     e = {**env(), "WANDB_DIR": str(wdir)}
-    proc = subprocess.run([PY, "-m", "rrtrain.train", TINY, f"data.path={stories_data}", f"run.dir={run}",
-                           "train.max_steps=8", *FAST], cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
+    proc = run_cmd([PY, "-m", "rrtrain.train", TINY, f"data.path={stories_data}", f"run.dir={run}",
+                    "train.max_steps=8", *FAST], e, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     first = set((wdir / "wandb").glob("offline-run-*"))
     write_cancelled(run, "stalled (test)", ["stalled"])  # what `rrtrain sweep --cancel-flagged` writes first
-    second = subprocess.Popen(train_cmd(run, stories_data, ["train.max_steps=400", "train.allow_config_change=true",
-                                                            *FAST]), cwd=REPO, env=e, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    second = spawn(train_cmd(run, stories_data, ["train.max_steps=400", "train.allow_config_change=true", *FAST]), e,
+                   merge_stderr=True)
     try:
         wait_for_step(run, 12, second)
         kill_group(second, signal.SIGTERM)

@@ -16,7 +16,7 @@ import pytest
 
 from prep_helpers import write_id_dataset
 from rrtrain.core.errors import UsageError
-from trainutil import REPO, TINY, env
+from trainutil import REPO, TINY, env, run_cmd
 
 TRAIN = ["train.max_steps=1", "train.global_batch=4", "train.micro_batch=4", "data.eval_batches=1"]
 
@@ -55,9 +55,9 @@ def verify(d: Path, **kw) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60, **kw)
 
 
-def train(d: Path, run: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rrtrain.train", TINY, f"data.path={d}", f"run.dir={run}", *TRAIN],
-                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+def train(d: Path, run_dir: Path) -> subprocess.CompletedProcess:
+    return run_cmd([sys.executable, "-m", "rrtrain.train", TINY, f"data.path={d}", f"run.dir={run_dir}", *TRAIN],
+                   env(), timeout=120)
 
 
 def one_line(stderr: str, prog: str) -> str:

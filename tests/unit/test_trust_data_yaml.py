@@ -5,7 +5,6 @@ that is a loop of links is one line too. Budget: about 5 s (one `rrtrain train` 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from prep_helpers import write_id_dataset
 from rrtrain.config import load_config, parse_override, read_yaml
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir import readers
-from trainutil import REPO, TINY, env
+from trainutil import REPO, TINY, env, run_cmd
 
 
 def bomb(levels: int = 9, width: int = 9) -> str:
@@ -35,9 +34,8 @@ def test_training_on_an_alias_bomb_is_one_line_and_writes_nothing(tmp_path):
     cfg.write_text(f"base: {TINY}\n" + bomb())
     write_id_dataset(tmp_path / "data", 40)
     run = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "rrtrain.train", str(cfg), f"data.path={tmp_path / 'data'}",
-                          f"run.dir={run}", "train.max_steps=1"], cwd=REPO, env=env(), capture_output=True, text=True,
-                         timeout=120)
+    res = run_cmd([sys.executable, "-m", "rrtrain.train", str(cfg), f"data.path={tmp_path / 'data'}",
+                  f"run.dir={run}", "train.max_steps=1"], env(), timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().count("\n") == 0 and "expands to more than 100,000 values" in res.stderr
     assert not run.exists()
