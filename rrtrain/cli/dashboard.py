@@ -3,7 +3,7 @@ table as the `_sweep` run's summary, refreshed with the logdir.
 
 The dashboard package sits below `launchers` (docs/architecture.md), so it cannot ask for the status itself: this
 command, at the CLI floor, hands it a callable that renders the table. The callable keeps one
-`launchers.status_cache.StatusCache`, as `rrtrain status --watch` does, so a refresh reads only what changed.
+`launchers.state.cache.StatusCache`, as `rrtrain status --watch` does, so a refresh reads only what changed.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from launchers import record, status_cli
-from launchers.status_cache import StatusCache
+from launchers.sweep import record
+from launchers.state import status as status_cli
+from launchers.state.cache import StatusCache
 from rrtrain.core.errors import UsageError
 
 

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Optional
 
-from launchers.expand import Run
+from launchers.sweep.expand import Run
 from rrtrain.core.errors import UsageError
-from launchers.render import train_argv
-from launchers.snapshot import NO_BYTECODE
+from launchers.executors.render import train_argv
+from launchers.sweep.snapshot import NO_BYTECODE
 
 #: seconds between two calls of `on_poll` (the cancellation of flagged runs) while runs are going
 POLL_EVERY_S = 10.0
@@ -37,7 +37,7 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
                 env["PYTHONPATH"] = code + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
                 env.setdefault("OMP_NUM_THREADS", str(run.resources.cpus_per_task))
                 env["PYTHONUNBUFFERED"] = "1"
-                env.update(NO_BYTECODE)  # importing from the snapshot adds nothing to it (launchers.snapshot)
+                env.update(NO_BYTECODE)  # importing from the snapshot adds nothing to it (launchers.sweep.snapshot)
                 log_path = logs / f"{run.id}.log"
                 log = open_log(logs_fd, log_path)
                 log.write(f"=== rrtrain sweep (local): {run.id}, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")

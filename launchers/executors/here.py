@@ -1,5 +1,5 @@
 """Running a sweep's runs on this machine (`--executor local` or `debug`), one submission: shared by a plain
-submission (`launchers.sweep_cli`) and each pass of a pruned one (`launchers.prune_submit`)."""
+submission (`rrtrain.cli.sweep`) and each pass of a pruned one (`launchers.submit`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from launchers import cancel
-from launchers.expand import Run
+from launchers.sweep.expand import Run
 
 
 def run_here(executor: str, runs: list[Run], python: str, code: str, configs: dict[str, Path], out: Path,
@@ -15,7 +15,7 @@ def run_here(executor: str, runs: list[Run], python: str, code: str, configs: di
     """(job ids, exit codes) of `runs` trained here; None when interrupted (said on stdout: the running runs
     stopped at a step boundary and resume on the next submission)."""
     if executor == "local":
-        from launchers import local_executor
+        from launchers.executors import local as local_executor
 
         try:
             poll = (lambda: cancel.cancel_flagged(out)) if cancel_flagged else None
@@ -23,6 +23,6 @@ def run_here(executor: str, runs: list[Run], python: str, code: str, configs: di
         except KeyboardInterrupt:
             print("interrupted: the running runs were stopped at a step boundary; submit again to resume them")
             return None
-    from launchers import debug_executor
+    from launchers.executors import debug as debug_executor
 
     return debug_executor.submit(runs, configs)

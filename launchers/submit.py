@@ -1,26 +1,11 @@
-"""`rrtrain sweep SWEEP.yaml --out DIR [--executor slurm|local|debug] [--parallel N] [--dry-run] [key=value ...]`
-
-Expand a sweep file into runs (SIZE-VARIANT-sSEED, or SIZE-VARIANT-POINT-sSEED for the points of a `grid:`, e.g.
-tiny-review-lr3e-3-s0; one directory each under DIR) and submit the ones that
-need it: a new run, or one that failed or was preempted (it resumes from its checkpoint). Completed,
-diverged and stalled runs are left alone, and so are runs that are queued or training now. A sweep file
-that changes an existing run's config is refused, listing the differences; adding sizes, seeds or grid values adds
-runs.
-
-  slurm   one submitit job array per resource shape; returns once queued (prints the job ids)
-  local   subprocesses on this machine, --parallel at a time, a log per run in DIR/slurm/logs/
-  debug   one after another in this process
-
-With `prune:` in the sweep file, runs pause at rungs and the worst points of each (size, variant) are pruned
-(successive halving): the local and debug executors go rung by rung to the end; with slurm, run the command
-again once a rung's runs have paused to take the next one. The summary says what pruning saved.
-
---dry-run prints the runs, their resources and GPU-hours, and writes DIR/slurm/*.sbatch (submit them with
-sbatch, no Python needed) without submitting anything. Trailing `key.sub=value` arguments override the
-sweep file's own keys, e.g. `resources.partition=debug sizes.tiny.seeds=1`.
-
-Exit status: 0 when submitted (slurm) or when every run completed (local, debug), 1 when a run did not,
-2 for bad input.
+"""`rrtrain sweep`'s submission, under the sweep's lock: the record merged, the runs that need submitting
+(`to_submit`), the data prepared, the code snapshot taken, the configs and sbatch scripts written, then the
+runs handed to the executor. With `prune:`, passes of successive halving (`launchers.prune.rule`): each pass
+observes the runs, ranks every group that reached its rung, marks the worst `pruned`, and submits the runs that
+go on, each with the step it pauses at (`pause.json`). The local and debug executors pass until no run can go
+on (every group ended, or waits for a run that failed in this command); Slurm submits one pass and returns:
+run `rrtrain sweep` again once the runs paused (`rrtrain status` shows them) to take the next rung. No process
+has to stay alive between rungs.
 """
 
 from __future__ import annotations
@@ -28,54 +13,28 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
 import yaml
 
-from launchers import cancel, prune_submit, prune_sweep, record, runstate, snapshot, spec, sweep_lock
-from launchers.entry import config_path
-from launchers.estimate import check_gpu, cost, grid_costs
-from launchers.expand import Run, check_safe, data_path, expand
-from launchers.render import render
-from launchers.run_here import run_here
-from launchers.scheduler import squeue_states
-from rrtrain.core.args import CommandParser
+from launchers.executors.entry import config_path
+from launchers.executors.here import run_here
+from launchers.executors.render import render
+from launchers.prune import rungs as prune_sweep
+from launchers.state import runstate
+from launchers.state.scheduler import squeue_states
+from launchers.sweep import record, snapshot
+from launchers.sweep.estimate import cost, grid_costs
+from launchers.sweep.expand import Run, check_safe
+from launchers.sweep.spec import Sweep
 from rrtrain.core.errors import UsageError
-from rrtrain.core.io import atomic_write_text, unwritable_reason
-from rrtrain.rundir.readers import read_cancelled
+from rrtrain.core.io import atomic_write_text
+from rrtrain.rundir.outcome import EXIT_CODES
+from rrtrain.rundir.readers import read_cancelled, read_final
 
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = CommandParser(prog="rrtrain sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sweep", help="a sweep file (configs/sweeps/*.yaml); with --cancel-flagged, a sweep directory")
-    p.add_argument("--out", help="the sweep directory (default: the sweep file's `out`)")
-    p.add_argument("--executor", choices=["slurm", "local", "debug"], default="local")
-    p.add_argument("--parallel", type=int, default=1, help="local: runs at a time (default 1)")
-    p.add_argument("--dry-run", action="store_true", help="print and render, submit nothing")
-    p.add_argument("--lock-wait", type=float, default=sweep_lock.DEFAULT_WAIT_S, metavar="S",
-                   help="seconds to wait for another `rrtrain sweep` on the same directory to finish "
-                        f"(default {sweep_lock.DEFAULT_WAIT_S:g}), then refuse")
-    p.add_argument("--cancel-flagged", action="store_true",
-                   help="cancel the jobs of the sweep directory's stalled and diverged runs, recording why")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="override the sweep file's keys")
-    return p.parse_intermixed_args(argv)
-
-
-def sweep_dir(sweep: spec.Sweep, out: Optional[str]) -> Path:
-    if out is None and sweep.spec.out is None:
-        raise UsageError("no sweep directory: pass --out DIR (or set `out:` in the sweep file)")
-    p = Path(out) if out is not None else Path(sweep.spec.out).expanduser()
-    if out is None and not p.is_absolute():
-        p = sweep.path.parent / p
-    return Path(check_safe(str(p.resolve()), "sweep directory"))
-
-
-def check_writable(out: Path) -> None:
-    """A file in the way, a read-only mount: one line now, not a traceback later (creates `out`)."""
-    why = unwritable_reason(out)
-    if why is not None:
-        raise UsageError(f"sweep directory {out} cannot be written: {why}")
+PAUSED_EXIT = EXIT_CODES["paused"]
 
 
 def to_submit(runs: list[Run], rec: Optional[dict]) -> tuple[list[Run], dict[str, str]]:
@@ -102,7 +61,7 @@ def to_submit(runs: list[Run], rec: Optional[dict]) -> tuple[list[Run], dict[str
     return todo, skipped
 
 
-def prepare_data(sweep: spec.Sweep, out: Path, dry_run: bool) -> None:
+def prepare_data(sweep: Sweep, out: Path, dry_run: bool) -> None:
     """`prep:` sweeps prepare their data once, into DIR/data, before anything is submitted."""
     p = sweep.spec.prep
     if p is None or (out / "data" / "manifest.json").exists():
@@ -123,7 +82,7 @@ def prepare_data(sweep: spec.Sweep, out: Path, dry_run: bool) -> None:
         raise UsageError(f"data prep failed (exit {proc.returncode}): {last}")
 
 
-def print_plan(sweep: spec.Sweep, runs: list[Run], todo: list[Run], skipped: dict[str, str]) -> None:
+def print_plan(sweep: Sweep, runs: list[Run], todo: list[Run], skipped: dict[str, str]) -> None:
     width = max([28] + [len(r.id) for r in runs])
     print(f"{'run':<{width}} {'state':<10} {'nodes x tasks':>13} {'gpus':>5} {'time':>6} {'params':>13} "
           f"{'tokens':>15} {'GPU-h':>9}")
@@ -144,35 +103,7 @@ def print_plan(sweep: spec.Sweep, runs: list[Run], todo: list[Run], skipped: dic
           f"{sweep.spec.mfu:.0%} MFU on {sweep.spec.gpu}: {total:,.1f}")
 
 
-def cancel_command(out: Path) -> int:
-    """`rrtrain sweep --cancel-flagged SWEEP_DIR`."""
-    if record.load(out) is None:
-        raise UsageError(f"{out}: no sweep.json here (--cancel-flagged takes a sweep directory)")
-    done = cancel.cancel_flagged(out)
-    print(f"cancelled {len(done)} flagged run(s)" if done else "no run is flagged stalled or diverged: nothing cancelled")
-    return 0
-
-
-def main(argv: list[str]) -> int:
-    args = parse(argv)
-    if args.parallel < 1:
-        raise UsageError(f"--parallel must be at least 1, got {args.parallel}")
-    if args.cancel_flagged:
-        return cancel_command(Path(args.sweep))
-    if not 0 <= args.lock_wait < 1e7:
-        raise UsageError(f"--lock-wait must be a number of seconds, got {args.lock_wait}")
-    sweep = spec.load(args.sweep, args.overrides)
-    check_gpu(sweep.spec.gpu)
-    out = sweep_dir(sweep, args.out)
-    # a bad sweep file, and rungs that cannot be placed, are refused before anything is created
-    runs = expand(sweep, out, data_path(sweep, out))
-    rungs = prune_submit.rung_lines(sweep.spec.prune, runs) if sweep.spec.prune is not None else []
-    check_writable(out)
-    with sweep_lock.hold_sweep(out, args.lock_wait):  # one submission at a time (launchers.sweep_lock)
-        return submit(args, sweep, out, runs, rungs)
-
-
-def submit(args: argparse.Namespace, sweep: spec.Sweep, out: Path, runs: list[Run], rungs: list[str]) -> int:
+def submit(args: argparse.Namespace, sweep: Sweep, out: Path, runs: list[Run], rungs: list[str]) -> int:
     """Everything from reading sweep.json to the last job id recorded; the caller holds the sweep's lock."""
     old = record.load(out)
     rec = record.merge(old, sweep, runs)  # refuses a changed run before anything is written
@@ -198,14 +129,14 @@ def submit(args: argparse.Namespace, sweep: spec.Sweep, out: Path, runs: list[Ru
         print(f"{rid}: {state}, leaving it alone")
     rec = record.update(out, record.keep_cancellations(rec))
     if sweep.spec.prune is not None:
-        return prune_submit.submit(args, sweep, out, runs, configs, python, to_submit)
+        return submit_pruned(args, sweep, out, runs, configs, python)
     prune_sweep.clear_pauses(todo)  # without prune, a run paused or pruned earlier trains to its end
     if not todo:
         print(f"nothing to submit: all {len(runs)} runs are completed, queued or running")
         return 0
     code = rec["code"]["path"]
     if args.executor == "slurm":
-        from launchers import slurm_executor
+        from launchers.executors import slurm as slurm_executor
 
         try:
             jobs = slurm_executor.submit(todo, out, sweep.spec.name, code)
@@ -228,3 +159,75 @@ def submit(args: argparse.Namespace, sweep: spec.Sweep, out: Path, runs: list[Ru
           (f"; cancelled as flagged: {', '.join(sorted(stopped))}" if stopped else "") +
           (f"; not completed: {', '.join(f'{k} (exit {v})' for k, v in bad.items())}" if bad else ""))
     return 1 if bad else 0
+
+
+def submit_pruned(args: argparse.Namespace, sweep: Sweep, out: Path, runs: list[Run], configs: dict[str, Path],
+                  python: str) -> int:
+    """Pass until no run can go on (local, debug) or once (slurm); print the decisions and what pruning saved."""
+    p = sweep.spec.prune
+    assert p is not None
+    failed: set[str] = set()
+    sent: set[tuple[str, object]] = set()
+    bad: dict[str, int] = {}
+    shown: set[str] = set()  # the decisions printed already (every pass decides the earlier rungs again, alike)
+    code = 0
+    while True:
+        todo, skipped = to_submit(runs, record.load(out))
+        result = prune_sweep.carry_out(out, p, runs, skipped, exclude=frozenset(failed))
+        for line in prune_sweep.describe(result):
+            if line not in shown:
+                print(line)
+                shown.add(line)
+        for rid, rung in result.prune.items():
+            print(f"{rid}: pruned at {rung['why']}")
+        again = [rid for rid, step in result.go.items() if (rid, step) in sent]
+        for rid in again:  # sent to this step before in this command and not past it: do not loop on it
+            print(f"{rid}: did not reach step {result.go[rid]} when sent there; not sent again")
+            failed.add(rid)
+            result.go.pop(rid)
+        go = [r for r in runs if r.id in result.go]
+        if not go:
+            break
+        sent |= set(result.go.items())
+        print(f"pruning pass: {len(go)} run(s) to go on: " + ", ".join(
+            f"{r.id} to {'its end' if result.go[r.id] is None else f'step {result.go[r.id]}'}" for r in go),
+            flush=True)
+        rec = record.load(out)
+        if args.executor == "slurm":
+            submit_slurm(go, out, sweep, rec)
+            break
+        ran = run_here(args.executor, go, python, rec["code"]["path"], configs, out, args.parallel,
+                       sweep.spec.monitor.cancel)
+        if ran is None:
+            return 130
+        jobs, codes = ran
+        rec = record.record_submission(out, rec, args.executor, jobs)  # cancellations may have been recorded meanwhile
+        for rid, c in codes.items():
+            bad.pop(rid, None)
+            if c not in (0, PAUSED_EXIT):
+                failed.add(rid)
+                if read_cancelled(Path(rec["runs"][rid]["dir"])) is None:
+                    bad[rid] = c
+    saved = prune_sweep.savings(out, runs, lambda r: cost(r, sweep.spec.gpu, sweep.spec.mfu))
+    states = Counter((read_final(r.dir).status if read_final(r.dir) else "not ended") for r in runs)
+    print("runs: " + ", ".join(f"{s}: {n}" for s, n in sorted(states.items())))
+    print(prune_sweep.saved_line(saved))
+    if args.executor != "slurm" and bad:
+        print("not completed: " + ", ".join(f"{k} (exit {v})" for k, v in sorted(bad.items())))
+        code = 1
+    return code
+
+
+def submit_slurm(go: list[Run], out: Path, sweep: Sweep, rec: dict) -> None:
+    from launchers.executors import slurm as slurm_executor
+
+    try:
+        jobs = slurm_executor.submit(go, out, sweep.spec.name, rec["code"]["path"])
+    except slurm_executor.SubmitError as err:
+        record.record_submission(out, rec, "slurm", err.jobs)
+        raise UsageError(str(err)) from None
+    record.record_submission(out, rec, "slurm", jobs)
+    for rid, job in jobs.items():
+        print(f"{rid}: job {job}")
+    print(f"submitted {len(jobs)} runs; when they have paused or ended (rrtrain status {out}), run this command "
+          "again to rank them and take the next rung")

@@ -7,7 +7,7 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-from launchers.expand import Run
+from launchers.sweep.expand import Run
 
 
 def submit(runs: list[Run], configs: dict[str, Path]) -> tuple[dict[str, Optional[str]], dict[str, int]]:
