@@ -15,12 +15,15 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import yaml
 
+from launchers import cancel
+from launchers.executors.base import Executor, Interrupted, SubmitError
+from launchers.executors.debug import DebugExecutor
 from launchers.executors.entry import config_path
-from launchers.executors.here import run_here
+from launchers.executors.local import LocalExecutor
 from launchers.executors.render import render
 from launchers.prune import rungs as prune_sweep
 from launchers.state import runstate
@@ -127,107 +130,121 @@ def submit(args: argparse.Namespace, sweep: Sweep, out: Path, runs: list[Run], r
         return 0
     for rid, state in skipped.items():
         print(f"{rid}: {state}, leaving it alone")
-    rec = record.update(out, record.keep_cancellations(rec))
-    if sweep.spec.prune is not None:
-        return submit_pruned(args, sweep, out, runs, configs, python)
-    prune_sweep.clear_pauses(todo)  # without prune, a run paused or pruned earlier trains to its end
-    if not todo:
-        print(f"nothing to submit: all {len(runs)} runs are completed, queued or running")
-        return 0
-    code = rec["code"]["path"]
-    if args.executor == "slurm":
-        from launchers.executors import slurm as slurm_executor
-
-        try:
-            jobs = slurm_executor.submit(todo, out, sweep.spec.name, code)
-        except slurm_executor.SubmitError as err:
-            record.record_submission(out, rec, "slurm", err.jobs)
-            raise UsageError(str(err)) from None
-        record.record_submission(out, rec, "slurm", jobs)
-        for rid, job in jobs.items():
-            print(f"{rid}: job {job}")
-        print(f"submitted {len(jobs)} runs; follow them with: rrtrain status {out}")
-        return 0
-    ran = run_here(args.executor, todo, python, code, configs, out, args.parallel, sweep.spec.monitor.cancel)
-    if ran is None:
-        return 130
-    jobs, codes = ran
-    rec = record.record_submission(out, rec, args.executor, jobs)  # cancellations may have been recorded meanwhile
-    stopped = {rid for rid in codes if read_cancelled(Path(rec["runs"][rid]["dir"])) is not None}
-    bad = {rid: c for rid, c in codes.items() if c != 0 and rid not in stopped}
-    print(f"{len(codes) - len(bad) - len(stopped)} of {len(codes)} runs completed" +
-          (f"; cancelled as flagged: {', '.join(sorted(stopped))}" if stopped else "") +
-          (f"; not completed: {', '.join(f'{k} (exit {v})' for k, v in bad.items())}" if bad else ""))
-    return 1 if bad else 0
+    record.update(out, record.keep_cancellations(rec))
+    poll = (lambda: cancel.cancel_flagged(out)) if sweep.spec.monitor.cancel else None
+    return submit_loop(executor_for(args.executor, python, args.parallel, poll), sweep, out, runs)
 
 
-def submit_pruned(args: argparse.Namespace, sweep: Sweep, out: Path, runs: list[Run], configs: dict[str, Path],
-                  python: str) -> int:
-    """Pass until no run can go on (local, debug) or once (slurm); print the decisions and what pruning saved."""
-    p = sweep.spec.prune
-    assert p is not None
-    failed: set[str] = set()
-    sent: set[tuple[str, object]] = set()
-    bad: dict[str, int] = {}
-    shown: set[str] = set()  # the decisions printed already (every pass decides the earlier rungs again, alike)
-    code = 0
+def executor_for(kind: str, python: str, parallel: int, on_poll: Optional[Callable[[], object]]) -> Executor:
+    """The executor `--executor` names; the local one calls `on_poll` (the cancellation of flagged runs, with
+    `monitor: {cancel: true}`) while it waits."""
+    if kind == "slurm":
+        from launchers.executors.slurm import SlurmExecutor
+
+        return SlurmExecutor()
+    if kind == "local":
+        return LocalExecutor(python, parallel, on_poll)
+    return DebugExecutor()
+
+
+def submit_loop(executor: Executor, sweep: Sweep, out: Path, runs: list[Run]) -> int:
+    """Pass until no run can go on: each pass decides which runs go on, and to which step (`plan_pass`), and
+    hands them to the executor. A plain sweep is a pruned sweep with no rungs: one pass, every run that needs
+    it to its end. An executor that does not wait (slurm) submits one pass and returns: `rrtrain sweep` again
+    takes the next rung. Prints what happened; returns the command's exit status."""
+    passes = Passes(sweep, out, runs)
+    codes: dict[str, int] = {}  # each run's last exit status in this command (an executor that waits)
     while True:
-        todo, skipped = to_submit(runs, record.load(out))
-        result = prune_sweep.carry_out(out, p, runs, skipped, exclude=frozenset(failed))
-        for line in prune_sweep.describe(result):
-            if line not in shown:
-                print(line)
-                shown.add(line)
-        for rid, rung in result.prune.items():
-            print(f"{rid}: pruned at {rung['why']}")
-        again = [rid for rid, step in result.go.items() if (rid, step) in sent]
-        for rid in again:  # sent to this step before in this command and not past it: do not loop on it
-            print(f"{rid}: did not reach step {result.go[rid]} when sent there; not sent again")
-            failed.add(rid)
-            result.go.pop(rid)
-        go = [r for r in runs if r.id in result.go]
+        go = passes.next()
         if not go:
             break
-        sent |= set(result.go.items())
-        print(f"pruning pass: {len(go)} run(s) to go on: " + ", ".join(
-            f"{r.id} to {'its end' if result.go[r.id] is None else f'step {result.go[r.id]}'}" for r in go),
-            flush=True)
         rec = record.load(out)
-        if args.executor == "slurm":
-            submit_slurm(go, out, sweep, rec)
-            break
-        ran = run_here(args.executor, go, python, rec["code"]["path"], configs, out, args.parallel,
-                       sweep.spec.monitor.cancel)
-        if ran is None:
+        try:
+            done = executor.submit(go, out, sweep.spec.name, rec["code"]["path"])
+        except SubmitError as err:
+            record.record_submission(out, rec, executor.name, err.jobs)
+            raise UsageError(str(err)) from None
+        except Interrupted:
             return 130
-        jobs, codes = ran
-        rec = record.record_submission(out, rec, args.executor, jobs)  # cancellations may have been recorded meanwhile
-        for rid, c in codes.items():
-            bad.pop(rid, None)
-            if c not in (0, PAUSED_EXIT):
-                failed.add(rid)
-                if read_cancelled(Path(rec["runs"][rid]["dir"])) is None:
-                    bad[rid] = c
-    saved = prune_sweep.savings(out, runs, lambda r: cost(r, sweep.spec.gpu, sweep.spec.mfu))
-    states = Counter((read_final(r.dir).status if read_final(r.dir) else "not ended") for r in runs)
-    print("runs: " + ", ".join(f"{s}: {n}" for s, n in sorted(states.items())))
-    print(prune_sweep.saved_line(saved))
-    if args.executor != "slurm" and bad:
-        print("not completed: " + ", ".join(f"{k} (exit {v})" for k, v in sorted(bad.items())))
-        code = 1
-    return code
+        record.record_submission(out, rec, executor.name, done.jobs)  # cancellations may have been recorded meanwhile
+        if not executor.waits:
+            for rid, job in done.jobs.items():
+                print(f"{rid}: job {job}")
+            print(f"submitted {len(done.jobs)} runs; " + (
+                f"when they have paused or ended (rrtrain status {out}), run this command again to rank them and "
+                "take the next rung" if sweep.spec.prune is not None else f"follow them with: rrtrain status {out}"))
+            break
+        codes.update(done.codes)
+        passes.ended(done.codes)
+    return passes.summary(codes, executor.waits)
 
 
-def submit_slurm(go: list[Run], out: Path, sweep: Sweep, rec: dict) -> None:
-    from launchers.executors import slurm as slurm_executor
+class Passes:
+    """Which runs go on at each pass of `submit_loop`. Without `prune:` there are no rungs: the first pass sends
+    every run that needs it to its end, and there is no second. With rungs, each pass ranks the groups that
+    reached a rung (`launchers.prune.rungs.carry_out`: pause requests written, the worst marked pruned)."""
 
-    try:
-        jobs = slurm_executor.submit(go, out, sweep.spec.name, rec["code"]["path"])
-    except slurm_executor.SubmitError as err:
-        record.record_submission(out, rec, "slurm", err.jobs)
-        raise UsageError(str(err)) from None
-    record.record_submission(out, rec, "slurm", jobs)
-    for rid, job in jobs.items():
-        print(f"{rid}: job {job}")
-    print(f"submitted {len(jobs)} runs; when they have paused or ended (rrtrain status {out}), run this command "
-          "again to rank them and take the next rung")
+    def __init__(self, sweep: Sweep, out: Path, runs: list[Run]) -> None:
+        self.sweep, self.out, self.runs = sweep, out, runs
+        self.passes = 0
+        self.failed: set[str] = set()  # ended badly in this command: not sent again
+        self.sent: set[tuple[str, Optional[int]]] = set()
+        self.shown: set[str] = set()  # the decisions printed already (every pass decides the earlier rungs again)
+
+    def next(self) -> list[Run]:
+        """The runs to submit now (none: the loop ends)."""
+        self.passes += 1
+        todo, skipped = to_submit(self.runs, record.load(self.out))
+        p = self.sweep.spec.prune
+        if p is None:
+            if self.passes > 1:
+                return []
+            prune_sweep.clear_pauses(todo)  # without prune, a run paused or pruned earlier trains to its end
+            if not todo:
+                print(f"nothing to submit: all {len(self.runs)} runs are completed, queued or running")
+            return todo
+        result = prune_sweep.carry_out(self.out, p, self.runs, skipped, exclude=frozenset(self.failed))
+        for line in prune_sweep.describe(result):
+            if line not in self.shown:
+                print(line)
+                self.shown.add(line)
+        for rid, rung in result.prune.items():
+            print(f"{rid}: pruned at {rung['why']}")
+        for rid in [rid for rid, step in result.go.items() if (rid, step) in self.sent]:
+            # sent to this step before in this command and not past it: do not loop on it
+            print(f"{rid}: did not reach step {result.go[rid]} when sent there; not sent again")
+            self.failed.add(rid)
+            result.go.pop(rid)
+        go = [r for r in self.runs if r.id in result.go]
+        if go:
+            self.sent |= set(result.go.items())
+            print(f"pruning pass: {len(go)} run(s) to go on: " + ", ".join(
+                f"{r.id} to {'its end' if result.go[r.id] is None else f'step {result.go[r.id]}'}" for r in go),
+                flush=True)
+        return go
+
+    def ended(self, codes: dict[str, int]) -> None:
+        """The exit status of each run of a pass that the executor waited for."""
+        self.failed |= {rid for rid, c in codes.items() if c not in (0, PAUSED_EXIT)}
+
+    def summary(self, codes: dict[str, int], waited: bool) -> int:
+        """Print how the runs went (and, with prune, what pruning saved); the command's exit status."""
+        dirs = {r.id: r.dir for r in self.runs}
+        stopped = {rid for rid in codes if read_cancelled(dirs[rid]) is not None}  # cancelled as flagged
+        if self.sweep.spec.prune is None:
+            bad = {rid: c for rid, c in codes.items() if c != 0 and rid not in stopped}
+            if codes:
+                print(f"{len(codes) - len(bad) - len(stopped)} of {len(codes)} runs completed" +
+                      (f"; cancelled as flagged: {', '.join(sorted(stopped))}" if stopped else "") +
+                      (f"; not completed: {', '.join(f'{k} (exit {v})' for k, v in bad.items())}" if bad else ""))
+            return 1 if bad else 0
+        spec = self.sweep.spec
+        saved = prune_sweep.savings(self.out, self.runs, lambda r: cost(r, spec.gpu, spec.mfu))
+        states = Counter((read_final(r.dir).status if read_final(r.dir) else "not ended") for r in self.runs)
+        print("runs: " + ", ".join(f"{s}: {n}" for s, n in sorted(states.items())))
+        print(prune_sweep.saved_line(saved))
+        bad = {rid: c for rid, c in codes.items() if c not in (0, PAUSED_EXIT) and rid not in stopped}
+        if waited and bad:
+            print("not completed: " + ", ".join(f"{k} (exit {v})" for k, v in sorted(bad.items())))
+            return 1
+        return 0

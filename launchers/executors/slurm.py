@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
+from launchers.executors.base import SubmitError, Submitted
 from launchers.executors.entry import RunJob
 from launchers.sweep.expand import Run
 from launchers.executors.render import group_runs
@@ -72,9 +73,11 @@ def submit(runs: list[Run], out: Path, name: str, code: str) -> dict[str, Option
     return jobs
 
 
-class SubmitError(RuntimeError):
-    """A submission that failed part-way; `jobs` holds what was queued before it."""
+class SlurmExecutor:
+    """`--executor slurm` behind the one interface (`launchers.executors.base.Executor`): returns once queued."""
 
-    def __init__(self, message: str, jobs: dict[str, Optional[str]]) -> None:
-        super().__init__(message)
-        self.jobs = jobs
+    name = "slurm"
+    waits = False
+
+    def submit(self, runs: list[Run], sweep_dir: Path, name: str, code: str) -> Submitted:
+        return Submitted(submit(runs, sweep_dir, name, code), {})
