@@ -27,7 +27,7 @@ from launchers.executors.local import LocalExecutor
 from launchers.executors.render import render
 from launchers.prune import rungs as prune_sweep
 from launchers.state import runstate
-from launchers.state.scheduler import squeue_states
+from launchers.state.status import run_rows
 from launchers.sweep import record, snapshot
 from launchers.sweep.estimate import cost, grid_costs
 from launchers.sweep.expand import Run, check_safe
@@ -41,23 +41,18 @@ PAUSED_EXIT = EXIT_CODES["paused"]
 
 
 def to_submit(runs: list[Run], rec: Optional[dict]) -> tuple[list[Run], dict[str, str]]:
-    """The runs that need submitting, and the state of every run that does not."""
+    """The runs that need submitting, and the state of every run that does not (read as `rrtrain status` reads
+    them: `launchers.state.status.run_rows`)."""
     if rec is None:
         return list(runs), {}
-    last = record.last_jobs(rec)
-    queue = None
-    if any(ex == "slurm" for ex, _ in last.values()):
-        queue = squeue_states()
-        if queue is None:  # a queued run would be submitted twice
-            raise UsageError("this sweep has Slurm jobs, and squeue cannot be read here: run `rrtrain sweep` "
-                             "where squeue works, so that queued runs are not submitted twice")
+    rows = run_rows(rec, {run.id: record.run_entry(run) for run in runs}, need_queue=(
+        "this sweep has Slurm jobs, and squeue cannot be read here: run `rrtrain sweep` where squeue works, so "
+        "that queued runs are not submitted twice"))
     todo, skipped = [], {}
     for run in runs:
-        executor, job = last.get(run.id, ("", None))
-        sched = queue.get(job) if queue is not None and executor == "slurm" and job else None
-        row = runstate.run_row(run.id, record.run_entry(run), sched, submitted=run.id in last)
+        row = rows[run.id]
         state = row["state"]
-        if state in runstate.FINISHED or state == "running" or (state == "pending" and sched is not None):
+        if state in runstate.FINISHED or state == "running" or (state == "pending" and row["scheduler"] is not None):
             skipped[run.id] = state
         else:
             todo.append(run)

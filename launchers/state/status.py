@@ -35,13 +35,7 @@ def collect(sweep_dir: Path, cache: Optional[StatusCache] = None) -> dict[str, A
         raise UsageError(f"{sweep_dir}: no sweep.json here (not a sweep directory written by `rrtrain sweep`)")
     for line in problems:
         print(f"rrtrain status: warning: {line}", file=sys.stderr, flush=True)
-    last = record.last_jobs(rec)
-    queue = squeue_states() if any(ex == "slurm" for ex, _ in last.values()) else None
-    rows = []
-    for rid, entry in rec["runs"].items():
-        executor, job = last.get(rid, ("", None))
-        sched = queue.get(job) if queue is not None and executor == "slurm" and job else None
-        rows.append(runstate.run_row(rid, entry, sched, submitted=rid in last, cache=cache))
+    rows = list(run_rows(rec, rec["runs"], cache=cache).values())
     add_sweep_flags(sweep_dir, rec, rows, cache)
     order = {s: i for i, s in enumerate(runstate.ATTENTION)}
     rows.sort(key=lambda r: (order.get(r["state"], 0), not r["flags"], r["id"]))
@@ -52,6 +46,24 @@ def collect(sweep_dir: Path, cache: Optional[StatusCache] = None) -> dict[str, A
     if isinstance(saved, dict):  # a pruned sweep: what pruning saved, as its last `rrtrain sweep` estimated it
         out["pruning"] = saved
     return out
+
+
+def run_rows(rec: dict[str, Any], entries: dict[str, dict[str, Any]], cache: Optional[StatusCache] = None,
+             need_queue: Optional[str] = None) -> dict[str, dict[str, Any]]:
+    """Run id -> its status row (`runstate.run_row`) for each of `entries`, with what squeue says of the run's
+    latest recorded job: what `rrtrain status`, the dashboard's sweep tab and `rrtrain sweep` (which runs to
+    submit, and so the pruning pass) read runs through. `need_queue`: when the sweep has Slurm jobs and squeue
+    cannot be read, refuse with this message rather than guess (a queued run would be submitted twice)."""
+    last = record.last_jobs(rec)
+    queue = squeue_states() if any(ex == "slurm" for ex, _ in last.values()) else None
+    if queue is None and need_queue is not None and any(ex == "slurm" for ex, _ in last.values()):
+        raise UsageError(need_queue)
+    rows = {}
+    for rid, entry in entries.items():
+        executor, job = last.get(rid, ("", None))
+        sched = queue.get(job) if queue is not None and executor == "slurm" and job else None
+        rows[rid] = runstate.run_row(rid, entry, sched, submitted=rid in last, cache=cache)
+    return rows
 
 
 def add_sweep_flags(sweep_dir: Path, rec: dict[str, Any], rows: list[dict[str, Any]],
