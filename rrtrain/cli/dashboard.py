@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from launchers.sweep import record
-from launchers.state import status as status_cli
+from launchers.state import status as sweep_status
 from launchers.state.cache import StatusCache
 from rrtrain.core.errors import UsageError
 
@@ -32,7 +32,7 @@ class StatusSummary:
         if not record.path(self.sweep).is_file():
             return None
         try:
-            status = status_cli.collect(self.sweep, self.cache)
+            status = sweep_status.collect(self.sweep, self.cache)
         except UsageError as err:  # sweep.json is not a record: said once, the dashboard's own table meanwhile
             if str(err) != self.said:
                 print(f"rrtrain dashboard: sweep table: {err}", file=sys.stderr, flush=True)
@@ -40,7 +40,7 @@ class StatusSummary:
             return None
         self.said = None
         # an indented code block: nothing in a run's id or flags can end it early
-        return "\n".join("    " + line for line in status_cli.table(status).splitlines())
+        return "\n".join("    " + line for line in sweep_status.table(status).splitlines())
 
 
 def main(argv: list[str]) -> int:

@@ -65,11 +65,11 @@ def sweep_command(args: argparse.Namespace, out: Path) -> list[str]:
 
 def read_status(out: Path) -> Optional[dict[str, Any]]:
     """`rrtrain status --json`'s object, or None before the sweep has written sweep.json."""
-    from launchers.state import status as status_cli
+    from launchers.state import status as sweep_status
 
     if not (out / "sweep.json").exists():
         return None
-    return status_cli.collect(out)
+    return sweep_status.collect(out)
 
 
 def step_costs(out: Path) -> dict[str, float]:

@@ -223,3 +223,15 @@ def test_rrtrain_status_loads_no_torch():
     loaded = set(json.loads(proc.stdout))
     assert "launchers.sweep.expand" in loaded  # through launchers.sweep.record: the module whose imports matter here
     assert "torch" not in loaded
+
+
+def test_rrtrain_status_loads_nothing_that_acts():
+    """`rrtrain status` (and the dashboard's sweep tab) only read: the module that cancels, the executors and the
+    submit loop are not even loaded, whatever sweep.json says (`cancel_flagged`)."""
+    code = "import json, sys, rrtrain.cli.status; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([PY, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = set(json.loads(proc.stdout))
+    assert "launchers.state.status" in loaded
+    assert not {m for m in loaded if m == "launchers.cancel" or m.startswith(("launchers.executors", "launchers.submit"))}
+
