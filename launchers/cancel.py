@@ -29,9 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from launchers.state.flags import monitor_config
+from launchers.state.flags import CANCEL_FLAGS, judge_sweep, monitor_config, to_cancel
 from launchers.sweep import record
-from rrtrain.config import MonitorConfig
 from rrtrain.rundir import fields
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.points import point_label, read_point
@@ -41,8 +40,6 @@ from rrtrain.rundir.writers import write_cancelled
 
 def flagged(sweep_dir: Path, rec: dict[str, Any]) -> dict[str, dict[str, str]]:
     """Run id -> {flag: why} for the sweep's runs that are still going and should be cancelled."""
-    from launchers.state.flags import CANCEL_FLAGS, judge_sweep, to_cancel
-
     by_dir = {str(Path(e["dir"]).resolve()): rid for rid, e in rec.get("runs", {}).items()}
     out: dict[str, dict[str, str]] = {}
     for verdict in to_cancel(judge_sweep(sweep_dir, monitor_config(rec))):

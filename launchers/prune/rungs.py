@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from launchers.prune import rule as prune
+from launchers.state.pruning import STATE, load_state, saved_line  # noqa: F401 (saved_line: the summary line)
 from launchers.sweep.expand import Run, flatten
 from launchers.sweep.spec import PruneSpec
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import atomic_write_json
 from rrtrain.rundir import fields, readers, writers
-from launchers.state.pruning import STATE, load_state, saved_line  # noqa: F401 (saved_line: the summary)
 from rrtrain.rundir.outcome import PAUSED, PRUNED, pruned
 
 #: keys that tell the runs of one point apart (its seeds), not its setting
