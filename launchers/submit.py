@@ -10,7 +10,6 @@ has to stay alive between rungs.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 from collections import Counter
@@ -101,20 +100,23 @@ def print_plan(sweep: Sweep, runs: list[Run], todo: list[Run], skipped: dict[str
           f"{sweep.spec.mfu:.0%} MFU on {sweep.spec.gpu}: {total:,.1f}")
 
 
-def submit(args: argparse.Namespace, sweep: Sweep, out: Path, runs: list[Run], rungs: list[str]) -> int:
-    """Everything from reading sweep.json to the last job id recorded; the caller holds the sweep's lock."""
+def submit(sweep: Sweep, out: Path, runs: list[Run], rungs: list[str], executor: str, parallel: int = 1,
+           dry_run: bool = False) -> int:
+    """Everything from reading sweep.json to the last job id recorded, with the executor named `executor`
+    (`--executor`; `parallel`: the local one's runs at a time), or up to the rendered scripts with `dry_run`
+    (`rungs`: the lines that say where the rungs fall); the caller holds the sweep's lock."""
     old = record.load(out)
     rec = record.merge(old, sweep, runs)  # refuses a changed run before anything is written
     todo, skipped = to_submit(runs, old)
     python = check_safe(sys.executable, "python path")
 
-    prepare_data(sweep, out, args.dry_run)
+    prepare_data(sweep, out, dry_run)
     rec["code"] = snapshot.take(out, rec.get("code"))
     configs = {r.id: config_path(out, r.id) for r in runs}
     for r in runs:
         atomic_write_text(configs[r.id], yaml.safe_dump(r.config, sort_keys=False))
     scripts = render(out, sweep.spec.name, runs, python, rec["code"]["path"], configs)
-    if args.dry_run:
+    if dry_run:
         print_plan(sweep, runs, todo, skipped)
         if rungs:
             print("\n".join(rungs))
@@ -127,7 +129,7 @@ def submit(args: argparse.Namespace, sweep: Sweep, out: Path, runs: list[Run], r
         print(f"{rid}: {state}, leaving it alone")
     record.update(out, record.keep_cancellations(rec))
     poll = (lambda: cancel.cancel_flagged(out)) if sweep.spec.monitor.cancel else None
-    return submit_loop(executor_for(args.executor, python, args.parallel, poll), sweep, out, runs)
+    return submit_loop(executor_for(executor, python, parallel, poll), sweep, out, runs)
 
 
 def executor_for(kind: str, python: str, parallel: int, on_poll: Optional[Callable[[], object]]) -> Executor:

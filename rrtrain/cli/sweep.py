@@ -97,4 +97,4 @@ def main(argv: list[str]) -> int:
     lines = rungs.rung_lines(sweep.spec.prune, runs) if sweep.spec.prune is not None else []
     check_writable(out)
     with sweep_lock.hold_sweep(out, args.lock_wait):  # one submission at a time (launchers.sweep.lock)
-        return submit.submit(args, sweep, out, runs, lines)
+        return submit.submit(sweep, out, runs, lines, args.executor, args.parallel, args.dry_run)
