@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from launchers.spec import Resources, Sweep
+from launchers.sweep.spec import Resources, Sweep
 from rrtrain.config import Config, build, read_yaml, validate
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir.points import point_key

@@ -79,7 +79,7 @@ class SweepMonitor:
 
 @dataclass
 class PruneSpec:
-    """Successive halving over the runs of each (size, variant): `launchers.prune` reads it."""
+    """Successive halving over the runs of each (size, variant): `launchers.prune.rule` reads it."""
 
     rungs: list = field(default_factory=list)  # fractions of each run's steps (0.25) or step counts (100), rising
     keep: float = 0.5  # the fraction of a group's live points kept at each rung (rounded up; at least one)

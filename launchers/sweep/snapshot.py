@@ -21,7 +21,7 @@ from typing import Any, Iterator, Optional
 
 from rrtrain.core.errors import UsageError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("rrtrain", "data_prep", "launchers", "configs")
 #: what a snapshot's `hash` field says when `sha256` covers every entry of the snapshot (`tree_hash`); a
 #: record without it was written by an older rrtrain, whose hash skipped `__pycache__`
@@ -136,7 +136,7 @@ def take(out: Path, recorded: Optional[dict[str, Any]]) -> dict[str, Any]:
     """The sweep's snapshot: the recorded one when it is still there and holds what was taken (`_recorded`);
     else `SWEEP_DIR/code` when it holds this very code; else a fresh copy (written aside, renamed) into `code`,
     or beside it into `code-HASH` when `code` holds other code. A snapshot is never deleted or replaced here:
-    queued and running jobs import from it (the caller holds the sweep's lock, `launchers.sweep_lock`, so no
+    queued and running jobs import from it (the caller holds the sweep's lock, `launchers.sweep.lock`, so no
     other submission copies meanwhile)."""
     out = Path(out)
     if recorded:

@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Optional
 
-from launchers.expand import Run
+from launchers.executors.base import Interrupted, Submitted
+from launchers.executors.entry import config_path
+from launchers.executors.render import train_argv
+from launchers.sweep.expand import Run
+from launchers.sweep.snapshot import NO_BYTECODE
 from rrtrain.core.errors import UsageError
-from launchers.render import train_argv
-from launchers.snapshot import NO_BYTECODE
 
 #: seconds between two calls of `on_poll` (the cancellation of flagged runs) while runs are going
 POLL_EVERY_S = 10.0
@@ -37,7 +39,7 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
                 env["PYTHONPATH"] = code + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
                 env.setdefault("OMP_NUM_THREADS", str(run.resources.cpus_per_task))
                 env["PYTHONUNBUFFERED"] = "1"
-                env.update(NO_BYTECODE)  # importing from the snapshot adds nothing to it (launchers.snapshot)
+                env.update(NO_BYTECODE)  # importing from the snapshot adds nothing to it (launchers.sweep.snapshot)
                 log_path = logs / f"{run.id}.log"
                 log = open_log(logs_fd, log_path)
                 log.write(f"=== rrtrain sweep (local): {run.id}, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
@@ -69,6 +71,27 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
             log.close()
         os.close(logs_fd)
     return jobs, codes
+
+
+class LocalExecutor:
+    """`--executor local` behind the one interface (`launchers.executors.base.Executor`): `parallel` runs at a time
+    with `python`, calling `on_poll` every POLL_EVERY_S while runs are going (the cancellation of flagged runs,
+    with `monitor: {cancel: true}`); returns once every run ended."""
+
+    name = "local"
+    waits = True
+
+    def __init__(self, python: str, parallel: int, on_poll: Optional[Callable[[], object]] = None) -> None:
+        self.python, self.parallel, self.on_poll = python, parallel, on_poll
+
+    def submit(self, runs: list[Run], sweep_dir: Path, name: str, code: str) -> Submitted:
+        configs = {r.id: config_path(sweep_dir, r.id) for r in runs}
+        try:
+            return Submitted(*submit(runs, self.python, code, configs, Path(sweep_dir) / "slurm" / "logs",
+                                     self.parallel, on_poll=self.on_poll))
+        except KeyboardInterrupt:
+            print("interrupted: the running runs were stopped at a step boundary; submit again to resume them")
+            raise Interrupted() from None
 
 
 def open_logs_dir(logs: Path) -> int:
