@@ -31,6 +31,7 @@ from launchers.sweep import record, snapshot
 from launchers.sweep.estimate import cost, grid_costs
 from launchers.sweep.expand import Run, check_safe
 from launchers.sweep.spec import Sweep
+from data_prep.options import PrepOptions, command
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import atomic_write_text
 from rrtrain.rundir.outcome import EXIT_CODES
@@ -63,12 +64,8 @@ def prepare_data(sweep: Sweep, out: Path, dry_run: bool) -> None:
     p = sweep.spec.prep
     if p is None or (out / "data" / "manifest.json").exists():
         return
-    cmd = [sys.executable, "-m", "rrtrain", "prep", "--source", p.source, "--tokenizer", p.tokenizer,
-           "--seq-len", str(p.seq_len), "--out", str(out / "data"), "--seed", str(p.seed)]
-    if p.num_docs is not None:
-        cmd += ["--num-docs", str(p.num_docs)]
-    if p.val_fraction is not None:
-        cmd += ["--val-fraction", str(p.val_fraction)]
+    cmd = command(PrepOptions.given(p.source, str(out / "data"), tokenizer=p.tokenizer, seq_len=p.seq_len,
+                                    seed=p.seed, num_docs=p.num_docs, val_fraction=p.val_fraction))
     if dry_run:
         print(f"would prepare the data: {' '.join(cmd[1:])}")
         return
@@ -97,7 +94,7 @@ def print_plan(sweep: Sweep, runs: list[Run], todo: list[Run], skipped: dict[str
         gh = f"{g.gpu_hours:,.1f} GPU-hours" if g.gpu_hours is not None else "cpu"
         print(f"grid {g.size} {g.variant}: {g.points} points x {g.runs // g.points} seeds = {g.runs} runs, {gh}")
     print(f"{len(todo)} of {len(runs)} runs to submit; GPU-hours for the whole sweep at "
-          f"{sweep.spec.mfu:.0%} MFU on {sweep.spec.gpu}: {total:,.1f}")
+          f"{sweep.spec.mfu:.0%} MFU on {sweep.spec.gpu.upper()}: {total:,.1f}")
 
 
 def submit(sweep: Sweep, out: Path, runs: list[Run], rungs: list[str], executor: str, parallel: int = 1,

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +14,7 @@ from launchers.executors.entry import config_path
 from launchers.executors.render import train_argv
 from launchers.sweep.expand import Run
 from launchers.sweep.snapshot import NO_BYTECODE
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
 #: seconds between two calls of `on_poll` (the cancellation of flagged runs) while runs are going
@@ -102,7 +101,7 @@ def open_logs_dir(logs: Path) -> int:
                          "are written only in a directory of the sweep's own; remove the link")
     try:
         logs.mkdir(parents=True, exist_ok=True)
-        return os.open(logs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return files.open_dir(logs)
     except OSError as err:
         raise UsageError(f"cannot open the logs directory {logs}: {err.strerror or type(err).__name__}") from None
 
@@ -111,17 +110,14 @@ def open_log(logs_fd: int, path: Path) -> IO:
     """The run's log opened for appending in the logs directory, never through a symbolic link and only as a
     regular file (a FIFO would block the sweep); otherwise the run's output is discarded, said in one line, and
     what is at that name is left as it is."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path.name, flags, 0o666, dir_fd=logs_fd)
-    except OSError as err:
-        what = "a symbolic link" if err.errno == errno.ELOOP else f"not writable ({err.strerror or err})"
-    else:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            os.set_blocking(fd, True)
-            return os.fdopen(fd, "a")
-        os.close(fd)
+        return os.fdopen(files.open_beneath(logs_fd, path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a")
+    except files.LinkRefused:
+        what = "a symbolic link"
+    except files.NotRegular:
         what = "not a regular file"
+    except OSError as err:
+        what = f"not writable ({err.strerror or err})"
     print(f"[local] {path} is {what}: not followed; this run's output is discarded (remove it to keep logs)",
           flush=True)
     return open(os.devnull, "a")

@@ -21,13 +21,12 @@ from launchers.prune import rule as prune
 from launchers.state.pruning import STATE, load_state, saved_line  # noqa: F401 (saved_line: the summary line)
 from launchers.sweep.expand import Run, flatten
 from launchers.sweep.spec import PruneSpec
+from rrtrain.config import is_setting
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import atomic_write_json
 from rrtrain.rundir import fields, readers, writers
 from rrtrain.rundir.outcome import PAUSED, PRUNED, pruned
 
-#: keys that tell the runs of one point apart (its seeds), not its setting
-NOT_SETTING = ("train.seed", "run.dir", "run.name")
 #: what each metric reads from metrics.jsonl
 METRIC_KEY = {"val_loss": "val_loss", "train_loss": "loss"}
 
@@ -77,7 +76,7 @@ def members(p: PruneSpec, runs: list[Run]) -> list[prune.Member]:
     """The runs as the ladder sees them: grouped by (size, variant), each point labelled by the training keys
     whose values differ within its group (the seed, name and directory aside)."""
     settings = {r.id: {k: v for k, v in flatten(r.config).items()
-                       if k not in NOT_SETTING and not k.startswith("run.point.")} for r in runs}
+                       if is_setting(k)} for r in runs}
     by_group: dict[tuple[str, str], list[Run]] = {}
     for r in runs:
         by_group.setdefault((r.size, r.variant), []).append(r)
