@@ -20,7 +20,7 @@ class Cost:
 
 
 def check_gpu(name: str) -> None:
-    if name not in GPU_PEAK_TFLOPS:
+    if name.upper() not in GPU_PEAK_TFLOPS:  # named case-insensitively, as `rrtrain plan --gpu` takes it
         raise UsageError(f"gpu: unknown GPU '{name}'; known: {', '.join(GPU_PEAK_TFLOPS)}")
 
 
@@ -33,7 +33,7 @@ def cost(run: Run, gpu: str, mfu: float) -> Cost:
     flops = r.flops_per_token * tokens
     hours = None
     if run.resources.gpus_per_node:
-        peak = GPU_PEAK_TFLOPS[gpu][precision_key(r.cfg.parallel.precision)] * 1e12
+        peak = GPU_PEAK_TFLOPS[gpu.upper()][precision_key(r.cfg.parallel.precision)] * 1e12
         hours = flops / (peak * mfu) / 3600.0
     return Cost(r.params, tokens, flops, hours)
 
