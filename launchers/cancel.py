@@ -2,7 +2,7 @@
 
 `rrtrain sweep --cancel-flagged SWEEP_DIR` (or `monitor: {cancel: true}` in the sweep file, acted on by the local
 executor while it waits; `rrtrain status` only reads and never cancels) judges every run from its files
-(`rrtrain.monitoring.sweep_flags`: stalled, diverged, early_stall) and, for each run still going that carries one of
+(`launchers.state.flags`: stalled, diverged, early_stall) and, for each run still going that carries one of
 those flags:
 
 1. writes `RUN/cancelled.json` (why, which flags, when; `rrtrain.rundir.writers.write_cancelled`) first, so
@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from launchers import record
-from rrtrain.config import MonitorConfig
+from launchers.state.flags import CANCEL_FLAGS, judge_sweep, monitor_config, to_cancel
+from launchers.sweep import record
 from rrtrain.rundir import fields
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.points import point_label, read_point
@@ -38,22 +38,8 @@ from rrtrain.rundir.readers import read_cancelled
 from rrtrain.rundir.writers import write_cancelled
 
 
-def monitor_config(rec: dict[str, Any]) -> MonitorConfig:
-    """Thresholds for a run of the sweep whose directory has no config.yaml of its own (the first recorded run's
-    resolved `monitor` section); every run with one is judged under its own (`rrtrain.monitoring.sweep_flags`)."""
-    from rrtrain.monitoring.sweep_flags import monitor_of
-
-    for entry in rec.get("runs", {}).values():
-        found = monitor_of(fields.dig(entry, "config") or {})
-        if found is not None:
-            return found
-    return MonitorConfig()
-
-
 def flagged(sweep_dir: Path, rec: dict[str, Any]) -> dict[str, dict[str, str]]:
     """Run id -> {flag: why} for the sweep's runs that are still going and should be cancelled."""
-    from rrtrain.monitoring.sweep_flags import CANCEL_FLAGS, judge_sweep, to_cancel
-
     by_dir = {str(Path(e["dir"]).resolve()): rid for rid, e in rec.get("runs", {}).items()}
     out: dict[str, dict[str, str]] = {}
     for verdict in to_cancel(judge_sweep(sweep_dir, monitor_config(rec))):
@@ -77,7 +63,7 @@ def _user() -> str:
 
 def is_sweep_job_name(name: str, sweep: str, size: str) -> bool:
     """Whether `name` is one the sweep gives a job of a run of `size`: SWEEP-GROUP, the group being the sizes
-    of one resource shape joined with "+" (`launchers.render.group_runs`)."""
+    of one resource shape joined with "+" (`launchers.executors.render.group_runs`)."""
     prefix = f"{sweep}-"
     return bool(sweep) and name.startswith(prefix) and size in name[len(prefix):].split("+")
 

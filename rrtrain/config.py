@@ -252,7 +252,7 @@ class ParallelConfig:
 
 @dataclass
 class MonitorConfig:
-    """Convergence monitoring (rrtrain.monitoring.callback in a run, rrtrain.monitoring.sweep_flags across a sweep); docs/user-guide.md
+    """Convergence monitoring (rrtrain.monitoring.callback in a run, launchers.state.flags across a sweep); docs/user-guide.md
     "Monitoring" says how each default was chosen."""
 
     min_steps: int = 200  # no stall is called before this step (nor before warmup ends)

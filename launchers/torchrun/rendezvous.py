@@ -18,16 +18,15 @@ then uses it. The script draws the same (JSON `{"port": N, "id": "..."}`, mode 6
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import os
 import re
 import secrets
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError, fail
 
 #: ports drawn from, below Linux's default ephemeral range (32768-60999), so that no outgoing connection on the
@@ -57,38 +56,28 @@ def check_port(port: object) -> int:
 
 
 def write(path: Path, rdzv: Rendezvous) -> None:
-    """Write `rdzv` to `path`, readable and writable by this user only. The file is created beside `path` under a
-    fresh name (O_EXCL, never through a link, mode 600 from the start) and renamed over it."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"port": rdzv.port, "id": rdzv.id}, fh)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write `rdzv` to `path`, readable and writable by this user only from its creation (mode 600), atomically:
+    created beside `path` under a fresh name, never through a link, and renamed over it."""
+    files.atomic_write_file(path, json.dumps({"port": rdzv.port, "id": rdzv.id}) + "\n", mode=0o600)
 
 
 def read(path: Path) -> Rendezvous:
     """The rendezvous in `path`; UsageError (one line) unless it is a regular file of this user, not a link, that
     no other user may read or write, holding a port and an id."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with files.open_regular(path) as fh:
+            st = os.fstat(fh.fileno())
+            if st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise UsageError(f"rendezvous file {path}: must belong to you and be readable by you only (mode "
+                                 "600); resubmit, or draw a new one with `python -m launchers.torchrun.rendezvous "
+                                 "new FILE`")
+            data = fh.read(MAX_BYTES + 1)
+    except files.LinkRefused:
+        raise UsageError(f"rendezvous file {path}: a symbolic link") from None
+    except files.NotRegular:
+        raise UsageError(f"rendezvous file {path}: not a regular file") from None
     except OSError as err:
-        why = "a symbolic link" if err.errno == errno.ELOOP else (err.strerror or str(err))
-        raise UsageError(f"rendezvous file {path}: {why}") from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"rendezvous file {path}: not a regular file")
-        if st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise UsageError(f"rendezvous file {path}: must belong to you and be readable by you only (mode 600); "
-                             "resubmit, or draw a new one with `python -m launchers.torchrun.rendezvous new FILE`")
-        data = fh.read(MAX_BYTES + 1)
+        raise UsageError(f"rendezvous file {path}: {err.strerror or err}") from None
     try:
         obj = json.loads(data) if len(data) <= MAX_BYTES else None
     except (ValueError, UnicodeDecodeError):

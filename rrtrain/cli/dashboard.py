@@ -3,7 +3,7 @@ table as the `_sweep` run's summary, refreshed with the logdir.
 
 The dashboard package sits below `launchers` (docs/architecture.md), so it cannot ask for the status itself: this
 command, at the CLI floor, hands it a callable that renders the table. The callable keeps one
-`launchers.status_cache.StatusCache`, as `rrtrain status --watch` does, so a refresh reads only what changed.
+`launchers.state.cache.StatusCache`, as `rrtrain status --watch` does, so a refresh reads only what changed.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from launchers import record, status_cli
-from launchers.status_cache import StatusCache
+from launchers.sweep import record
+from launchers.state import status as sweep_status
+from launchers.state.cache import StatusCache
 from rrtrain.core.errors import UsageError
 
 
@@ -31,7 +32,7 @@ class StatusSummary:
         if not record.path(self.sweep).is_file():
             return None
         try:
-            status = status_cli.collect(self.sweep, self.cache)
+            status = sweep_status.collect(self.sweep, self.cache)
         except UsageError as err:  # sweep.json is not a record: said once, the dashboard's own table meanwhile
             if str(err) != self.said:
                 print(f"rrtrain dashboard: sweep table: {err}", file=sys.stderr, flush=True)
@@ -39,7 +40,7 @@ class StatusSummary:
             return None
         self.said = None
         # an indented code block: nothing in a run's id or flags can end it early
-        return "\n".join("    " + line for line in status_cli.table(status).splitlines())
+        return "\n".join("    " + line for line in sweep_status.table(status).splitlines())
 
 
 def main(argv: list[str]) -> int:

@@ -66,17 +66,17 @@ def sweep_command(args: argparse.Namespace, out: Path) -> list[str]:
 
 def read_status(out: Path) -> Optional[dict[str, Any]]:
     """`rrtrain status --json`'s object, or None before the sweep has written sweep.json."""
-    from launchers import status_cli
+    from launchers.state import status as sweep_status
 
     if not (out / "sweep.json").exists():
         return None
-    return status_cli.collect(out)
+    return sweep_status.collect(out)
 
 
 def step_costs(out: Path) -> dict[str, float]:
     """Training FLOPs per step of every run (from its resolved config), so that the time left weighs a
     40-sublayer run's step above a 2-block one's; empty when a config cannot be read."""
-    from launchers import record
+    from launchers.sweep import record
     from rrtrain.config import Config, build
     from rrtrain.data.manifest import prepared_manifest
     from rrtrain.resolve import resolve

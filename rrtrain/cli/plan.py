@@ -1,7 +1,7 @@
 """`rrtrain plan`: memory per GPU, communication and time for a run, and which settings fit, before spending it.
 
 `rrtrain plan --size S --gpus N ...` plans one run; `rrtrain plan SWEEP.yaml` plans every run of a sweep
-(expanded by `launchers.expand`, exactly as `rrtrain sweep` would submit it) and sums the GPU-hours.
+(expanded by `launchers.sweep.expand`, exactly as `rrtrain sweep` would submit it) and sums the GPU-hours.
 """
 
 from __future__ import annotations
@@ -83,10 +83,10 @@ def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tu
     """Every run of a sweep as the trainer will see it: resolved config, matched shape, the run's GPUs.
 
     The vocabulary and sequence length come from the prepared dataset when it exists, else from the config
-    (or the sweep's own `prep`): `launchers.expand` resolved each run so, once.
+    (or the sweep's own `prep`): `launchers.sweep.expand` resolved each run so, once.
     """
-    from launchers import spec as sweep_spec
-    from launchers.expand import data_path, expand
+    from launchers.sweep import spec as sweep_spec
+    from launchers.sweep.expand import data_path, expand
 
     sweep = sweep_spec.load(path)
     out = Path(sweep.spec.out).expanduser() if sweep.spec.out else Path(path).resolve().parent / sweep.spec.name

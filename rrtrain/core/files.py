@@ -304,20 +304,22 @@ def _umask() -> int:
 
 @contextlib.contextmanager
 def atomic_writer(root: Union[int, str, os.PathLike[str]], rel: str | os.PathLike[str],
-                  make_parents: bool = True) -> Iterator[BinaryIO]:
+                  make_parents: bool = True, mode: Optional[int] = None) -> Iterator[BinaryIO]:
     """A binary file to write `root/rel` through, atomically: a hidden file created (O_EXCL, no link followed)
     in the parent's descriptor, flushed and renamed over the name relative to that same descriptor when the
     block succeeds, removed when it fails. Neither a link on the way nor one planted at the name redirects the
     write (a link at the name is replaced, never written through). Missing directories on the way are made
-    when `make_parents`. For a large file written as it streams; `atomic_write_beneath` for bytes in hand."""
+    when `make_parents`. The file is created with `mode` (default: 0o666 less the umask), so a private file is
+    never readable by others, not even for a moment. For a large file written as it streams;
+    `atomic_write_beneath` for bytes in hand."""
     parts = _parts(rel)
     where = os.path.join(os.fspath(root), *parts) if not isinstance(root, int) else os.path.join(*parts)
     dfd = _walk(root, parts, where, make=make_parents)
     name = parts[-1]
     tmp = f".{name}.{secrets.token_hex(4)}.tmp{os.path.splitext(name)[1]}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o666 & ~_umask(),
-                     dir_fd=dfd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC,
+                     0o666 & ~_umask() if mode is None else mode, dir_fd=dfd)
         try:
             with os.fdopen(fd, "wb") as out:
                 yield out
@@ -333,18 +335,18 @@ def atomic_writer(root: Union[int, str, os.PathLike[str]], rel: str | os.PathLik
 
 
 def atomic_write_beneath(root: Union[int, str, os.PathLike[str]], rel: str | os.PathLike[str], data: bytes,
-                         make_parents: bool = True) -> None:
+                         make_parents: bool = True, mode: Optional[int] = None) -> None:
     """Write `data` to `root/rel` atomically (`atomic_writer`)."""
-    with atomic_writer(root, rel, make_parents) as out:
+    with atomic_writer(root, rel, make_parents, mode) as out:
         out.write(data)
 
 
-def atomic_write_file(path: str | os.PathLike[str], data: bytes | str) -> None:
+def atomic_write_file(path: str | os.PathLike[str], data: bytes | str, mode: Optional[int] = None) -> None:
     """`atomic_write_beneath(dirname, basename, data)`: the directory as given (made when missing), the name
     replaced, never written through; text is written as UTF-8."""
     head, name = _split(path)
     os.makedirs(head, exist_ok=True)
-    atomic_write_beneath(head, name, data.encode("utf-8") if isinstance(data, str) else data)
+    atomic_write_beneath(head, name, data.encode("utf-8") if isinstance(data, str) else data, mode=mode)
 
 
 def open_append(path: str | os.PathLike[str], text: bool = True) -> Union[TextIO, BinaryIO]:

@@ -12,7 +12,7 @@
   recent losses for `monitor.spike_patience` steps in a row (non-finite losses are `NonfiniteGuard`'s).
 
 `LossMonitor` is pure (records in, flags out, JSON state; no torch) so the sweep-level check runs the same test
-on a run's files (`rrtrain.monitoring.sweep_flags`, `rrtrain status`) without importing the trainer;
+on a run's files (`launchers.state.flags`, `rrtrain status`) without importing the trainer;
 `rrtrain.monitoring.callback.MonitorCallback` puts it on the training loop.
 """
 

@@ -11,7 +11,7 @@ A run directory holds:
 - `run.lock`        names the live writer (host, pid, job); its mtime is the writer's heartbeat;
 - `cancelled.json`  written by `rrtrain sweep --cancel-flagged` before it stops the run: why, which flags, when;
 - `pause.json`      written by `rrtrain sweep` before it starts a run of a pruned sweep: the step to pause at
-                    (a rung of its successive halving; `launchers.prune`); absent: train to the end;
+                    (a rung of its successive halving; `launchers.prune.rule`); absent: train to the end;
 - `ranks/`          where each rank of a distributed run ran (`rrtrain.rundir.ranks`);
 - `wandb/`          W&B's own files, with `log.wandb` and no `$WANDB_DIR` (`rrtrain.monitoring.wandb_logger`);
 - `eval/`           `rrtrain eval`'s results, `step_NNNNNNNN-KEY.json` per checkpoint step and task set (read with

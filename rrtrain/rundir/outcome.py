@@ -7,7 +7,7 @@ writes it. `rrtrain status` asks the same function about a cancelled run that co
 `keeps_recorded` says when final.json's recorded ending stands against a new attempt's: nothing already
 written is lost to a resume refused for bad input, nor a finished result to a later failure.
 
-Successive halving (`launchers.prune`) adds two endings that are not for good: `paused`, a run that stopped
+Successive halving (`launchers.prune.rule`) adds two endings that are not for good: `paused`, a run that stopped
 after the step its `pause.json` named (checkpointed, its schedule untouched), and `pruned`, a paused run its
 sweep stopped at that rung as one of its group's worst (`pruned`, the one change made to a final.json after
 the run wrote it). Both resume, exactly, when their sweep submits them again.

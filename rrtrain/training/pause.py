@@ -1,5 +1,5 @@
 """A pause asked from outside the run: `pause.json` in the run directory names an optimizer step; after it the
-run saves a checkpoint and ends `paused` (exit 5). A pruned sweep (`launchers.prune`) writes it before it
+run saves a checkpoint and ends `paused` (exit 5). A pruned sweep (`launchers.prune.rule`) writes it before it
 starts a run, so that each run stops at its next rung and waits there for its group to be ranked.
 
 The pause changes nothing the run computes: the schedule still runs over the run's whole budget, the checkpoint

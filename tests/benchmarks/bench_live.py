@@ -5,7 +5,7 @@ Run:  .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/benchmarks/benc
 A fabricated sweep of 500 runs x 3,000 steps (a training line per step, an evaluation line and a diagnostic
 line every 100 steps; ~150 MB), 499 ended and one still going:
   - `rrtrain status --json` as a command (wall, peak RSS), and `status_cli.collect` in process: a full read
-    vs a refresh through the `--watch` cache (`launchers.status_cache`) after the running run appended 10 steps
+    vs a refresh through the `--watch` cache (`launchers.state.cache`) after the running run appended 10 steps
     (target < 0.5 s);
   - `rrtrain report` (wall, peak RSS);
   - the dashboard on the first 200 runs: building the logdir, then a refresh with one run advancing, then one
@@ -30,7 +30,7 @@ RUNS, STEPS = 500, 3000
 
 def fabricate(root: Path, n: int = RUNS, steps: int = STEPS) -> dict:
     """The sweep directory and its sweep.json; run 0 is still going (no final.json)."""
-    from launchers import record
+    from launchers.sweep import record
 
     entries = {}
     for i in range(n):
@@ -93,8 +93,8 @@ def sweep(tmp_path_factory) -> Path:
 
 
 def test_status_full_vs_watch_refresh(sweep):
-    from launchers import status_cli
-    from launchers.status_cache import StatusCache
+    from launchers.state import status as status_cli
+    from launchers.state.cache import StatusCache
 
     wall, rss = command("status", str(sweep), "--json")
     print(f"rrtrain status --json (a command): {wall:.2f} s, peak RSS {rss:.0f} MB")

@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from launchers import record, status_cli
+from launchers.sweep import record
+from launchers.state import status as status_cli
 from rrtrain.rundir import lock as runlock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from launchers import cancel, record, status_cli
+from launchers import cancel
+from launchers.sweep import record
+from launchers.state import status as status_cli
 from trainutil import final, records, start
 
 pytestmark = pytest.mark.slow

@@ -311,7 +311,7 @@ def test_the_dashboard_follows_a_running_sweep(chromium, stories_data, tmp_path)
         html = get(port, "/data/plugin/text/text", run="_sweep", tag="sweep/text_summary")[-1]["text"]
         shown = re.search(r"<pre><code>(.*?)</code></pre>", html, re.S)
         assert shown is not None, html
-        from launchers import status_cli
+        from launchers.state import status as status_cli
 
         status = status_cli.table(status_cli.collect(out))  # what `rrtrain status OUT` prints (its `main`)
         assert unescape(shown.group(1)).rstrip("\n") == status.rstrip("\n"), (shown.group(1), status)

@@ -20,7 +20,7 @@ import time
 
 import submitit
 
-from launchers.entry import RunJob
+from launchers.executors.entry import RunJob
 from slurmutil import held, rrtrain, sweep_file, wait_signalled
 from trainutil import env, final, losses, records
 

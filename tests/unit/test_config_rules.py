@@ -37,8 +37,8 @@ OLD_LAYOUT = {"parallel.dp_shard", "parallel.dp_replicate"}  # and world_size, w
 OLD_NEVER = {"data.path", "train.seed", "parallel.backend"}
 OLD_NEVER_PREFIXES = ("model.", "match.")
 OLD_AXES = ("model.size", "model.variant", "train.seed", "run.dir")  # launchers/expand.py
-OLD_NOT_SETTING = ("train.seed", "run.dir", "run.name")  # launchers/prune_sweep.py
-OLD_GRID_FORBIDDEN = ("model.size", "model.variant", "train.seed", "run.dir", "run.name", "run.point")  # spec.py
+OLD_NOT_SETTING = ("train.seed", "run.dir", "run.name")  # the pruning pass's own tuple before the rule moved onto the fields
+OLD_GRID_FORBIDDEN = ("model.size", "model.variant", "train.seed", "run.dir", "run.name", "run.point")  # the sweep file's own tuple, likewise
 
 
 def old_rule(key: str) -> str:

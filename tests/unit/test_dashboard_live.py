@@ -145,7 +145,10 @@ def test_the_sweep_tab_is_the_status_table_refreshed(tmp_path, monkeypatch):
     """`rrtrain dashboard` on a sweep written by `rrtrain sweep` (a sweep.json): the `_sweep` text is the `rrtrain
     status` table (the same text, as a markdown code block), asked again at every refresh through one
     StatusCache (a refresh reads only the new bytes), and the dashboard cancels nothing."""
-    from launchers import cancel, record, status_cli, sweep_cli
+    from launchers import cancel
+    from launchers.sweep import record
+    from launchers.state import status as status_cli
+    from rrtrain.cli import sweep as sweep_cli
     from rrtrain.cli.dashboard import StatusSummary
     from rrtrain.cli.main import COMMANDS
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from launchers import entry
+from launchers.executors import entry
 
 RANK1 = SimpleNamespace(global_rank=1, _usr_sig=lambda: signal.SIGUSR2)
 REAL_SLEEP = time.sleep

@@ -19,7 +19,7 @@ import pytest
 from rrtrain.core import files, io as rrio
 from trainutil import REPO
 
-ROOTS = ("rrtrain", "data_prep")  # the packages whose modules the pass reads
+ROOTS = ("rrtrain", "data_prep", "launchers")  # the packages whose modules the pass reads
 #: the layer: the only modules that may touch a path directly
 LAYER = ("rrtrain/core/files.py", "rrtrain/core/io.py", "rrtrain/core/untrusted.py")
 LAYER_MODULES = ("rrtrain.core.files", "rrtrain.core.io", "rrtrain.core.untrusted")
@@ -36,8 +36,23 @@ ALLOWLIST: dict[tuple[str, str, str], str] = {
     ("rrtrain/model/sizing.py", "presets", "Path.read_text"):
         "the size presets shipped with the project (configs/sizes/*.yaml)",
     ("rrtrain/rundir/events.py", "EventFile._write", "os.open"):
-        "the event file appended with O_APPEND | O_NOFOLLOW | O_NONBLOCK and an fstat check (the layer's rules); "
-        "being replaced by TensorBoard's own writer (issue 34): drop this entry then",
+        "the event file appended with O_APPEND | O_NOFOLLOW | O_NONBLOCK and an fstat check (the layer's rules), "
+        "the records TensorBoard's RecordWriter framed written in one os.write",
+    ("launchers/cancel.py", "_stop_slurm_job", "scancel"):
+        "the one place that cancels a job: an id that is a Slurm job id in full, recorded by this sweep, that "
+        "squeue shows as this user's under the sweep's name (docs/reliability.md, trust rules)",
+    ("launchers/cancel.py", "_stop_job", "os.kill"):
+        "the one place that signals a run: a pid proven by its start time, command line and the lock file's "
+        "device and inode (trust rules)",
+    ("launchers/executors/local.py", "open_log", "open()"):
+        "/dev/null, where a run's output goes when its log's name is a link or a FIFO: no one's file",
+    ("launchers/executors/render.py", "render", "Path.read_text"):
+        "the sbatch templates shipped with the project (slurm/*.sbatch)",
+    ("launchers/sweep/snapshot.py", "take", "shutil.rmtree"):
+        "the directory mkdtemp made in this very call (a fresh name), removed when the copy fails",
+    ("launchers/sweep/snapshot.py", "take", "os.rename"):
+        "the directory mkdtemp made in this very call, renamed into place; rename(2) fails rather than replace "
+        "a snapshot that appeared meanwhile",
     ("data_prep/atomic.py", "_pid_alive", "os.kill"):
         "signal 0 to a pid named by a staging directory: asks whether it lives, sends nothing",
 }

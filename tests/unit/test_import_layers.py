@@ -2,13 +2,14 @@
 
 The layers, bottom to top: core -> data -> data_prep -> config -> residuals -> model -> resolve
 -> {parallel, rundir} -> training -> monitoring -> rrtrain.train -> {planning, report, dashboard} -> cli;
-`launchers` sits above rrtrain (which reaches it from `rrtrain.cli` only). `rrtrain.data` (the prepared
+`launchers` sits above rrtrain (which reaches it from `rrtrain.cli` only), by stage:
+sweep -> state (read-only) -> {prune, cancel} -> executors -> submit. `rrtrain.data` (the prepared
 dataset's format, its verification and the loader) stands on core alone, and `data_prep` writes that format,
 so it stands on data and core.
 A static pass over every module's imports (function-local ones and `TYPE_CHECKING` blocks included)
 checks every edge against the table and finds every circle, the two old ones included
 (trainer <-> callbacks <-> console <-> monitor, parallel.engine <-> parallel.deepspeed). A fresh
-interpreter shows what `import rrtrain.config` and `import launchers.status_cli` load.
+interpreter shows what `import rrtrain.config` and `import rrtrain.cli.status` load.
 """
 
 from __future__ import annotations
@@ -50,10 +51,17 @@ LAYERS: dict[str, int] = {
     "rrtrain.export": 11,  # a run's checkpoint as a Hugging Face directory (rrtrain.model.from_run)
     "rrtrain.cli": 12,
     "rrtrain.__main__": 12,
-    "launchers": 13,
+    # the sweep side, by stage: each stage imports only the stages before it
+    "launchers": 13,  # the package's face, and the torchrun launch helpers
+    "launchers.sweep": 13,  # the sweep file, its runs, the code snapshot, the locks, sweep.json
+    "launchers.state": 14,  # read-only: the runs' state, squeue, the sweep-level flags, the status table
+    "launchers.prune": 15,  # successive halving: reads runs through launchers.state
+    "launchers.cancel": 15,  # the one module that cancels jobs or signals a run
+    "launchers.executors": 16,  # slurm (submitit), local, debug, behind one protocol; sbatch scripts; the job entry
+    "launchers.submit": 17,  # the one submit loop (a plain sweep is a pruned one with no rungs)
 }
-#: the one way up: the CLI dispatcher and its subcommands reach the launchers (sweep, status, cancel)
-UPWARD_ALLOWED = {("rrtrain.cli", "launchers")}
+#: the one way up: the CLI's subcommands (`rrtrain sweep`, `rrtrain status`, ...) reach the launchers
+UPWARD_ALLOWED = {("rrtrain.cli", key) for key in LAYERS if key == "launchers" or key.startswith("launchers.")}
 
 
 def module_name(path: Path) -> str:
@@ -157,7 +165,7 @@ def describe_circles(graph: dict[str, set[str]], found: list[list[str]]) -> str:
 def test_the_checks_catch_a_climbing_import_and_a_circle():
     """The checkers themselves, on a made-up graph: one upward edge, one circle, one allowed climb."""
     graph = {"rrtrain.config": {"rrtrain.model.sizing"}, "rrtrain.model.sizing": {"rrtrain.config"},
-             "rrtrain.cli.main": {"launchers.sweep_cli"}, "launchers.sweep_cli": {"rrtrain.core.errors"},
+             "rrtrain.cli.main": {"launchers.submit"}, "launchers.submit": {"rrtrain.core.errors"},
              "rrtrain.core.errors": set()}
     assert upward_edges(graph) == ["rrtrain.config (rrtrain.config, rank 3) -> rrtrain.model.sizing "
                                    "(rrtrain.model, rank 5)"]
@@ -167,7 +175,7 @@ def test_the_checks_catch_a_climbing_import_and_a_circle():
 
 def test_every_module_has_a_layer():
     graph = import_graph()
-    assert {"rrtrain.training.trainer", "rrtrain.parallel.engine", "launchers.status_cli", "data_prep.cli"} <= set(graph)
+    assert {"rrtrain.training.trainer", "rrtrain.parallel.engine", "rrtrain.cli.status", "data_prep.cli"} <= set(graph)
     unplaced = sorted(m for m in graph if layer_of(m) is None)
     if unplaced:
         pytest.fail(f"modules outside every layer (add their package to LAYERS): {unplaced}", pytrace=False)
@@ -209,9 +217,21 @@ def test_importing_config_loads_neither_sizing_nor_the_registry():
 
 def test_rrtrain_status_loads_no_torch():
     """`rrtrain status` reads hundreds of runs' tails in under 2 s: importing torch alone would take over 1 s."""
-    code = "import json, sys, launchers.status_cli; print(json.dumps(sorted(sys.modules)))"
+    code = "import json, sys, rrtrain.cli.status; print(json.dumps(sorted(sys.modules)))"
     proc = subprocess.run([PY, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     loaded = set(json.loads(proc.stdout))
-    assert "launchers.expand" in loaded  # through launchers.record: the module whose imports matter here
+    assert "launchers.sweep.expand" in loaded  # through launchers.sweep.record: the module whose imports matter here
     assert "torch" not in loaded
+
+
+def test_rrtrain_status_loads_nothing_that_acts():
+    """`rrtrain status` (and the dashboard's sweep tab) only read: the module that cancels, the executors and the
+    submit loop are not even loaded, whatever sweep.json says (`cancel_flagged`)."""
+    code = "import json, sys, rrtrain.cli.status; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([PY, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = set(json.loads(proc.stdout))
+    assert "launchers.state.status" in loaded
+    assert not {m for m in loaded if m == "launchers.cancel" or m.startswith(("launchers.executors", "launchers.submit"))}
+

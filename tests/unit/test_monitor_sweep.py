@@ -1,4 +1,4 @@
-"""Sweep-level flags on synthetic run directories laid out like a sweep (rrtrain.monitoring.sweep_flags)."""
+"""Sweep-level flags on synthetic run directories laid out like a sweep (launchers.state.flags)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import yaml
 
 from rrtrain.config import MonitorConfig
-from rrtrain.monitoring.sweep_flags import EARLY_STALL, LAGGING, NO_HEARTBEAT, judge_sweep, to_cancel
+from launchers.state.flags import EARLY_STALL, LAGGING, NO_HEARTBEAT, judge_sweep, to_cancel
 from rrtrain.rundir.readers import read_tail
 
 H = 3.1

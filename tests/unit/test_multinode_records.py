@@ -59,8 +59,8 @@ def test_a_gloo_interface_the_host_lacks_is_one_line_naming_the_setting(monkeypa
 def test_status_names_the_nodes_of_the_latest_start_and_ignores_hostile_rank_files(tmp_path):
     """`rrtrain status` shows where a distributed run's ranks ran (its last start's layout): a 2-node run
     resumed on one node shows one host; rank files that are garbage or of the wrong shape are left out."""
-    from launchers import status_cli
-    from launchers.runstate import run_row
+    from launchers.state import status as status_cli
+    from launchers.state.runstate import run_row
 
     (tmp_path / "ranks").mkdir()
     for rank, host, world, started in ((0, "n1", 4, 1.0), (1, "n1", 4, 1.0), (2, "n2", 4, 1.0), (3, "n2", 4, 1.0)):

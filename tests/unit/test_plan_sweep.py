@@ -1,4 +1,4 @@
-"""`rrtrain plan SWEEP.yaml`: every run of a sweep, as `launchers.expand` resolves it, planned and summed.
+"""`rrtrain plan SWEEP.yaml`: every run of a sweep, as `launchers.sweep.expand` resolves it, planned and summed.
 
 Runtime: a few seconds (fake-tensor traces of rr-60m and rr-150m).
 """

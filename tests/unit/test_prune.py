@@ -1,4 +1,4 @@
-"""Successive halving's rule (`launchers.prune`) on fabricated runs: the keep fraction's rounding, ties, seeds
+"""Successive halving's rule (`launchers.prune.rule`) on fabricated runs: the keep fraction's rounding, ties, seeds
 of a point ranked together, diverged and stalled runs freeing their place, an all-diverged group, waiting for a
 group, runs past a rung left alone, pruned runs resuming when `keep` grows; the `prune:` key's validation; the
 rung steps and values read from metrics.jsonl; what pruning saved; the report never averaging a pruned run."""
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launchers import prune, prune_sweep
-from launchers.expand import Run
-from launchers.spec import PruneSpec, Resources, load
+from launchers.prune import rule as prune, rungs as prune_sweep
+from launchers.sweep.expand import Run
+from launchers.sweep.spec import PruneSpec, Resources, load
 from rrtrain.core.errors import UsageError
 from rrtrain.report.collect import read_run
 from trainutil import REPO
@@ -236,7 +236,7 @@ def test_values_are_the_mean_of_the_last_values_up_to_the_rung(tmp_path):
 
 
 def test_savings_count_the_steps_after_each_pruned_run_stopped(tmp_path):
-    from launchers.estimate import Cost
+    from launchers.sweep.estimate import Cost
 
     runs = [run("a", tmp_path / "a", max_steps=40), run("b", tmp_path / "b", max_steps=40),
             run("c", tmp_path / "c", max_steps=40)]

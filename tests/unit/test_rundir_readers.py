@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from launchers import record, runstate, status_cli
-from rrtrain.monitoring.sweep_flags import judge_sweep
+from launchers.sweep import record
+from launchers.state import runstate
+from launchers.state import status as status_cli
+from launchers.state.flags import judge_sweep
 from rrtrain.report.collect import find_runs, read_metrics
 from rrtrain.rundir import layout, outcome, readers
 from rrtrain.rundir import lock as runlock

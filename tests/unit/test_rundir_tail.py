@@ -7,8 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from launchers import record, status_cli
-from launchers.status_cache import StatusCache
+from launchers.sweep import record
+from launchers.state import status as status_cli
+from launchers.state.cache import StatusCache
 from rrtrain.core.io import atomic_write_text
 from rrtrain.rundir.tail import FileCache, MetricsTail
 

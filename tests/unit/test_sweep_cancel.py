@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from launchers import cancel, record, status_cli
+from launchers import cancel
+from launchers.sweep import record
+from launchers.state import status as status_cli
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.outcome import cancelled_status
 from rrtrain.rundir.readers import Cancelled, read_cancelled
@@ -86,7 +88,7 @@ def test_status_shows_sweep_flags_and_cancel_stops_exactly_the_stalled_run(tmp_p
 
 
 def test_resubmission_leaves_a_cancelled_run_alone(tmp_path):
-    from launchers.runstate import FINISHED
+    from launchers.state.runstate import FINISHED
 
     sweep, procs = make_sweep(tmp_path)
     try:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launchers import record, spec
-from launchers.expand import data_path, expand
-from launchers.render import render
+from launchers.sweep import record, spec
+from launchers.sweep.expand import data_path, expand
+from launchers.executors.render import render
 from launchers.torchrun import rendezvous
 from rrtrain.config import Config, build
 from rrtrain.core.errors import UsageError
@@ -158,7 +158,7 @@ def test_submitit_parameters_render_a_valid_job(tmp_path, monkeypatch):
     import submitit
     from submitit.slurm.slurm import SlurmExecutor
 
-    from launchers.slurm_executor import parameters
+    from launchers.executors.slurm import parameters
 
     monkeypatch.setattr(SlurmExecutor, "affinity", classmethod(lambda cls: 2))
 
@@ -181,7 +181,7 @@ def test_submitit_parameters_render_a_valid_job(tmp_path, monkeypatch):
 def test_slurm_executor_without_slurm_names_what_is_missing(tmp_path, monkeypatch, present, named):
     """A login node without Slurm's commands gets one line naming them, before submitit is asked (it would
     raise its own RuntimeError for a missing srun, a traceback for the user)."""
-    from launchers.slurm_executor import submit
+    from launchers.executors.slurm import submit
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launchers import record, spec, status_cli
-from launchers.estimate import grid_costs
-from launchers.expand import data_path, expand
-from launchers.sweep_cli import to_submit
+from launchers.sweep import record, spec
+from launchers.state import status as status_cli
+from launchers.sweep.estimate import grid_costs
+from launchers.sweep.expand import data_path, expand
+from launchers.submit import to_submit
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir.points import encode_value, point_key
 from trainutil import PY, REPO

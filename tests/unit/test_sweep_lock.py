@@ -1,4 +1,4 @@
-"""One writer per sweep directory (launchers.sweep_lock): a second `rrtrain sweep` waits, bounded, then refuses
+"""One writer per sweep directory (launchers.sweep.lock): a second `rrtrain sweep` waits, bounded, then refuses
 naming the holder; sweep.json's read-modify-writes never lose another process's entries; a planted link is
 never followed; a code snapshot is never deleted. The two real concurrent sweeps are
 tests/e2e/test_sweep_lock_local.py."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launchers import record, snapshot, sweep_lock
+from launchers.sweep import record, snapshot, lock as sweep_lock
 from rrtrain.core.errors import UsageError
 
 HOLD = """

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launchers import spec
-from launchers.expand import data_path, expand
+from launchers.sweep import spec
+from launchers.sweep.expand import data_path, expand
 from rrtrain.model import sizing
 from rrtrain.config import ModelConfig
 from rrtrain.core.errors import UsageError

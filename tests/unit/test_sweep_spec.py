@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launchers import spec
-from launchers.expand import data_path, expand
+from launchers.sweep import spec
+from launchers.sweep.expand import data_path, expand
 from rrtrain.core.errors import UsageError
 from trainutil import PY, REPO, env
 

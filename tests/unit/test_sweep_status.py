@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from launchers import record, runstate, status_cli
-from launchers.sweep_cli import to_submit
-from launchers.expand import Run
-from launchers.spec import Resources
+from launchers.sweep import record
+from launchers.state import runstate
+from launchers.state import status as status_cli
+from launchers.submit import to_submit
+from launchers.sweep.expand import Run
+from launchers.sweep.spec import Resources
 from rrtrain.core import untrusted
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir import readers

@@ -12,8 +12,8 @@ import sys
 import tracemalloc
 from pathlib import Path
 
-from launchers.prune_sweep import Values
-from launchers.spec import PruneSpec
+from launchers.prune.rungs import Values
+from launchers.sweep.spec import PruneSpec
 from rrtrain.rundir import readers, tail
 from trainutil import REPO, env
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from launchers import local_executor
+from launchers.executors import local as local_executor
 from rrtrain.core.errors import UsageError
 
 

@@ -52,7 +52,7 @@ def test_every_yaml_a_user_gives_is_bounded(tmp_path, where):
     (tmp_path / "c.yaml").write_text(body)
     with pytest.raises(UsageError, match="expands to more than 100,000 values, each alias counted at every use"):
         if where == "sweep":
-            from launchers import spec
+            from launchers.sweep import spec
 
             spec.load(tmp_path / "c.yaml")
         else:

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launchers import spec
-from launchers.expand import check_safe
-from launchers.render import sbatch_lines
-from launchers.spec import Resources
+from launchers.sweep import spec
+from launchers.sweep.expand import check_safe
+from launchers.executors.render import sbatch_lines
+from launchers.sweep.spec import Resources
 from rrtrain.config import load_config
 from rrtrain.core.errors import UsageError
 from trainutil import PY, REPO, TINY, env, train

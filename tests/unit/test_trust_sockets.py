@@ -1,4 +1,4 @@
-"""Listening sockets: a single-node launch (the command `launchers.render.train_argv` gives the local
+"""Listening sockets: a single-node launch (the command `launchers.executors.render.train_argv` gives the local
 executor and the array scripts) hosts torchrun's stores on loopback only. A real 2-rank run of the tiny
 preset is watched (psutil, every process of the job) while it trains: no socket of it listens on 0.0.0.0 or
 `::`, and the stores do listen, on 127.0.0.1. (Multi-node rendezvous ports are per job: 20000 + job id mod
@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import yaml
 
-from launchers.expand import Run
-from launchers.render import train_argv
-from launchers.spec import Resources
+from launchers.sweep.expand import Run
+from launchers.executors.render import train_argv
+from launchers.sweep.spec import Resources
 from trainutil import REPO, TINY, env, free_port
 
 WILDCARD = {"0.0.0.0", "::", "::ffff:0.0.0.0", ""}

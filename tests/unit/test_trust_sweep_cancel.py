@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from launchers import cancel, record, status_cli, sweep_cli
+from launchers import cancel
+from launchers.sweep import record
+from rrtrain.cli import status as status_cli, sweep as sweep_cli
 from rrtrain.rundir import lock as runlock
 from test_sweep_cancel import hold_lock, make_sweep
 

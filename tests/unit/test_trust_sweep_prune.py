@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from launchers import prune_sweep
-from launchers.spec import PruneSpec
+from launchers.prune import rungs as prune_sweep
+from launchers.sweep.spec import PruneSpec
 from test_prune import run, write_metrics
 
 

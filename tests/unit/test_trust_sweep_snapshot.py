@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launchers import record, snapshot
+from launchers.sweep import record, snapshot
 from rrtrain.core.errors import UsageError
 from trainutil import PY, REPO
 
@@ -109,7 +109,7 @@ def test_an_untouched_snapshot_is_reused_after_runs_imported_from_it(tmp_path):
     entry = _taken(out)
     assert entry["hash"] == snapshot.HASH_KIND and entry["path"] == str((out / "code").resolve())
     env = {**os.environ, "PYTHONPATH": entry["path"], **snapshot.NO_BYTECODE}
-    subprocess.run([PY, "-c", "import rrtrain.config, launchers.entry"], env=env, cwd=entry["path"], check=True)
+    subprocess.run([PY, "-c", "import rrtrain.config, launchers.executors.entry"], env=env, cwd=entry["path"], check=True)
     assert snapshot.take(out, entry) == entry
     assert snapshot.take(out, record.load(out)["code"]) == entry
 

@@ -26,7 +26,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launchers import record, runstate, status_cli
+from launchers.sweep import record
+from launchers.state import runstate
+from launchers.state import status as status_cli
 from rrtrain.cli.main import main as rrtrain_main
 from rrtrain.config import load_config, read_yaml
 from rrtrain.core.command import run_command
@@ -353,7 +355,7 @@ def real_sweep(tmp_path_factory, stories_data) -> Path:
                       "data.eval_batches": 1, "model.n_layers": 1, "train.diag_every": 1},
         "resources": {"time_min": 10, "signal_delay_s": 30}}))
     out = root / "sweep"
-    from launchers import sweep_cli
+    from rrtrain.cli import sweep as sweep_cli
 
     assert sweep_cli.main([str(spec), "--out", str(out), "--executor", "debug"]) == 0
     ranks_dir = out / RID / layout.RANKS  # a one-process run writes none: give the readers one to read

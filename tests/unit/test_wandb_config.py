@@ -10,8 +10,8 @@ import sys
 import pytest
 import yaml
 
-from launchers import spec
-from launchers.expand import data_path, expand
+from launchers.sweep import spec
+from launchers.sweep.expand import data_path, expand
 from rrtrain.config import Config, WandbConfig, load_config
 from rrtrain.core.errors import UsageError
 from rrtrain.training.checkpoint import check_resume

@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from rrtrain.config import _merge, apply_overrides, build, read_yaml
+from data_prep.options import default as prep_default
+from rrtrain.config import (DEFAULT_GPU, DEFAULT_MFU, _merge, apply_overrides, build, keys_a_grid_may_not_move,
+                            read_yaml)
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
 
@@ -53,11 +56,11 @@ class PrepSpec:
     """Data the sweep prepares itself (once, into SWEEP_DIR/data) with `rrtrain prep`."""
 
     source: str = "synthetic:stories"
-    tokenizer: str = "byte"
-    seq_len: int = 128
-    num_docs: Optional[int] = None
+    tokenizer: str = prep_default("tokenizer")
+    seq_len: int = prep_default("seq_len")
+    num_docs: Optional[int] = None  # None: prep's own default
     val_fraction: Optional[float] = None
-    seed: int = 0
+    seed: int = prep_default("seed")
 
 
 @dataclass
@@ -79,7 +82,7 @@ class SweepMonitor:
 
 @dataclass
 class PruneSpec:
-    """Successive halving over the runs of each (size, variant): `launchers.prune` reads it."""
+    """Successive halving over the runs of each (size, variant): `launchers.prune.rule` reads it."""
 
     rungs: list = field(default_factory=list)  # fractions of each run's steps (0.25) or step counts (100), rising
     keep: float = 0.5  # the fraction of a group's live points kept at each rung (rounded up; at least one)
@@ -102,8 +105,8 @@ class SweepSpec:
     overrides: dict = field(default_factory=dict)  # training keys for every run
     runs: dict = field(default_factory=dict)  # run id -> training keys for that run only
     resources: Resources = field(default_factory=Resources)
-    gpu: str = "H100"  # for the GPU-hour estimate of --dry-run
-    mfu: float = 0.4  # assumed model FLOPs utilisation, for the same estimate
+    gpu: str = DEFAULT_GPU  # for the GPU-hour estimate of --dry-run
+    mfu: float = DEFAULT_MFU  # assumed model FLOPs utilisation, for the same estimate
     out: Optional[str] = None  # the sweep directory when --out is not given, relative to the sweep file
     monitor: SweepMonitor = field(default_factory=SweepMonitor)
     grid: dict = field(default_factory=dict)  # training key -> values: one run per point of the product
@@ -146,7 +149,7 @@ def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
 
     path = Path(path).resolve()
     raw = apply_overrides(read_yaml(path), overrides or [])
-    sha = hashlib.sha256(path.read_bytes() + "".join(f"\n{o}" for o in overrides or []).encode()).hexdigest()
+    sha = hashlib.sha256(files.read_named(path) + "".join(f"\n{o}" for o in overrides or []).encode()).hexdigest()
     raw_prune = raw.pop("prune", None) if isinstance(raw, dict) else None
     spec: SweepSpec = build(SweepSpec, raw)
     spec.prune = parse_prune(raw_prune)
@@ -197,8 +200,8 @@ def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
     return Sweep(spec, path, sha, base, size_specs, size_resources)
 
 
-#: keys a grid may not move: the sweep's own axes, and what names a run
-GRID_FORBIDDEN = ("model.size", "model.variant", "train.seed", "run.dir", "run.name", "run.point")
+#: keys a grid may not move: the sweep's own axes, and what names a run (rrtrain.config: `axis`, `setting`)
+GRID_FORBIDDEN = keys_a_grid_may_not_move()
 
 
 def parse_grid(data: Any, where: str) -> dict[str, list]:

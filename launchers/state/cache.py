@@ -3,7 +3,7 @@
 Per run: its metrics.jsonl followed by `rrtrain.rundir.tail.MetricsTail` (first its end only, as `rrtrain
 status` reads it, then only the bytes appended since), its
 final.json and cancelled.json parsed again only when their identity (inode, size, mtime) changes, and its
-sweep-level verdict (`rrtrain.monitoring.sweep_flags.read_run`, which reads the tail of metrics.jsonl and the
+sweep-level verdict (`launchers.state.flags.read_run`, which reads the tail of metrics.jsonl and the
 config) read again only when final.json, metrics.jsonl or config.yaml changed. sweep.json too is parsed again
 only when it changed. The flags that depend on the clock or on the other runs (no_heartbeat, lagging,
 early_stall) are still judged at every refresh, from the kept verdicts.
@@ -49,9 +49,9 @@ class StatusCache:
         return self.cancels.get(Path(run_dir) / layout.CANCELLED)
 
     def load_record(self, sweep_dir: Path, problems: list[str]) -> Optional[dict[str, Any]]:
-        """sweep.json as `launchers.record.load` reads it (problems said in `problems`), parsed again only when
+        """sweep.json as `launchers.sweep.record.load` reads it (problems said in `problems`), parsed again only when
         the file changed."""
-        from launchers import record
+        from launchers.sweep import record
 
         key = file_key(record.path(sweep_dir))
         if key is not None and self.record is not None and self.record[0] == key:
@@ -71,9 +71,9 @@ class StatusCache:
         return got
 
     def read_run(self, path: Path, root: Path, tail_bytes: int) -> Any:
-        """`sweep_flags.read_run`, kept while the run's final.json, metrics.jsonl and config.yaml are unchanged;
+        """`launchers.state.flags.read_run`, kept while the run's final.json, metrics.jsonl and config.yaml are unchanged;
         a fresh copy each time (the caller adds flags to it)."""
-        from rrtrain.monitoring.sweep_flags import read_run
+        from launchers.state.flags import read_run
 
         keys = tuple(file_key(path / name) for name in (layout.FINAL, layout.METRICS, layout.CONFIG))
         hit = self.verdicts.get(path)

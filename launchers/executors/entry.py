@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launchers import record
+from launchers.sweep import record
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir import readers
 from rrtrain.rundir.outcome import EXIT_CODES

@@ -19,9 +19,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("rrtrain", "data_prep", "launchers", "configs")
 #: what a snapshot's `hash` field says when `sha256` covers every entry of the snapshot (`tree_hash`); a
 #: record without it was written by an older rrtrain, whose hash skipped `__pycache__`
@@ -63,7 +64,7 @@ def tree_hash(root: Path, source: bool = False) -> str:
     for rel, mode, path in _entries(root, source):
         h.update(rel.encode("utf-8", "surrogateescape") + b"\0" + f"{mode:o}".encode() + b"\0")
         if path is not None:
-            with path.open("rb") as fh:
+            with os.fdopen(files.open_beneath(root, rel), "rb") as fh:  # never through a link swapped in
                 for block in iter(lambda: fh.read(1 << 20), b""):
                     h.update(block)
             h.update(b"\0")
@@ -136,7 +137,7 @@ def take(out: Path, recorded: Optional[dict[str, Any]]) -> dict[str, Any]:
     """The sweep's snapshot: the recorded one when it is still there and holds what was taken (`_recorded`);
     else `SWEEP_DIR/code` when it holds this very code; else a fresh copy (written aside, renamed) into `code`,
     or beside it into `code-HASH` when `code` holds other code. A snapshot is never deleted or replaced here:
-    queued and running jobs import from it (the caller holds the sweep's lock, `launchers.sweep_lock`, so no
+    queued and running jobs import from it (the caller holds the sweep's lock, `launchers.sweep.lock`, so no
     other submission copies meanwhile)."""
     out = Path(out)
     if recorded:
@@ -155,9 +156,7 @@ def take(out: Path, recorded: Optional[dict[str, Any]]) -> dict[str, Any]:
         if beside.exists() or beside.is_symlink():
             raise UsageError(f"{beside} is not a snapshot of this code (a file in it differs, or was added): "
                              "refusing to run code from it; move it aside and submit again")
-    for stale in out.glob(".code.tmp*"):  # a submission killed while copying (none runs now: we hold the lock)
-        if _real_dir(stale):
-            shutil.rmtree(stale, ignore_errors=True)
+    # a `.code.tmp-*` that a submission killed while copying left is not removed: nothing proves rrtrain made it
     tmp = Path(tempfile.mkdtemp(prefix=".code.tmp-", dir=out))
     tmp.chmod(0o755)
     for pkg in PACKAGES:

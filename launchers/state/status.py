@@ -1,39 +1,27 @@
-"""`rrtrain status SWEEP_DIR [--json] [--watch [--interval S]]`
-
-One row per run of a sweep: id, variant, size, seed, scheduler state (squeue, when there is one), run state,
-step / total, tokens, last train and val loss, tokens/s, flags; the runs that need attention first and the
-counts by state at the bottom. Reads sweep.json and each run's final.json, lock and the tail of its
-metrics.jsonl: a 200-run sweep takes well under 2 s.
+"""The status of a sweep, read-only: one row per run (`launchers.state.runstate`, the scheduler's word from
+`squeue`, the sweep-level flags of `launchers.state.flags`), the runs that need attention first, the counts by
+state, and what pruning saved. `rrtrain status` prints it (`rrtrain.cli.status`), the dashboard's sweep tab
+shows it; nothing here writes, signals or cancels.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
-from launchers import cancel, prune_sweep, record, runstate
-from launchers.scheduler import squeue_states
-from launchers.status_cache import StatusCache
-from rrtrain.core.args import CommandParser
+from launchers.state import runstate
+from launchers.state.cache import StatusCache
+from launchers.state.flags import monitor_config
+from launchers.state.pruning import load_state, saved_line
+from launchers.state.scheduler import squeue_states
+from launchers.sweep import record
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir.points import short_name
 
 #: how much of each metrics.jsonl the sweep-level flags read: the plateau test's window with room to spare
 STATUS_TAIL_BYTES = 128 * 1024
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = CommandParser(prog="rrtrain status", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sweep_dir")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    p.add_argument("--interval", type=float, default=10.0, help="--watch: seconds between refreshes")
-    return p.parse_args(argv)
 
 
 def collect(sweep_dir: Path, cache: Optional[StatusCache] = None) -> dict[str, Any]:
@@ -47,34 +35,46 @@ def collect(sweep_dir: Path, cache: Optional[StatusCache] = None) -> dict[str, A
         raise UsageError(f"{sweep_dir}: no sweep.json here (not a sweep directory written by `rrtrain sweep`)")
     for line in problems:
         print(f"rrtrain status: warning: {line}", file=sys.stderr, flush=True)
-    last = record.last_jobs(rec)
-    queue = squeue_states() if any(ex == "slurm" for ex, _ in last.values()) else None
-    rows = []
-    for rid, entry in rec["runs"].items():
-        executor, job = last.get(rid, ("", None))
-        sched = queue.get(job) if queue is not None and executor == "slurm" and job else None
-        rows.append(runstate.run_row(rid, entry, sched, submitted=rid in last, cache=cache))
+    rows = list(run_rows(rec, rec["runs"], cache=cache).values())
     add_sweep_flags(sweep_dir, rec, rows, cache)
     order = {s: i for i, s in enumerate(runstate.ATTENTION)}
     rows.sort(key=lambda r: (order.get(r["state"], 0), not r["flags"], r["id"]))
     counts = Counter(r["state"] for r in rows)
     out = {"sweep": rec.get("name", sweep_dir.name), "dir": str(sweep_dir),
            "runs": rows, "counts": {s: counts[s] for s in runstate.STATES if counts[s]}, "problems": problems}
-    saved = prune_sweep.load_state(sweep_dir).get("saved")
+    saved = load_state(sweep_dir).get("saved")
     if isinstance(saved, dict):  # a pruned sweep: what pruning saved, as its last `rrtrain sweep` estimated it
         out["pruning"] = saved
     return out
 
 
+def run_rows(rec: dict[str, Any], entries: dict[str, dict[str, Any]], cache: Optional[StatusCache] = None,
+             need_queue: Optional[str] = None) -> dict[str, dict[str, Any]]:
+    """Run id -> its status row (`runstate.run_row`) for each of `entries`, with what squeue says of the run's
+    latest recorded job: what `rrtrain status`, the dashboard's sweep tab and `rrtrain sweep` (which runs to
+    submit, and so the pruning pass) read runs through. `need_queue`: when the sweep has Slurm jobs and squeue
+    cannot be read, refuse with this message rather than guess (a queued run would be submitted twice)."""
+    last = record.last_jobs(rec)
+    queue = squeue_states() if any(ex == "slurm" for ex, _ in last.values()) else None
+    if queue is None and need_queue is not None and any(ex == "slurm" for ex, _ in last.values()):
+        raise UsageError(need_queue)
+    rows = {}
+    for rid, entry in entries.items():
+        executor, job = last.get(rid, ("", None))
+        sched = queue.get(job) if queue is not None and executor == "slurm" and job else None
+        rows[rid] = runstate.run_row(rid, entry, sched, submitted=rid in last, cache=cache)
+    return rows
+
+
 def add_sweep_flags(sweep_dir: Path, rec: dict[str, Any], rows: list[dict[str, Any]],
                     cache: Optional[StatusCache] = None) -> None:
-    """Add the sweep-level flags (`rrtrain.monitoring.sweep_flags`: no_heartbeat, lagging, early_stall, and the in-run flags
+    """Add the sweep-level flags (`launchers.state.flags`: no_heartbeat, lagging, early_stall, and the in-run flags
     a running run has raised so far) to the rows; no_heartbeat only where the run is running."""
-    from rrtrain.monitoring.sweep_flags import NO_HEARTBEAT, judge_sweep
+    from launchers.state.flags import NO_HEARTBEAT, judge_sweep
 
     resolve = cache.resolve if cache is not None else (lambda p: str(Path(p).resolve()))
     verdicts = {resolve(v.path): v for v in
-                judge_sweep(sweep_dir, cancel.monitor_config(rec), tail_bytes=STATUS_TAIL_BYTES, live_only=True,
+                judge_sweep(sweep_dir, monitor_config(rec), tail_bytes=STATUS_TAIL_BYTES, live_only=True,
                             reader=cache.read_run if cache is not None else None)}
     for row in rows:
         verdict = verdicts.get(resolve(row["dir"]))
@@ -121,25 +121,6 @@ def table(status: dict[str, Any]) -> str:
                      f"{','.join(r['flags']) or ''}")
     lines.append("  ".join(f"{s}: {n}" for s, n in status["counts"].items()) + f"  (total {len(status['runs'])})")
     if status.get("pruning"):
-        lines.append(prune_sweep.saved_line(status["pruning"]))
+        lines.append(saved_line(status["pruning"]))
     return "\n".join(lines)
 
-
-def main(argv: list[str]) -> int:
-    args = parse(argv)
-    sweep_dir = Path(args.sweep_dir)
-    if args.interval <= 0:
-        raise UsageError(f"--interval must be positive, got {args.interval}")
-    cache = StatusCache() if args.watch else None  # a refresh reads only what changed since the last one
-    while True:
-        status = collect(sweep_dir, cache)
-        text = json.dumps(status) if args.json else table(status)
-        if args.watch and not args.json and sys.stdout.isatty():
-            sys.stdout.write("\x1b[H\x1b[2J")
-        print(text, flush=True)
-        if not args.watch:
-            return 0
-        try:
-            time.sleep(args.interval)
-        except KeyboardInterrupt:
-            return 0

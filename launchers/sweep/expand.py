@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from launchers.spec import Resources, Sweep
-from rrtrain.config import Config, build, read_yaml, validate
+from launchers.sweep.spec import Resources, Sweep
+from rrtrain.config import Config, build, read_yaml, sweep_axes, validate
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir.points import point_key
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the resolver loads torch (the registry); `rrtrain status` r
 
 #: characters allowed in names and paths that end up in shell scripts (they are quoted as well)
 SAFE = re.compile(r"[A-Za-z0-9._+/@:=,-]+")  # in full (fullmatch): `$` would also match before a final newline
-AXES = ("model.size", "model.variant", "train.seed", "run.dir")
+AXES = sweep_axes()  # the keys a sweep expands (rrtrain.config: `axis` on the field)
 
 
 @dataclass(frozen=True)

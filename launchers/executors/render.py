@@ -1,7 +1,7 @@
 """sbatch scripts from the templates in `slurm/`: one array script + manifest per resource shape, one
 multi-node script per multi-node run, with the run's rendezvous drawn beside it (launchers.torchrun.rendezvous).
-Every value is shell-quoted, and names and paths that could break a
-script are refused before anything is written (`launchers.expand.check_safe`)."""
+Every value is shell-quoted, and names and paths that could break a script are refused before anything is
+written (`launchers.sweep.expand.check_safe`)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import shlex
 from dataclasses import asdict
 from pathlib import Path
 
-from launchers.expand import Run, check_safe
-from launchers.snapshot import NO_BYTECODE
-from launchers.spec import Resources
+from launchers.sweep.expand import Run, check_safe
+from launchers.sweep.snapshot import NO_BYTECODE
+from launchers.sweep.spec import Resources
 from launchers.torchrun import rendezvous
 from rrtrain.core.io import atomic_write_text
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "slurm"
+TEMPLATES = Path(__file__).resolve().parents[2] / "slurm"
 
 
 def shape_key(r: Resources) -> str:

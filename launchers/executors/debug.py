@@ -7,7 +7,9 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-from launchers.expand import Run
+from launchers.executors.base import Submitted
+from launchers.executors.entry import config_path
+from launchers.sweep.expand import Run
 
 
 def submit(runs: list[Run], configs: dict[str, Path]) -> tuple[dict[str, Optional[str]], dict[str, int]]:
@@ -26,3 +28,14 @@ def submit(runs: list[Run], configs: dict[str, Path]) -> tuple[dict[str, Optiona
             codes[run.id] = 1
         print(f"[debug] {run.id} ended with exit status {codes[run.id]}", flush=True)
     return jobs, codes
+
+
+class DebugExecutor:
+    """`--executor debug` behind the one interface (`launchers.executors.base.Executor`): returns once every run
+    ended."""
+
+    name = "debug"
+    waits = True
+
+    def submit(self, runs: list[Run], sweep_dir: Path, name: str, code: str) -> Submitted:
+        return Submitted(*submit(runs, {r.id: config_path(sweep_dir, r.id) for r in runs}))

@@ -1,5 +1,5 @@
 """Successive halving on a sweep directory: the rung steps of each run, what its files say, the values at the
-rungs, and the plan of `launchers.prune` carried out (pause requests written, pruned runs marked), with what
+rungs, and the plan of `launchers.prune.rule` carried out (pause requests written, pruned runs marked), with what
 pruning saved. `rrtrain sweep` calls it once per pass (the local and debug executors pass until no run can go
 on; Slurm once per `rrtrain sweep`, which is run again to take the next rung).
 
@@ -17,17 +17,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from launchers import prune
-from launchers.expand import Run, flatten
-from launchers.spec import PruneSpec
+from launchers.prune import rule as prune
+from launchers.state.pruning import STATE, load_state, saved_line  # noqa: F401 (saved_line: the summary line)
+from launchers.sweep.expand import Run, flatten
+from launchers.sweep.spec import PruneSpec
+from rrtrain.config import is_setting
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import atomic_write_json
 from rrtrain.rundir import fields, readers, writers
 from rrtrain.rundir.outcome import PAUSED, PRUNED, pruned
 
-STATE = "prune.json"
-#: keys that tell the runs of one point apart (its seeds), not its setting
-NOT_SETTING = ("train.seed", "run.dir", "run.name")
 #: what each metric reads from metrics.jsonl
 METRIC_KEY = {"val_loss": "val_loss", "train_loss": "loss"}
 
@@ -40,7 +39,7 @@ def smooth(p: PruneSpec) -> int:
 def total_steps(run: Run) -> int:
     if run.resolved is not None and run.resolved.budget is not None:
         return run.resolved.budget.total_steps
-    from launchers.runstate import total_steps as from_config
+    from launchers.state.runstate import total_steps as from_config
 
     steps = from_config(run.config)
     if steps is None:
@@ -77,7 +76,7 @@ def members(p: PruneSpec, runs: list[Run]) -> list[prune.Member]:
     """The runs as the ladder sees them: grouped by (size, variant), each point labelled by the training keys
     whose values differ within its group (the seed, name and directory aside)."""
     settings = {r.id: {k: v for k, v in flatten(r.config).items()
-                       if k not in NOT_SETTING and not k.startswith("run.point.")} for r in runs}
+                       if is_setting(k)} for r in runs}
     by_group: dict[tuple[str, str], list[Run]] = {}
     for r in runs:
         by_group.setdefault((r.size, r.variant), []).append(r)
@@ -89,6 +88,18 @@ def members(p: PruneSpec, runs: list[Run]) -> list[prune.Member]:
             label = ",".join(f"{k}={settings[r.id].get(k)}" for k in varying) or "(one setting)"
             out.append(prune.Member(r.id, group, label, rung_steps(p, r), total_steps(r)))
     return out
+
+
+def rung_lines(p: PruneSpec, runs: list[Run]) -> list[str]:
+    """For --dry-run: where the rungs fall (refuses rungs that cannot be placed, like the sweep itself)."""
+    by_steps: dict[tuple, list[str]] = {}
+    for m in members(p, runs):
+        by_steps.setdefault((m.rungs, m.total), []).append(m.id)
+    lines = [f"prune: keep {p.keep:g} of each (size, variant)'s points at each rung, by {p.metric} "
+             f"(mean of the last {smooth(p)})"]
+    for (rungs, total), ids in by_steps.items():
+        lines.append(f"prune: rungs at steps {', '.join(map(str, rungs))} of {total} for {len(ids)} run(s)")
+    return lines
 
 
 def observe(runs: list[Run], skipped: dict[str, str]) -> dict[str, prune.Seen]:
@@ -138,12 +149,6 @@ class Values:
         if not last or not all(fields.is_number(v) and math.isfinite(v) for v in last):
             return None
         return sum(last) / len(last)
-
-
-def load_state(out: Path) -> dict[str, Any]:
-    """prune.json (untrusted: an unreadable one is started afresh, its values read again)."""
-    data = readers.read_json_object(Path(out) / STATE)
-    return data if data is not None else {}
 
 
 def carry_out(out: Path, p: PruneSpec, runs: list[Run], skipped: dict[str, str],
@@ -211,19 +216,6 @@ def savings(out: Path, runs: list[Run], cost: Callable[[Run], Any]) -> dict[str,
     state["saved"] = result
     atomic_write_json(Path(out) / STATE, state)
     return result
-
-
-def saved_line(saved: dict[str, Any]) -> str:
-    """One line: what pruning saved (GPU-hours for GPU runs, the share of the training FLOPs for every run)."""
-    n = fields.integer(saved.get("pruned_runs")) or 0
-    sf, af = fields.number(saved.get("saved_flops")) or 0.0, fields.number(saved.get("all_flops")) or 0.0
-    share = f"{sf / af:.0%}" if af else "0%"
-    sh, ah = fields.number(saved.get("saved_gpu_hours")), fields.number(saved.get("all_gpu_hours"))
-    if sh is None or ah is None:
-        return (f"pruning: {n} run(s) pruned, saving {share} of the training FLOPs of running every point to the "
-                f"end ({sf:.3g} of {af:.3g}; CPU runs: no GPU-hours)")
-    return (f"pruning: {n} run(s) pruned, saving {sh:,.3g} GPU-h of the {ah:,.3g} GPU-h of running every point to "
-            f"the end ({share}, by the --dry-run estimate)")
 
 
 def describe(result: prune.Plan) -> list[str]:

@@ -1,5 +1,5 @@
 """Successive halving across a sweep's grid, as a pure function: which runs go on (and to which step), which
-are pruned, which wait. No files here: `launchers.prune_sweep` observes the runs and applies the plan.
+are pruned, which wait. No files here: `launchers.prune.rungs` observes the runs and applies the plan.
 
 The rule (synchronous halving, driven by `rrtrain sweep`; docs/cluster.md, "Pruning"):
 

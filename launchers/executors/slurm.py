@@ -1,6 +1,6 @@
 """`--executor slurm`: one submitit job array per resource shape (`map_array`), one task per GPU.
 
-Each array task runs `launchers.entry.RunJob` with the sweep's code snapshot first on PYTHONPATH. Time-limit
+Each array task runs `launchers.executors.entry.RunJob` with the sweep's code snapshot first on PYTHONPATH. Time-limit
 warnings (USR2, `signal_delay_s` before the limit) and preemptions make the run checkpoint; the entry point
 requeues it through submitit, at most `max_requeues` times for time limits (submitit's max_num_timeout).
 Returns as soon as the arrays are queued.
@@ -13,11 +13,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Optional
 
-from launchers.entry import RunJob
-from launchers.expand import Run
-from launchers.render import group_runs
-from launchers.snapshot import NO_BYTECODE
-from launchers.spec import Resources
+from launchers.executors.base import SubmitError, Submitted
+from launchers.executors.entry import RunJob
+from launchers.sweep.expand import Run
+from launchers.executors.render import group_runs
+from launchers.sweep.snapshot import NO_BYTECODE
+from launchers.sweep.spec import Resources
 from rrtrain.core.errors import UsageError
 
 
@@ -72,9 +73,11 @@ def submit(runs: list[Run], out: Path, name: str, code: str) -> dict[str, Option
     return jobs
 
 
-class SubmitError(RuntimeError):
-    """A submission that failed part-way; `jobs` holds what was queued before it."""
+class SlurmExecutor:
+    """`--executor slurm` behind the one interface (`launchers.executors.base.Executor`): returns once queued."""
 
-    def __init__(self, message: str, jobs: dict[str, Optional[str]]) -> None:
-        super().__init__(message)
-        self.jobs = jobs
+    name = "slurm"
+    waits = False
+
+    def submit(self, runs: list[Run], sweep_dir: Path, name: str, code: str) -> Submitted:
+        return Submitted(submit(runs, sweep_dir, name, code), {})

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from launchers.scheduler import ACTIVE, WAITING
+from launchers.state.scheduler import ACTIVE, WAITING
 from rrtrain import budget
 from rrtrain.rundir import fields, ranks, readers
 from rrtrain.rundir import lock as runlock
@@ -71,7 +71,7 @@ def classify(final: Optional[Final], lock: Optional[dict], scheduler: Optional[s
 
 def run_row(run_id: str, entry: dict, scheduler: Optional[str], submitted: bool,
             cache: Optional[Any] = None) -> dict[str, Any]:
-    """One status row (the `rrtrain status --json` contract). `cache`: a `launchers.status_cache.StatusCache`
+    """One status row (the `rrtrain status --json` contract). `cache`: a `launchers.state.cache.StatusCache`
     (`status --watch`), which reads only what changed since the last refresh."""
     run_dir = Path(entry["dir"])
     final = cache.final(run_dir) if cache is not None else readers.read_final(run_dir)

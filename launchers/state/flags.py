@@ -198,3 +198,13 @@ def to_cancel(verdicts: list[RunVerdict]) -> list[RunVerdict]:
     """Runs still going (no final.json) that carry a flag worth their job's cancellation: stalled,
     early_stall or diverged."""
     return [v for v in verdicts if v.status == "running" and CANCEL_FLAGS & set(v.flags)]
+
+
+def monitor_config(rec: dict[str, Any]) -> MonitorConfig:
+    """Thresholds for a run of the sweep whose directory has no config.yaml of its own (the first recorded run's
+    resolved `monitor` section); every run with one is judged under its own (`launchers.state.flags`)."""
+    for entry in rec.get("runs", {}).values():
+        found = monitor_of(fields.dig(entry, "config") or {})
+        if found is not None:
+            return found
+    return MonitorConfig()

@@ -13,9 +13,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from launchers import record_check
-from launchers.expand import Run, config_diff
-from launchers.spec import Sweep
+from launchers.sweep import record_check
+from launchers.sweep.expand import Run, config_diff
+from launchers.sweep.spec import Sweep
 from rrtrain.core import untrusted
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import atomic_write_json
@@ -30,7 +30,7 @@ def path(out: Path) -> Path:
 
 def load(out: Path, problems: Optional[list[str]] = None) -> Optional[dict[str, Any]]:
     """The sweep's record, None when there is none. A file that is no record at all is a UsageError; a run entry
-    or submission that cannot be used (`launchers.record_check`) is one too, unless `problems` is given: then
+    or submission that cannot be used (`launchers.sweep.record_check`) is one too, unless `problems` is given: then
     it is left out of the record returned and said there, one line each (`rrtrain status` shows the rest)."""
     p = path(out)
     try:
@@ -59,10 +59,10 @@ def save(out: Path, record: dict[str, Any]) -> None:
 
 
 def update(out: Path, change: Callable[[Optional[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
-    """Read sweep.json, `change` it, write it back, all under the record's lock (`launchers.sweep_lock`): what
+    """Read sweep.json, `change` it, write it back, all under the record's lock (`launchers.sweep.lock`): what
     another process recorded meanwhile (a cancellation, a submission) is in what `change` is given, never
     overwritten by an older copy. Returns what was written."""
-    from launchers.sweep_lock import hold_record
+    from launchers.sweep.lock import hold_record
 
     with hold_record(out):
         new = change(load(out))

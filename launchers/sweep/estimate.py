@@ -1,4 +1,4 @@
-"""What a run costs before it is submitted: its parameters and training FLOPs (the run as `launchers.expand` resolved
+"""What a run costs before it is submitted: its parameters and training FLOPs (the run as `launchers.sweep.expand` resolved
 it, matched as the trainer will match it) and GPU-hours at an assumed MFU on a named GPU's peak."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from launchers.expand import Run
+from launchers.sweep.expand import Run
 from rrtrain.core.errors import UsageError
 from rrtrain.core.hardware import GPU_PEAK_TFLOPS, precision_key
 
@@ -20,20 +20,20 @@ class Cost:
 
 
 def check_gpu(name: str) -> None:
-    if name not in GPU_PEAK_TFLOPS:
+    if name.upper() not in GPU_PEAK_TFLOPS:  # named case-insensitively, as `rrtrain plan --gpu` takes it
         raise UsageError(f"gpu: unknown GPU '{name}'; known: {', '.join(GPU_PEAK_TFLOPS)}")
 
 
 def cost(run: Run, gpu: str, mfu: float) -> Cost:
     """The cost of a run from `expand` (which resolved it; a run read back from a record has no estimate)."""
     if run.resolved is None:
-        raise ValueError(f"run {run.id} was not resolved: cost() takes the runs of launchers.expand.expand")
+        raise ValueError(f"run {run.id} was not resolved: cost() takes the runs of launchers.sweep.expand.expand")
     r = run.resolved
     tokens = r.tokens or 0
     flops = r.flops_per_token * tokens
     hours = None
     if run.resources.gpus_per_node:
-        peak = GPU_PEAK_TFLOPS[gpu][precision_key(r.cfg.parallel.precision)] * 1e12
+        peak = GPU_PEAK_TFLOPS[gpu.upper()][precision_key(r.cfg.parallel.precision)] * 1e12
         hours = flops / (peak * mfu) / 3600.0
     return Cost(r.params, tokens, flops, hours)
 

@@ -3,18 +3,19 @@
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import subprocess
 import time
 from pathlib import Path
 from typing import IO, Callable, Optional
 
-from launchers.expand import Run
+from launchers.executors.base import Interrupted, Submitted
+from launchers.executors.entry import config_path
+from launchers.executors.render import train_argv
+from launchers.sweep.expand import Run
+from launchers.sweep.snapshot import NO_BYTECODE
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
-from launchers.render import train_argv
-from launchers.snapshot import NO_BYTECODE
 
 #: seconds between two calls of `on_poll` (the cancellation of flagged runs) while runs are going
 POLL_EVERY_S = 10.0
@@ -37,7 +38,7 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
                 env["PYTHONPATH"] = code + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
                 env.setdefault("OMP_NUM_THREADS", str(run.resources.cpus_per_task))
                 env["PYTHONUNBUFFERED"] = "1"
-                env.update(NO_BYTECODE)  # importing from the snapshot adds nothing to it (launchers.snapshot)
+                env.update(NO_BYTECODE)  # importing from the snapshot adds nothing to it (launchers.sweep.snapshot)
                 log_path = logs / f"{run.id}.log"
                 log = open_log(logs_fd, log_path)
                 log.write(f"=== rrtrain sweep (local): {run.id}, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
@@ -71,6 +72,27 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
     return jobs, codes
 
 
+class LocalExecutor:
+    """`--executor local` behind the one interface (`launchers.executors.base.Executor`): `parallel` runs at a time
+    with `python`, calling `on_poll` every POLL_EVERY_S while runs are going (the cancellation of flagged runs,
+    with `monitor: {cancel: true}`); returns once every run ended."""
+
+    name = "local"
+    waits = True
+
+    def __init__(self, python: str, parallel: int, on_poll: Optional[Callable[[], object]] = None) -> None:
+        self.python, self.parallel, self.on_poll = python, parallel, on_poll
+
+    def submit(self, runs: list[Run], sweep_dir: Path, name: str, code: str) -> Submitted:
+        configs = {r.id: config_path(sweep_dir, r.id) for r in runs}
+        try:
+            return Submitted(*submit(runs, self.python, code, configs, Path(sweep_dir) / "slurm" / "logs",
+                                     self.parallel, on_poll=self.on_poll))
+        except KeyboardInterrupt:
+            print("interrupted: the running runs were stopped at a step boundary; submit again to resume them")
+            raise Interrupted() from None
+
+
 def open_logs_dir(logs: Path) -> int:
     """A descriptor of the logs directory, created when missing, never through a symbolic link (neither `logs`
     nor its parent: a planted link would put every run's log, and what it appends to, elsewhere)."""
@@ -79,7 +101,7 @@ def open_logs_dir(logs: Path) -> int:
                          "are written only in a directory of the sweep's own; remove the link")
     try:
         logs.mkdir(parents=True, exist_ok=True)
-        return os.open(logs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return files.open_dir(logs)
     except OSError as err:
         raise UsageError(f"cannot open the logs directory {logs}: {err.strerror or type(err).__name__}") from None
 
@@ -88,17 +110,14 @@ def open_log(logs_fd: int, path: Path) -> IO:
     """The run's log opened for appending in the logs directory, never through a symbolic link and only as a
     regular file (a FIFO would block the sweep); otherwise the run's output is discarded, said in one line, and
     what is at that name is left as it is."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path.name, flags, 0o666, dir_fd=logs_fd)
-    except OSError as err:
-        what = "a symbolic link" if err.errno == errno.ELOOP else f"not writable ({err.strerror or err})"
-    else:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            os.set_blocking(fd, True)
-            return os.fdopen(fd, "a")
-        os.close(fd)
+        return os.fdopen(files.open_beneath(logs_fd, path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a")
+    except files.LinkRefused:
+        what = "a symbolic link"
+    except files.NotRegular:
         what = "not a regular file"
+    except OSError as err:
+        what = f"not writable ({err.strerror or err})"
     print(f"[local] {path} is {what}: not followed; this run's output is discarded (remove it to keep logs)",
           flush=True)
     return open(os.devnull, "a")

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 from rrtrain.core.untrusted import NotRegular, open_lock_file
 from rrtrain.rundir import fields
@@ -65,8 +66,7 @@ def _try(fd: int) -> bool:
 def holder(path: Path) -> str:
     """Who holds the sweep lock, as its file says (text another process wrote: shown, never acted on)."""
     try:
-        with open(path, "rb") as fh:
-            data = json.loads(fh.read(4096))
+        data = json.loads(files.read_bytes(path, 4096))
     except (OSError, ValueError, RecursionError):
         return "holder unknown"
     if not isinstance(data, dict):

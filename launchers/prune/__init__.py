@@ -1,0 +1,1 @@
+"""Successive halving: the rule on numbers (`rule`) and its passes over a sweep directory (`rungs`)."""
