@@ -9,6 +9,7 @@ into an exception, so a failed run is never recorded as a success and a preempte
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from launchers.sweep import record
+from launchers.torchrun import rendezvous
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir import readers
 from rrtrain.rundir.outcome import EXIT_CODES
@@ -33,6 +35,11 @@ def config_path(sweep_dir: Path, run_id: str) -> Path:
     return Path(sweep_dir) / "configs" / f"{run_id}.yaml"
 
 
+def rendezvous_path(sweep_dir: Path, run_id: str) -> Path:
+    """Where `--executor slurm` draws the port a run of several tasks meets at (mode 600, at submission)."""
+    return Path(sweep_dir) / "slurm" / "submitit" / "rendezvous" / f"{run_id}.json"
+
+
 class RunJob:
     """A picklable callable: `RunJob(sweep_dir)(run_id)` trains that run; submitit requeues it by `checkpoint`."""
 
@@ -46,6 +53,9 @@ class RunJob:
         if env.num_tasks > 1:
             # the torch.distributed env from the scheduler's tasks; devices stay as Slurm gave them (cuda:LOCAL_RANK)
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+            drawn = rendezvous_path(Path(self.sweep_dir), run_id)
+            if drawn.exists() or drawn.is_symlink():  # absent for a job an older rrtrain queued: submitit's port
+                os.environ["MASTER_PORT"] = str(rendezvous.read(drawn).port)
         term = TermWatch().install() if env.global_rank != 0 else None  # the trainer's own while it trains
         code = train(Path(self.sweep_dir), run_id)
         if code == PREEMPTED_EXIT and wants_requeue(Path(self.sweep_dir), run_id):
@@ -67,8 +77,9 @@ def train(sweep_dir: Path, run_id: str) -> int:
 
 
 def run_dir_of(sweep_dir: Path, run_id: str) -> Path:
-    rec = record.load(sweep_dir) or {"runs": {}}
-    return Path(rec["runs"].get(run_id, {}).get("dir", Path(sweep_dir) / run_id))
+    rec = record.load(sweep_dir)
+    entry = rec.runs.get(run_id) if rec is not None else None
+    return Path(entry.dir) if entry is not None else Path(sweep_dir) / run_id
 
 
 def wants_requeue(sweep_dir: Path, run_id: str) -> bool:

@@ -1,6 +1,8 @@
 """`--executor slurm`: one submitit job array per resource shape (`map_array`), one task per GPU.
 
-Each array task runs `launchers.executors.entry.RunJob` with the sweep's code snapshot first on PYTHONPATH. Time-limit
+Each array task runs `launchers.executors.entry.RunJob` with the sweep's code snapshot first on PYTHONPATH. A run of
+several tasks gets a rendezvous drawn at submission (launchers.torchrun.rendezvous), whose port its ranks meet
+at instead of the one submitit derives from the job id, which anyone can see. Time-limit
 warnings (USR2, `signal_delay_s` before the limit) and preemptions make the run checkpoint; the entry point
 requeues it through submitit, at most `max_requeues` times for time limits (submitit's max_num_timeout).
 Returns as soon as the arrays are queued.
@@ -14,11 +16,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launchers.executors.base import SubmitError, Submitted
-from launchers.executors.entry import RunJob
+from launchers.executors.entry import RunJob, rendezvous_path
 from launchers.sweep.expand import Run
 from launchers.executors.render import group_runs
 from launchers.sweep.snapshot import NO_BYTECODE
 from launchers.sweep.spec import Resources
+from launchers.torchrun import rendezvous
 from rrtrain.core.errors import UsageError
 
 
@@ -62,6 +65,11 @@ def submit(runs: list[Run], out: Path, name: str, code: str) -> dict[str, Option
         executor = submitit.AutoExecutor(folder=str(out / "slurm" / "submitit" / "%j"), cluster="slurm",
                                          slurm_max_num_timeout=r.max_requeues)
         executor.update_parameters(**parameters(r, f"{name}-{group}", code))
+        if r.world_size > 1:  # the ranks' store: a port drawn now, not submitit's (derived from the job id)
+            for m in members:
+                path = rendezvous_path(out, m.id)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                rendezvous.write(path, rendezvous.draw())
         try:
             submitted = executor.map_array(RunJob(str(out)), [m.id for m in members])
         except Exception as err:

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
 import re
+import stat
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from launchers.executors.entry import rendezvous_path
 from launchers.torchrun import rendezvous
 from rrtrain.config import load_config
 from rrtrain.parallel.mesh import mesh_shape
@@ -173,8 +174,12 @@ def test_sweep_executor_slurm_two_nodes_two_ranks_each(submitit_run, one_machine
     out, job, states, listening = submitit_run
     assert set(states.values()) == {"COMPLETED"}, job_logs(out)
     check_spans_two_nodes(out / RUN, job, one_machine)
-    # submitit exports MASTER_PORT once the task runs (not in its environment at start): its rule, from the job id
-    listening.check(random.Random(job).randint(20000, 60000))
+    # rank 0's store listens at the port drawn at submission (mode 600, beside submitit's files), not submitit's
+    # own (random.Random(job id), which anyone who sees the job id can work out); the entry point sets it once
+    # the task runs, so it is not in the tasks' environment at start
+    drawn = rendezvous_path(out, RUN)
+    assert stat.S_IMODE(drawn.stat().st_mode) == 0o600
+    listening.check(rendezvous.read(drawn).port)
     status = rrtrain("status", str(out), "--json", env=env())
     assert status.returncode == 0, status.stderr
     assert [r["nodes"] for r in json.loads(status.stdout)["runs"] if r["id"] == RUN] == [["rrnode1", "rrnode2"]]
