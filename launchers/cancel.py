@@ -31,16 +31,16 @@ from typing import Any, Optional
 
 from launchers.state.flags import CANCEL_FLAGS, judge_sweep, monitor_config, to_cancel
 from launchers.sweep import record
-from rrtrain.rundir import fields
+from launchers.sweep.record import SweepRecord
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.points import point_label, read_point
 from rrtrain.rundir.readers import read_cancelled
 from rrtrain.rundir.writers import write_cancelled
 
 
-def flagged(sweep_dir: Path, rec: dict[str, Any]) -> dict[str, dict[str, str]]:
+def flagged(sweep_dir: Path, rec: SweepRecord) -> dict[str, dict[str, str]]:
     """Run id -> {flag: why} for the sweep's runs that are still going and should be cancelled."""
-    by_dir = {str(Path(e["dir"]).resolve()): rid for rid, e in rec.get("runs", {}).items()}
+    by_dir = {str(Path(e.dir).resolve()): rid for rid, e in rec.runs.items()}
     out: dict[str, dict[str, str]] = {}
     for verdict in to_cancel(judge_sweep(sweep_dir, monitor_config(rec))):
         rid = by_dir.get(str(verdict.path.resolve()))
@@ -124,27 +124,27 @@ def cancel_flagged(sweep_dir: Path) -> dict[str, str]:
     targets = flagged(sweep_dir, rec)
     if not targets:
         return {}
-    last = record.last_jobs(rec)
+    last = rec.last_jobs()
     done: dict[str, str] = {}
     for rid, flags in targets.items():
-        run_dir = Path(rec["runs"][rid]["dir"])
+        entry = rec.runs[rid]
+        run_dir = Path(entry.dir)
         reason = "; ".join(f"{name}: {why}" for name, why in sorted(flags.items()))
         write_cancelled(run_dir, reason, sorted(flags))
         executor, job = last.get(rid, ("", None))
-        size = rec["runs"][rid].get("size")
-        action = _stop_job(executor, job, run_dir, str(rec.get("name") or ""), size if isinstance(size, str) else "")
+        action = _stop_job(executor, job, run_dir, rec.name, entry.size)
         done[rid] = reason
-        point = read_point(fields.dig(rec["runs"][rid], "config"))
+        point = read_point(entry.config)
         at = f" at {point_label(point)}" if point else ""
         print(f"cancelled {rid}{at} ({action}): {reason}", flush=True)
-    entry: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": done}
-    points = {rid: p for rid in done if (p := read_point(fields.dig(rec["runs"].get(rid), "config")))}
+    cancellation: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": done}
+    points = {rid: p for rid in done if (p := read_point(rec.runs[rid].config))}
     if points:
-        entry["points"] = points  # the grid point of each cancelled run
+        cancellation["points"] = points  # the grid point of each cancelled run
 
-    def add(current: Optional[dict[str, Any]]) -> dict[str, Any]:  # re-read under the record's lock
+    def add(current: Optional[SweepRecord]) -> SweepRecord:  # re-read under the record's lock
         now = current if current is not None else rec
-        now.setdefault("cancellations", []).append(entry)
+        now.cancellations.append(cancellation)
         return now
 
     record.update(sweep_dir, add)

@@ -40,12 +40,12 @@ from rrtrain.rundir.readers import read_cancelled, read_final
 PAUSED_EXIT = EXIT_CODES["paused"]
 
 
-def to_submit(runs: list[Run], rec: Optional[dict]) -> tuple[list[Run], dict[str, str]]:
+def to_submit(runs: list[Run], rec: Optional[record.SweepRecord]) -> tuple[list[Run], dict[str, str]]:
     """The runs that need submitting, and the state of every run that does not (read as `rrtrain status` reads
     them: `launchers.state.status.run_rows`)."""
     if rec is None:
         return list(runs), {}
-    rows = run_rows(rec, {run.id: record.run_entry(run) for run in runs}, need_queue=(
+    rows = run_rows(rec, {run.id: record.RunEntry.of_run(run) for run in runs}, need_queue=(
         "this sweep has Slurm jobs, and squeue cannot be read here: run `rrtrain sweep` where squeue works, so "
         "that queued runs are not submitted twice"))
     todo, skipped = [], {}
@@ -108,11 +108,11 @@ def submit(sweep: Sweep, out: Path, runs: list[Run], rungs: list[str], executor:
     python = check_safe(sys.executable, "python path")
 
     prepare_data(sweep, out, dry_run)
-    rec["code"] = snapshot.take(out, rec.get("code"))
+    rec.code = snapshot.take(out, rec.code)
     configs = {r.id: config_path(out, r.id) for r in runs}
     for r in runs:
         atomic_write_text(configs[r.id], yaml.safe_dump(r.config, sort_keys=False))
-    scripts = render(out, sweep.spec.name, runs, python, rec["code"]["path"], configs)
+    scripts = render(out, sweep.spec.name, runs, python, rec.code["path"], configs)
     if dry_run:
         print_plan(sweep, runs, todo, skipped)
         if rungs:
@@ -154,7 +154,7 @@ def submit_loop(executor: Executor, sweep: Sweep, out: Path, runs: list[Run]) ->
             break
         rec = record.load(out)
         try:
-            done = executor.submit(go, out, sweep.spec.name, rec["code"]["path"])
+            done = executor.submit(go, out, sweep.spec.name, rec.code["path"])
         except SubmitError as err:
             record.record_submission(out, rec, executor.name, err.jobs)
             raise UsageError(str(err)) from None

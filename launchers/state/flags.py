@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from launchers.sweep.record import SweepRecord
 from rrtrain.config import MonitorConfig, build, validate_monitor
 from rrtrain.core.errors import UsageError
 from rrtrain.monitoring.convergence import DIVERGED, STALLED, LossMonitor, smoothing_span
@@ -200,11 +201,11 @@ def to_cancel(verdicts: list[RunVerdict]) -> list[RunVerdict]:
     return [v for v in verdicts if v.status == "running" and CANCEL_FLAGS & set(v.flags)]
 
 
-def monitor_config(rec: dict[str, Any]) -> MonitorConfig:
+def monitor_config(rec: SweepRecord) -> MonitorConfig:
     """Thresholds for a run of the sweep whose directory has no config.yaml of its own (the first recorded run's
     resolved `monitor` section); every run with one is judged under its own (`launchers.state.flags`)."""
-    for entry in rec.get("runs", {}).values():
-        found = monitor_of(fields.dig(entry, "config") or {})
+    for entry in rec.runs.values():
+        found = monitor_of(entry.config)
         if found is not None:
             return found
     return MonitorConfig()

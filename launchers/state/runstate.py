@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launchers.state.scheduler import ACTIVE, WAITING
+from launchers.sweep.record import RunEntry
 from rrtrain import budget
 from rrtrain.rundir import fields, ranks, readers
 from rrtrain.rundir import lock as runlock
@@ -69,11 +70,11 @@ def classify(final: Optional[Final], lock: Optional[dict], scheduler: Optional[s
     return decide(ended, "", cancelled).status
 
 
-def run_row(run_id: str, entry: dict, scheduler: Optional[str], submitted: bool,
+def run_row(run_id: str, entry: RunEntry, scheduler: Optional[str], submitted: bool,
             cache: Optional[Any] = None) -> dict[str, Any]:
     """One status row (the `rrtrain status --json` contract). `cache`: a `launchers.state.cache.StatusCache`
     (`status --watch`), which reads only what changed since the last refresh."""
-    run_dir = Path(entry["dir"])
+    run_dir = Path(entry.dir)
     final = cache.final(run_dir) if cache is not None else readers.read_final(run_dir)
     lock = runlock.read(run_dir)
     metrics = readers.metrics_path(run_dir)
@@ -97,9 +98,9 @@ def run_row(run_id: str, entry: dict, scheduler: Optional[str], submitted: bool,
             flags.append(CANCELLED)
         details.setdefault(CANCELLED, cancelled.reason)
     return {
-        "id": run_id, "variant": entry["variant"], "size": entry["size"], "seed": entry["seed"],
-        "point": read_point(entry.get("config")),
-        "scheduler": scheduler, "state": state, "step": step, "total_steps": total_steps(entry["config"]),
+        "id": run_id, "variant": entry.variant, "size": entry.size, "seed": entry.seed,
+        "point": read_point(entry.config),
+        "scheduler": scheduler, "state": state, "step": step, "total_steps": total_steps(entry.config),
         "tokens": tokens, "loss": fields.finite(train.get("loss")) if train else None, "val_loss": val_loss,
         "tokens_per_s": tps, "flags": flags, "flag_details": details, "nodes": ranks.nodes(run_dir),
         "dir": str(run_dir),

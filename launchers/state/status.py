@@ -17,6 +17,7 @@ from launchers.state.flags import monitor_config
 from launchers.state.pruning import load_state, saved_line
 from launchers.state.scheduler import squeue_states
 from launchers.sweep import record
+from launchers.sweep.record import RunEntry, SweepRecord
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir.points import short_name
 
@@ -35,12 +36,12 @@ def collect(sweep_dir: Path, cache: Optional[StatusCache] = None) -> dict[str, A
         raise UsageError(f"{sweep_dir}: no sweep.json here (not a sweep directory written by `rrtrain sweep`)")
     for line in problems:
         print(f"rrtrain status: warning: {line}", file=sys.stderr, flush=True)
-    rows = list(run_rows(rec, rec["runs"], cache=cache).values())
+    rows = list(run_rows(rec, rec.runs, cache=cache).values())
     add_sweep_flags(sweep_dir, rec, rows, cache)
     order = {s: i for i, s in enumerate(runstate.ATTENTION)}
     rows.sort(key=lambda r: (order.get(r["state"], 0), not r["flags"], r["id"]))
     counts = Counter(r["state"] for r in rows)
-    out = {"sweep": rec.get("name", sweep_dir.name), "dir": str(sweep_dir),
+    out = {"sweep": rec.name or sweep_dir.name, "dir": str(sweep_dir),
            "runs": rows, "counts": {s: counts[s] for s in runstate.STATES if counts[s]}, "problems": problems}
     saved = load_state(sweep_dir).get("saved")
     if isinstance(saved, dict):  # a pruned sweep: what pruning saved, as its last `rrtrain sweep` estimated it
@@ -48,13 +49,13 @@ def collect(sweep_dir: Path, cache: Optional[StatusCache] = None) -> dict[str, A
     return out
 
 
-def run_rows(rec: dict[str, Any], entries: dict[str, dict[str, Any]], cache: Optional[StatusCache] = None,
+def run_rows(rec: SweepRecord, entries: dict[str, RunEntry], cache: Optional[StatusCache] = None,
              need_queue: Optional[str] = None) -> dict[str, dict[str, Any]]:
     """Run id -> its status row (`runstate.run_row`) for each of `entries`, with what squeue says of the run's
     latest recorded job: what `rrtrain status`, the dashboard's sweep tab and `rrtrain sweep` (which runs to
     submit, and so the pruning pass) read runs through. `need_queue`: when the sweep has Slurm jobs and squeue
     cannot be read, refuse with this message rather than guess (a queued run would be submitted twice)."""
-    last = record.last_jobs(rec)
+    last = rec.last_jobs()
     queue = squeue_states() if any(ex == "slurm" for ex, _ in last.values()) else None
     if queue is None and need_queue is not None and any(ex == "slurm" for ex, _ in last.values()):
         raise UsageError(need_queue)
@@ -66,7 +67,7 @@ def run_rows(rec: dict[str, Any], entries: dict[str, dict[str, Any]], cache: Opt
     return rows
 
 
-def add_sweep_flags(sweep_dir: Path, rec: dict[str, Any], rows: list[dict[str, Any]],
+def add_sweep_flags(sweep_dir: Path, rec: SweepRecord, rows: list[dict[str, Any]],
                     cache: Optional[StatusCache] = None) -> None:
     """Add the sweep-level flags (`launchers.state.flags`: no_heartbeat, lagging, early_stall, and the in-run flags
     a running run has raised so far) to the rows; no_heartbeat only where the run is running."""

@@ -81,11 +81,11 @@ def step_costs(out: Path) -> dict[str, float]:
     from rrtrain.data.manifest import prepared_manifest
     from rrtrain.resolve import resolve
 
-    rec = record.load(out) or {}
+    rec = record.load(out)
     costs: dict[str, float] = {}
     try:
-        for rid, entry in rec.get("runs", {}).items():
-            cfg = build(Config, entry["config"])
+        for rid, entry in (rec.runs if rec is not None else {}).items():
+            cfg = build(Config, entry.config)
             run = resolve(cfg, prepared_manifest(cfg.data.path))
             costs[rid] = run.flops_per_token * cfg.train.global_batch
     except (UsageError, KeyError, TypeError, OSError, ValueError):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from sweeputil import write_record
 from trainutil import PY, REPO, env
 
 RUNS, STEPS = 500, 3000
@@ -60,7 +61,7 @@ def fabricate(root: Path, n: int = RUNS, steps: int = STEPS) -> dict:
                  "best_val_loss": 2.0, "variant": variant, "size": "tiny", "seed": seed, "params": 1e6}))
         entries[rid] = {"size": "tiny", "variant": variant, "seed": seed, "dir": str(run), "config": config,
                         "resources": {}}
-    record.save(root, {"version": 1, "name": "bench", "runs": entries, "submissions": []})
+    write_record(root, {"version": 1, "name": "bench", "runs": entries, "submissions": []})
     return entries
 
 

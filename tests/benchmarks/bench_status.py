@@ -20,6 +20,7 @@ from rrtrain.rundir import lock as runlock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_sweep_status import fake_run  # noqa: E402  the suite's big run, measured here instead of checked
+from sweeputil import write_record
 
 RUNS, BIG_MB, TARGET_CPU_S = 200, 200, 2.0
 
@@ -32,7 +33,7 @@ def test_status_cpu_on_200_big_runs(tmp_path):
         runs[rid] = fake_run(tmp_path, rid, 1000 if i % 2 else 500 + i, BIG_MB, final)
         if final is None:
             held.append(runlock.RunLock(tmp_path / rid).acquire(0))
-    record.save(tmp_path, {"version": 1, "name": "big", "runs": runs, "submissions": []})
+    write_record(tmp_path, {"version": 1, "name": "big", "runs": runs, "submissions": []})
     try:
         t0, c0 = time.perf_counter(), time.process_time()
         status = status_cli.collect(tmp_path)

@@ -13,6 +13,7 @@ import pytest
 from launchers import cancel
 from launchers.sweep import record
 from launchers.state import status as status_cli
+from sweeputil import write_record
 from trainutil import final, records, start
 
 pytestmark = pytest.mark.slow
@@ -42,7 +43,7 @@ def test_a_cancelled_run_says_why_in_the_final_json_it_writes(tmp_path, stories_
     try:
         config = {"train": {"max_steps": 100000, "global_batch": 8}, "model": {"size": "tiny"},
                   "data": {"path": str(stories_data)}}
-        record.save(sweep, {"version": 1, "name": "cancel", "runs": {
+        write_record(sweep, {"version": 1, "name": "cancel", "runs": {
             RID: {"size": "tiny", "variant": "review", "seed": 0, "dir": str(run_dir), "config": config,
                   "resources": {}}}, "submissions": [{"executor": "local", "jobs": {RID: f"local:{proc.pid}"}}]})
         wait_for_flag(run_dir, proc, "stalled")

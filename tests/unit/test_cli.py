@@ -17,6 +17,7 @@ import pytest
 
 from rrtrain import residuals
 from rrtrain.cli.main import main
+from sweeputil import write_record
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -200,7 +201,7 @@ def test_output_into_a_pipe_whose_reader_has_gone_ends_quietly(tmp_path, command
              "config": {"train": {"max_steps": 10, "tokens": None, "global_batch": 8},
                         "model": {"size": "tiny", "seq_len": None}, "data": {"path": None},
                         "run": {"dir": str(run_dir)}}}
-    record.save(tmp_path, {"version": 1, "name": "s", "runs": {"r": entry}, "submissions": []})
+    write_record(tmp_path, {"version": 1, "name": "s", "runs": {"r": entry}, "submissions": []})
     args = [str(tmp_path)] if command == "status" else ["--size", "tiny"]
     buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as in a user's shell
     read_end, write_end = os.pipe()

@@ -12,6 +12,7 @@ import yaml
 from rrtrain.core.io import atomic_write_text
 from rrtrain.dashboard.live import SUFFIX
 from rrtrain.dashboard.tensorboard import LiveLogdir, build_logdir
+from sweeputil import write_record
 
 
 def make_run(path: Path, size: str, variant: str, steps: range) -> None:
@@ -162,7 +163,7 @@ def test_the_sweep_tab_is_the_status_table_refreshed(tmp_path, monkeypatch):
                         "config": {"model": {"size": "tiny", "variant": variant}, "data": {"path": None},
                                    "train": {"seed": 0, "max_steps": 10, "tokens": None, "global_batch": 8},
                                    "run": {"dir": str(sweep / rid)}}}
-    record.save(sweep, {"version": 1, "name": "tab", "runs": entries, "submissions": [], "cancel_flagged": True})
+    write_record(sweep, {"version": 1, "name": "tab", "runs": entries, "submissions": [], "cancel_flagged": True})
     cancels = []
     monkeypatch.setattr(cancel, "cancel_flagged", lambda *a, **k: cancels.append(a) or [])
 

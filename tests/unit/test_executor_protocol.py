@@ -61,8 +61,8 @@ def sweep(tmp_path):
         config = json.loads(json.dumps(CONFIG))
         config["run"]["dir"] = str(tmp_path / rid)
         runs.append(Run(rid, "tiny", rid.split("-")[1], 0, config, Resources()))
-    rec = {"version": 1, "name": "proto", "runs": {r.id: record.run_entry(r) for r in runs}, "submissions": [],
-           "code": {"path": str(tmp_path / "code")}}
+    rec = record.SweepRecord("proto", {r.id: record.RunEntry.of_run(r) for r in runs},
+                             code={"path": str(tmp_path / "code")})
     record.save(tmp_path, rec)
     spec = SimpleNamespace(prune=None, name="proto", gpu="H100", mfu=0.4)
     return SimpleNamespace(out=tmp_path, runs=runs, sweep=SimpleNamespace(spec=spec))
@@ -72,8 +72,8 @@ def test_a_plain_sweep_is_one_pass_of_the_loop(sweep, capsys):
     ex = Recorder(code=0)
     assert submit.submit_loop(ex, sweep.sweep, sweep.out, sweep.runs) == 0
     assert ex.calls == [(["tiny-review-s0", "tiny-standard-s0"], sweep.out, "proto", str(sweep.out / "code"))]
-    subs = record.load(sweep.out)["submissions"]
-    assert [s["executor"] for s in subs] == ["local"] and set(subs[0]["jobs"]) == {r.id for r in sweep.runs}
+    subs = record.load(sweep.out).submissions
+    assert [s.executor for s in subs] == ["local"] and set(subs[0].jobs) == {r.id for r in sweep.runs}
     assert "2 of 2 runs completed" in capsys.readouterr().out
 
 
@@ -96,9 +96,9 @@ def test_a_partial_submission_is_recorded_then_refused(sweep):
     ex = Recorder(code=None, fail=True)
     with pytest.raises(UsageError, match="sbatch failed for tiny"):
         submit.submit_loop(ex, sweep.sweep, sweep.out, sweep.runs)
-    assert record.load(sweep.out)["submissions"][-1]["jobs"] == {"tiny-review-s0": "7_0"}
+    assert record.load(sweep.out).submissions[-1].jobs == {"tiny-review-s0": "7_0"}
 
 
 def test_an_interrupted_executor_is_exit_130_and_records_nothing(sweep):
     assert submit.submit_loop(Recorder(interrupt=True), sweep.sweep, sweep.out, sweep.runs) == 130
-    assert record.load(sweep.out)["submissions"] == []
+    assert record.load(sweep.out).submissions == []

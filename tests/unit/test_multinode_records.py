@@ -61,6 +61,7 @@ def test_status_names_the_nodes_of_the_latest_start_and_ignores_hostile_rank_fil
     resumed on one node shows one host; rank files that are garbage or of the wrong shape are left out."""
     from launchers.state import status as status_cli
     from launchers.state.runstate import run_row
+    from launchers.sweep.record import RunEntry
 
     (tmp_path / "ranks").mkdir()
     for rank, host, world, started in ((0, "n1", 4, 1.0), (1, "n1", 4, 1.0), (2, "n2", 4, 1.0), (3, "n2", 4, 1.0)):
@@ -76,7 +77,7 @@ def test_status_names_the_nodes_of_the_latest_start_and_ignores_hostile_rank_fil
     assert ranks.nodes(tmp_path) == ["n3"]
     entry = {"dir": str(tmp_path), "variant": "review", "size": "tiny", "seed": 0,
              "config": {"train": {"max_steps": 10}, "model": {}}}
-    row = run_row("tiny-review-s0", entry, None, submitted=True)
+    row = run_row("tiny-review-s0", RunEntry(**entry), None, submitted=True)
     assert row["nodes"] == ["n3"]
     text = status_cli.table({"sweep": "s", "dir": str(tmp_path), "runs": [row], "counts": {}})
     assert "nodes" in text.splitlines()[1] and " n3 " in text.splitlines()[2]

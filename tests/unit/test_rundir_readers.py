@@ -19,6 +19,7 @@ from rrtrain.report.collect import find_runs, read_metrics
 from rrtrain.rundir import layout, outcome, readers
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.readers import Cancelled
+from sweeputil import write_record
 from trainutil import PY, REPO, env
 
 GOOD = {"status": "completed", "step": 10, "tokens": 640, "final_val_loss": 2.0, "best_val_loss": 2.0,
@@ -126,7 +127,7 @@ def test_every_consumer_survives_a_hostile_sweep(tmp_path):
     runs = {rid: {"size": "tiny", "variant": "review", "seed": 0, "dir": str(d), "resources": {},
                   "config": {"train": {"max_steps": 10, "global_batch": 8}, "model": {"size": "tiny"},
                              "data": {"path": None}}} for rid, d in dirs.items()}
-    record.save(sweep, {"version": 1, "name": "hostile", "runs": runs, "submissions": []})
+    write_record(sweep, {"version": 1, "name": "hostile", "runs": runs, "submissions": []})
 
     rows = {r["id"]: r for r in status_cli.collect(sweep)["runs"]}
     assert rows["list"]["state"] == "failed" and rows["torn"]["state"] == "failed"  # ran, left no usable final

@@ -14,6 +14,7 @@ from rrtrain.core.io import atomic_write_text
 from rrtrain.rundir.tail import FileCache, MetricsTail
 
 from test_sweep_status import fake_run
+from sweeputil import write_record
 
 
 def line(rec: dict) -> bytes:
@@ -98,7 +99,7 @@ def test_file_cache_parses_again_only_when_changed(tmp_path):
 
 def test_status_watch_rereads_only_what_changed_and_finds_a_new_run(tmp_path):
     runs = {f"r{i}": fake_run(tmp_path, f"r{i}", 100 + i) for i in range(4)}
-    record.save(tmp_path, {"version": 1, "name": "s", "runs": runs, "submissions": []})
+    write_record(tmp_path, {"version": 1, "name": "s", "runs": runs, "submissions": []})
     cache = StatusCache()
     first = status_cli.collect(tmp_path, cache)
     assert {r["id"]: r["step"] for r in first["runs"]} == {"r0": 100, "r1": 101, "r2": 102, "r3": 103}
@@ -116,7 +117,7 @@ def test_status_watch_rereads_only_what_changed_and_finds_a_new_run(tmp_path):
     atomic_write_text(Path(runs["r2"]["dir"]) / "final.json", json.dumps({"status": "stalled", "step": 102,
                                                                            "flags": ["stalled"]}))
     runs["r9"] = fake_run(tmp_path, "r9", 50)  # a run that appears after the watch began
-    record.save(tmp_path, {"version": 1, "name": "s", "runs": runs, "submissions": []})
+    write_record(tmp_path, {"version": 1, "name": "s", "runs": runs, "submissions": []})
     rows = {r["id"]: r for r in status_cli.collect(tmp_path, cache)["runs"]}
     assert rows["r1"]["step"] == 102 and rows["r1"]["loss"] == 1.5
     assert rows["r2"]["state"] == "stalled" and "stalled" in rows["r2"]["flags"]

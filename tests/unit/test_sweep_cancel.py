@@ -19,6 +19,7 @@ from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.outcome import cancelled_status
 from rrtrain.rundir.readers import Cancelled, read_cancelled
 from test_monitor_sweep import H, curve, descending, write_run
+from sweeputil import write_record
 
 
 
@@ -52,7 +53,7 @@ def make_sweep(tmp_path: Path) -> tuple[Path, dict[str, subprocess.Popen]]:
                              "data": {"path": str(data)}, "monitor": {}}, "resources": {}}
             for rid, d in dirs.items()}
     jobs = {rid: f"local:{p.pid}" for rid, p in procs.items()}
-    record.save(sweep, {"version": 1, "name": "cancel", "runs": runs,
+    write_record(sweep, {"version": 1, "name": "cancel", "runs": runs,
                         "submissions": [{"executor": "local", "jobs": jobs}]})
     return sweep, procs
 
@@ -72,7 +73,7 @@ def test_status_shows_sweep_flags_and_cancel_stops_exactly_the_stalled_run(tmp_p
         for rid in ("tiny-review-s0", "tiny-standard-s0"):
             assert procs[rid].poll() is None, f"{rid} was stopped but is not flagged"
         rec = record.load(sweep)
-        assert list(rec["cancellations"][-1]["runs"]) == ["tiny-review_convex-s0"]
+        assert list(rec.cancellations[-1]["runs"]) == ["tiny-review_convex-s0"]
         marker = read_cancelled(sweep / "tiny-review_convex-s0")
         assert marker is not None and "early_stall" in marker.flags
 

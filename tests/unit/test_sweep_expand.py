@@ -89,12 +89,12 @@ def test_record_merge_adds_runs_and_refuses_changes(tmp_path):
     sweep, out, runs = runs_of(tmp_path)
     rec = record.merge(None, sweep, runs)
     record.save(out, rec)
-    assert set(record.load(out)["runs"]) == {r.id for r in runs}
+    assert set(record.load(out).runs) == {r.id for r in runs}
     # more seeds: only adds runs, the old ones are unchanged
     more = {**BASE, "sizes": {**BASE["sizes"], "tiny": {**BASE["sizes"]["tiny"], "seeds": 3}}}
     sweep2, _, runs2 = runs_of(tmp_path, more)
     rec2 = record.merge(rec, sweep2, runs2)
-    assert set(rec2["runs"]) - set(rec["runs"]) == {"tiny-review-s2", "tiny-highway-s2", "tiny-standard-s2"}
+    assert set(rec2.runs) - set(rec.runs) == {"tiny-review-s2", "tiny-highway-s2", "tiny-standard-s2"}
     # a changed budget alters existing runs: refused, listing the differences
     changed = {**BASE, "sizes": {**BASE["sizes"], "tiny": {**BASE["sizes"]["tiny"], "tokens": 81920}}}
     sweep3, _, runs3 = runs_of(tmp_path, changed)

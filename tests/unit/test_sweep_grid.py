@@ -61,7 +61,7 @@ def test_points_ids_levels_and_typed_values(tmp_path):
     assert r.config["run"]["point"] == {"train.lr": 0.001} and r.config["run"]["name"] == r.id
     assert runs[-1].config["train"]["warmup_steps"] == 2 and runs[-1].config["train"]["lr"] == 0.01
     assert r.dir == (out / r.id).resolve()
-    assert record.run_entry(r)["point"] == {"train.lr": 0.001}
+    assert record.RunEntry.of_run(r).point == {"train.lr": 0.001}
 
 
 def test_a_rules_own_knob_and_negative_values(tmp_path):
@@ -82,7 +82,7 @@ def test_no_grid_keeps_ids_and_config(tmp_path):
     _, _, runs = expand_body(tmp_path, body)
     assert [r.id for r in runs][:2] == ["micro-review-s0", "micro-review-s1"]
     assert all(r.point == {} and r.config["run"]["point"] == {} for r in runs)
-    assert "point" not in record.run_entry(runs[0])
+    assert "point" not in record.RunEntry.of_run(runs[0]).to_json()
 
 
 def test_ids_stable_when_points_are_added(tmp_path):
@@ -196,11 +196,11 @@ def test_cancel_names_and_records_the_point(tmp_path, capsys):
     sweep, procs = make_sweep(tmp_path)
     try:
         rec = record.load(sweep)
-        rec["runs"]["tiny-review_convex-s0"]["config"]["run"] = {"point": {"train.lr": 0.01}}
+        rec.runs["tiny-review_convex-s0"].config["run"] = {"point": {"train.lr": 0.01}}
         record.save(sweep, rec)
         assert list(cancel.cancel_flagged(sweep)) == ["tiny-review_convex-s0"]
         assert "cancelled tiny-review_convex-s0 at train.lr=0.01 (" in capsys.readouterr().out
-        assert record.load(sweep)["cancellations"][-1]["points"] == {"tiny-review_convex-s0": {"train.lr": 0.01}}
+        assert record.load(sweep).cancellations[-1]["points"] == {"tiny-review_convex-s0": {"train.lr": 0.01}}
     finally:
         for p in procs.values():
             p.kill()

@@ -5,6 +5,7 @@ tests/e2e/test_sweep_lock_local.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 from launchers.sweep import record, snapshot, lock as sweep_lock
 from rrtrain.core.errors import UsageError
+from sweeputil import write_record
 
 HOLD = """
 import fcntl, json, os, sys, time
@@ -82,24 +84,24 @@ def test_a_planted_link_is_never_followed(tmp_path):
 
 
 def test_concurrent_record_updates_lose_no_entry(tmp_path):
-    record.save(tmp_path, {"version": 1, "name": "s", "runs": {}, "submissions": []})
-    writers = [threading.Thread(target=lambda i=i: [record.record_submission(tmp_path, {}, "local", {f"r{i}": f"job{i}.{k}"})
+    write_record(tmp_path, {"version": 1, "name": "s", "runs": {}, "submissions": []})
+    writers = [threading.Thread(target=lambda i=i: [record.record_submission(tmp_path, record.SweepRecord("s"), "local", {f"r{i}": f"job{i}.{k}"})
                                                  for k in range(10)]) for i in range(4)]
     for w in writers:
         w.start()
     for w in writers:
         w.join()
-    jobs = [job for sub in record.load(tmp_path)["submissions"] for job in sub["jobs"].values()]
+    jobs = [job for sub in record.load(tmp_path).submissions for job in sub.jobs.values()]
     assert sorted(jobs) == sorted(f"job{i}.{k}" for i in range(4) for k in range(10))
 
 
 def test_a_submission_keeps_the_cancellations_recorded_meanwhile(tmp_path):
-    record.save(tmp_path, {"version": 1, "name": "s", "runs": {}, "submissions": []})
+    write_record(tmp_path, {"version": 1, "name": "s", "runs": {}, "submissions": []})
     mine = record.load(tmp_path)
-    record.update(tmp_path, lambda rec: {**rec, "cancellations": [{"runs": {"r": "stalled"}}]})  # `status`, meanwhile
-    record.update(tmp_path, record.keep_cancellations({**mine, "sweep_sha256": "new"}))
+    record.update(tmp_path, lambda rec: dataclasses.replace(rec, cancellations=[{"runs": {"r": "stalled"}}]))  # `status`, meanwhile
+    record.update(tmp_path, record.keep_cancellations(dataclasses.replace(mine, sweep_sha256="new")))
     rec = record.load(tmp_path)
-    assert rec["sweep_sha256"] == "new" and rec["cancellations"] == [{"runs": {"r": "stalled"}}]
+    assert rec.sweep_sha256 == "new" and rec.cancellations == [{"runs": {"r": "stalled"}}]
 
 
 def test_a_snapshot_is_reused_or_taken_beside_never_deleted(tmp_path):

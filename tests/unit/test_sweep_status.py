@@ -19,11 +19,13 @@ from launchers.state import runstate
 from launchers.state import status as status_cli
 from launchers.submit import to_submit
 from launchers.sweep.expand import Run
+from launchers.sweep.record import RunEntry
 from launchers.sweep.spec import Resources
 from rrtrain.core import untrusted
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir import readers
 from rrtrain.rundir.readers import parse_final
+from sweeputil import write_record
 from trainutil import PY
 
 CONFIG = {"train": {"max_steps": 1000, "tokens": None, "global_batch": 8}, "model": {"size": "tiny", "seq_len": None},
@@ -59,7 +61,7 @@ def fake_run(root: Path, rid: str, step: int, big_mb: int = 0, final: dict | Non
 
 def test_tail_finds_last_train_val_and_speed(tmp_path):
     entry = fake_run(tmp_path, "r", 997, big_mb=8)
-    row = runstate.run_row("r", entry, None, submitted=True)
+    row = runstate.run_row("r", RunEntry(**entry), None, submitted=True)
     assert row["step"] == 997 and row["total_steps"] == 1000 and row["tokens"] == 997 * 512
     assert row["loss"] == pytest.approx(5.0 - 0.997) and row["val_loss"] == pytest.approx(4.0 - 0.75)
     assert row["tokens_per_s"] == 1234.5
@@ -104,7 +106,7 @@ def big_sweep(tmp_path: Path, n: int) -> list:
         runs[rid] = fake_run(tmp_path, rid, 1000 if i % 2 else 500 + i, big_mb=200, final=final)
         if final is None:  # this process "trains" the other half
             held.append(runlock.RunLock(tmp_path / rid).acquire(0))
-    record.save(tmp_path, {"version": 1, "name": "big", "runs": runs, "submissions": []})
+    write_record(tmp_path, {"version": 1, "name": "big", "runs": runs, "submissions": []})
     return held
 
 
@@ -161,8 +163,8 @@ def test_resubmission_picks_failed_and_preempted_only(tmp_path):
         runs.append(Run(rid, "tiny", "review", 0, entry["config"], res))
     (tmp_path / "new" / "metrics.jsonl").unlink()
     runlock.RunLock(tmp_path / "live").acquire(0)  # a live copy trains there
-    rec = {"version": 1, "name": "x", "runs": entries, "submissions": [
-        {"executor": "local", "jobs": {rid: "local:1" for rid in states if rid != "new"}}]}
+    rec = record.SweepRecord("x", {rid: RunEntry(**e) for rid, e in entries.items()}, [
+        record.Submission("local", {rid: "local:1" for rid in states if rid != "new"})])
     todo, skipped = to_submit(runs, rec)
     assert sorted(r.id for r in todo) == ["bad", "new", "pre"]
     assert skipped == {"done": "completed", "div": "diverged", "live": "running"}
@@ -170,7 +172,7 @@ def test_resubmission_picks_failed_and_preempted_only(tmp_path):
 
 def test_status_cli_json_and_bad_dir(tmp_path):
     runs = {"a": fake_run(tmp_path, "a", 20, final={"status": "failed", "step": 20, "flags": ["nonfinite_steps"]})}
-    record.save(tmp_path, {"version": 1, "name": "s", "runs": runs, "submissions": []})
+    write_record(tmp_path, {"version": 1, "name": "s", "runs": runs, "submissions": []})
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([PY, "-m", "rrtrain", "status", str(tmp_path), "--json"], capture_output=True,
                           text=True, env=env, timeout=120)

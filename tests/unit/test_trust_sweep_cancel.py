@@ -19,6 +19,7 @@ from launchers.sweep import record
 from rrtrain.cli import status as status_cli, sweep as sweep_cli
 from rrtrain.rundir import lock as runlock
 from test_sweep_cancel import hold_lock, make_sweep
+from sweeputil import write_record
 
 FLAGGED = "tiny-review_convex-s0"  # the run make_sweep stalls at the unigram entropy
 USER = pwd.getpwuid(os.getuid()).pw_name
@@ -79,7 +80,7 @@ def _stop(procs) -> None:
 def _set_record(sweep: Path, **change) -> None:
     rec = json.loads((sweep / "sweep.json").read_text())
     rec.update(change)
-    record.save(sweep, rec)
+    write_record(sweep, rec)
 
 
 def test_status_never_cancels_whatever_sweep_json_says(tmp_path, slurm_standins, kills, capsys, monkeypatch):

@@ -15,6 +15,7 @@ import yaml
 
 from launchers.sweep import record, snapshot
 from rrtrain.core.errors import UsageError
+from sweeputil import write_record
 from trainutil import PY, REPO
 
 
@@ -30,7 +31,7 @@ def _taken(out: Path) -> dict:
     """A snapshot taken and recorded in sweep.json, as a submission leaves it."""
     out.mkdir(parents=True)
     entry = snapshot.take(out, None)
-    record.save(out, {"version": 1, "name": "g", "runs": {}, "submissions": [], "code": entry})
+    write_record(out, {"version": 1, "name": "g", "runs": {}, "submissions": [], "code": entry})
     return entry
 
 
@@ -111,7 +112,7 @@ def test_an_untouched_snapshot_is_reused_after_runs_imported_from_it(tmp_path):
     env = {**os.environ, "PYTHONPATH": entry["path"], **snapshot.NO_BYTECODE}
     subprocess.run([PY, "-c", "import rrtrain.config, launchers.executors.entry"], env=env, cwd=entry["path"], check=True)
     assert snapshot.take(out, entry) == entry
-    assert snapshot.take(out, record.load(out)["code"]) == entry
+    assert snapshot.take(out, record.load(out).code) == entry
 
 
 def test_an_unrecorded_code_directory_that_differs_is_never_used(tmp_path):

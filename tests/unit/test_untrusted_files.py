@@ -40,6 +40,7 @@ from rrtrain.rundir import fields, layout, ranks, readers
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir import train_state as train_state_file
 from rrtrain.rundir.metrics import MetricsLogger
+from sweeputil import write_record
 from trainutil import PY, REPO, env
 
 RID = "tiny-review-s0"
@@ -59,7 +60,7 @@ def fake_sweep(root: Path, final: Any = None, metrics: bytes | None = None, entr
     config = {"train": {"max_steps": 4, "global_batch": 8}, "model": {"size": "tiny"}, "data": {"path": None}}
     if entry is None:
         entry = {"size": "tiny", "variant": "review", "seed": 0, "dir": str(run), "config": config, "resources": {}}
-    record.save(root, {"version": 1, "name": "s", "runs": {RID: entry}, "submissions": []})
+    write_record(root, {"version": 1, "name": "s", "runs": {RID: entry}, "submissions": []})
     return root
 
 
@@ -151,7 +152,7 @@ def test_a_code_snapshot_outside_the_sweep_is_never_recorded_as_ours(tmp_path):
     rec["code"] = {"path": str(tmp_path / "elsewhere"), "sha256": "x"}
     (sweep / "sweep.json").write_text(json.dumps(rec))
     problems: list[str] = []
-    assert "code" not in record.load(sweep, problems)
+    assert record.load(sweep, problems).code is None
     assert "code.path" in problems[0] and "outside the sweep directory" in problems[0]
 
 
