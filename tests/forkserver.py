@@ -111,6 +111,16 @@ class Client:
         os.rmdir(self.folder)
 
 
+def _readable(fds: list[int], timeout: Optional[float]) -> set[int]:
+    """Which of `fds` can be read (or hung up) within `timeout` seconds. poll, not select: a long pytest
+    process holds descriptors above select's limit of 1024."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    ms = None if timeout is None else max(0, int(timeout * 1000))
+    return {fd for fd, _ in poller.poll(ms)}
+
+
 class Forked:
     """The part of subprocess.Popen the tests use, for a child of the server (text mode)."""
 
@@ -125,8 +135,7 @@ class Forked:
 
     def _status(self, timeout: Optional[float]) -> Optional[int]:
         if self.returncode is None:
-            ready, _, _ = select.select([self._conn], [], [], timeout)
-            if ready:
+            if _readable([self._conn.fileno()], timeout):
                 data = self._conn.recv(4096)
                 self._conn.close()
                 if not data:
@@ -300,10 +309,10 @@ def serve(path: str, preload: Sequence[str]) -> None:
     children: dict[int, socket.socket] = {}
     stdin = sys.stdin.fileno()
     while True:
-        ready, _, _ = select.select([listener, stdin], [], [], 0.02 if children else 1.0)
+        ready = _readable([listener.fileno(), stdin], 0.02 if children else 1.0)
         if stdin in ready and not os.read(stdin, 4096):
             break
-        if listener in ready:
+        if listener.fileno() in ready:
             conn, _ = listener.accept()
             try:
                 data, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 2)

@@ -395,9 +395,25 @@ def mark_made(path: str | os.PathLike[str]) -> None:
 
 def make_dir(path: str | os.PathLike[str], exist_ok: bool = False) -> str:
     """Make the directory `path` (its parents as needed) and mark it as made by rrtrain (`mark_made`), so
-    that `remove_made_dir` may delete it later. Returns the path."""
-    os.makedirs(path, exist_ok=exist_ok)
-    mark_made(path)
+    that `remove_made_dir` may delete it later. Returns the path. A new directory is made and marked under a
+    hidden name beside `path` and renamed into place, so that a process killed in between never leaves an
+    unmarked directory at `path` (which a later run could not remove, and would refuse to reuse)."""
+    if os.path.isdir(path) and exist_ok:
+        mark_made(path)
+        return os.fspath(path)
+    head, name = _split(path)
+    os.makedirs(head, exist_ok=True)
+    if os.path.lexists(path):
+        raise FileExistsError(errno.EEXIST, "exists", os.fspath(path))
+    staged = tempfile.mkdtemp(prefix=f".{name}.made-", dir=head)
+    try:
+        os.chmod(staged, 0o777 & ~_umask())  # as mkdir would make it (mkdtemp makes 0700)
+        mark_made(staged)  # the marker names the inode, which the rename keeps
+        os.rename(staged, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(staged)
+        raise
     return os.fspath(path)
 
 

@@ -263,6 +263,24 @@ def test_only_a_directory_rrtrain_made_is_removed(tmp_path: Path):
     assert not made.exists() and plain.is_dir()
 
 
+def test_a_made_directory_appears_marked_or_not_at_all(tmp_path: Path, monkeypatch):
+    """A process killed between making a directory and marking it must not leave an unmarked one in place."""
+    made = Path(files.make_dir(tmp_path / "a" / "step_10"))
+    assert (made / files.MARKER).is_file() and oct(made.stat().st_mode & 0o777) == oct(0o777 & ~files._umask())
+    assert sorted(p.name for p in made.parent.iterdir()) == ["step_10"]
+    with pytest.raises(FileExistsError):
+        files.make_dir(made)
+    assert files.make_dir(made, exist_ok=True) == str(made)
+
+    def killed(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(files, "mark_made", killed)
+    with pytest.raises(KeyboardInterrupt):
+        files.make_dir(tmp_path / "a" / "step_20")
+    assert sorted(p.name for p in made.parent.iterdir()) == ["step_10"]
+
+
 def test_replace_dir_deletes_only_what_rrtrain_made(tmp_path: Path, capsys):
     out = tmp_path / "out"
     out.mkdir()
