@@ -531,6 +531,18 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def dotted_keys(data: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as `{"a.b.c": value}`, the form overrides, grids and resume checks name keys in."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(dotted_keys(value, full + "."))
+        else:
+            out[full] = value
+    return out
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
     """Read YAML (if any), apply overrides, build and validate a `Config` (`rrtrain.resolve.load` also checks
     it against the residual rules and size presets)."""

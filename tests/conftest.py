@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:  # a file with one test on the cluster goes whole: its other tests share its fixtures
         item.add_marker(pytest.mark.xdist_group("slurm" if item.path in on_cluster else Path(item.path).stem))
     items[:] = [item for item in items if in_slurm[item.nodeid]] + [item for item in items if not in_slurm[item.nodeid]]
+
+
+#: How much lower than the Slurm group's the priority of the other tests' processes is under `make test`.
+BACKGROUND_NICE = 5
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under `make test`, a worker lowers its own priority (and so that of what it starts from then on) before its
+    first test outside the Slurm group. The group is a chain of jobs, each waiting on the one before, and the
+    longest path through the suite; its processes then get the cores when they need them, and the other
+    workers' tests take the rest. Nothing is timed by this: it orders who runs first, not whether a test passes."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and not _NICED and xdist_groups.group_of(item) != "slurm":
+        os.nice(BACKGROUND_NICE)
+        _NICED.append(True)
+
+
+_NICED: list[bool] = []
 
 
 # `--dist loadgroup` by tests/xdist_groups.py's scheduler: the groups travel in a file, not in node ids (which

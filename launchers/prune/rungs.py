@@ -19,9 +19,9 @@ from typing import Any, Callable, Optional
 
 from launchers.prune import rule as prune
 from launchers.state.pruning import STATE, load_state, saved_line  # noqa: F401 (saved_line: the summary line)
-from launchers.sweep.expand import Run, flatten
+from launchers.sweep.expand import Run
 from launchers.sweep.spec import PruneSpec
-from rrtrain.config import is_setting
+from rrtrain.config import dotted_keys, is_setting
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import atomic_write_json
 from rrtrain.rundir import fields, readers, writers
@@ -75,7 +75,7 @@ def rung_steps(p: PruneSpec, run: Run) -> tuple[int, ...]:
 def members(p: PruneSpec, runs: list[Run]) -> list[prune.Member]:
     """The runs as the ladder sees them: grouped by (size, variant), each point labelled by the training keys
     whose values differ within its group (the seed, name and directory aside)."""
-    settings = {r.id: {k: v for k, v in flatten(r.config).items()
+    settings = {r.id: {k: v for k, v in dotted_keys(r.config).items()
                        if is_setting(k)} for r in runs}
     by_group: dict[tuple[str, str], list[Run]] = {}
     for r in runs:

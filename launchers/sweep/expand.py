@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from launchers.sweep.spec import Resources, Sweep
-from rrtrain.config import Config, build, read_yaml, sweep_axes, validate
+from rrtrain.config import Config, build, dotted_keys, read_yaml, sweep_axes, validate
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir.points import point_key
 
@@ -225,16 +225,7 @@ def data_path(sweep: Sweep, out: Path) -> Optional[Path]:
     return p if p.is_absolute() else (sweep.path.parent / p).resolve()
 
 
-def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def config_diff(old: dict, new: dict) -> list[str]:
     """`key: old -> new` for every key whose value differs."""
-    a, b = flatten(old), flatten(new)
+    a, b = dotted_keys(old), dotted_keys(new)
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]

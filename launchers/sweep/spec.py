@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from data_prep.options import default as prep_default
-from rrtrain.config import (DEFAULT_GPU, DEFAULT_MFU, _merge, apply_overrides, build, keys_a_grid_may_not_move,
-                            read_yaml)
+from rrtrain.config import (DEFAULT_GPU, DEFAULT_MFU, _merge, apply_overrides, build, dotted_keys,
+                            keys_a_grid_may_not_move, read_yaml)
 from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
@@ -212,7 +212,7 @@ def parse_grid(data: Any, where: str) -> dict[str, list]:
     if not isinstance(data, dict):
         raise UsageError(f"{where}: expected a mapping of training keys to lists of values, got {data!r}")
     out: dict[str, list] = {}
-    for key, values in _flat_grid(data, "").items():
+    for key, values in dotted_keys(data).items():
         if key in GRID_FORBIDDEN:
             raise UsageError(f"{where}.{key}: {key} is an axis of the sweep (or names its runs): "
                              "it cannot be a grid key")
@@ -224,17 +224,6 @@ def parse_grid(data: Any, where: str) -> dict[str, list]:
         if len({repr(v) for v in values}) != len(values):
             raise UsageError(f"{where}.{key}: a value is listed twice: {values}")
         out[key] = list(values)
-    return out
-
-
-def _flat_grid(data: dict, prefix: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        full = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flat_grid(value, full + "."))
-        else:
-            out[full] = value
     return out
 
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from rrtrain.config import resume_rule
+from rrtrain.config import dotted_keys, resume_rule
 from rrtrain.core import dist
 from rrtrain.core import files as rrfiles
 from rrtrain.core.dist import DistInfo
@@ -422,22 +422,11 @@ def _rule(key: str) -> str:
     return "layout" if key == WORLD_SIZE else resume_rule(key)
 
 
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        full = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, full + "."))
-        else:
-            out[full] = value
-    return out
-
-
 def check_resume(saved: dict, current: dict, saved_world: int, world: int, allow: bool) -> list[str]:
     """Compare the checkpoint's config with the current one; raise UsageError listing refused differences.
 
     Returns the differences that were accepted (to be logged), layout changes included."""
-    old, new = flatten(saved), flatten(current)
+    old, new = dotted_keys(saved), dotted_keys(current)
     diffs = [(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     if saved_world != world:
         diffs.append((WORLD_SIZE, saved_world, world))

@@ -20,7 +20,8 @@ from rrtrain.cli import plan as plan_cli
 from rrtrain.config import Config, ModelConfig, ParallelConfig, TrainConfig
 from rrtrain.core.errors import UsageError
 from rrtrain.planning import plan as planner
-from rrtrain.training.checkpoint import check_resume, flatten
+from rrtrain.config import dotted_keys
+from rrtrain.training.checkpoint import check_resume
 
 # the constants as they were written before the rules moved onto the fields
 OLD_FREE = {
@@ -66,7 +67,7 @@ def keys_to_try() -> list[str]:
     cfg.log.wandb = config.WandbConfig(project="p")
     unknown = ["train.gone", "monitor.gone", "log.wandb.gone", "model.residual.gone", "match.gone", "nosuch",
                "eval.downstream.gone", "run.point.model.size", "parallel.ac.deeper"]
-    return sorted(set(config.schema_keys()) | set(flatten(cfg.to_dict())) | set(unknown))
+    return sorted(set(config.schema_keys()) | set(dotted_keys(cfg.to_dict())) | set(unknown))
 
 
 @pytest.mark.parametrize("key", keys_to_try())
