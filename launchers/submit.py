@@ -24,7 +24,7 @@ from launchers.executors.debug import DebugExecutor
 from launchers.executors.entry import config_path
 from launchers.executors.local import LocalExecutor
 from launchers.executors.render import render
-from launchers.prune import rungs as prune_sweep
+from launchers.prune import rungs as prune_rungs
 from launchers.state import runstate
 from launchers.state.status import run_rows
 from launchers.sweep import record, snapshot
@@ -193,12 +193,12 @@ class Passes:
         if p is None:
             if self.passes > 1:
                 return []
-            prune_sweep.clear_pauses(todo)  # without prune, a run paused or pruned earlier trains to its end
+            prune_rungs.clear_pauses(todo)  # without prune, a run paused or pruned earlier trains to its end
             if not todo:
                 print(f"nothing to submit: all {len(self.runs)} runs are completed, queued or running")
             return todo
-        result = prune_sweep.carry_out(self.out, p, self.runs, skipped, exclude=frozenset(self.failed))
-        for line in prune_sweep.describe(result):
+        result = prune_rungs.carry_out(self.out, p, self.runs, skipped, exclude=frozenset(self.failed))
+        for line in prune_rungs.describe(result):
             if line not in self.shown:
                 print(line)
                 self.shown.add(line)
@@ -233,10 +233,10 @@ class Passes:
                       (f"; not completed: {', '.join(f'{k} (exit {v})' for k, v in bad.items())}" if bad else ""))
             return 1 if bad else 0
         spec = self.sweep.spec
-        saved = prune_sweep.savings(self.out, self.runs, lambda r: cost(r, spec.gpu, spec.mfu))
+        saved = prune_rungs.savings(self.out, self.runs, lambda r: cost(r, spec.gpu, spec.mfu))
         states = Counter((read_final(r.dir).status if read_final(r.dir) else "not ended") for r in self.runs)
         print("runs: " + ", ".join(f"{s}: {n}" for s, n in sorted(states.items())))
-        print(prune_sweep.saved_line(saved))
+        print(prune_rungs.saved_line(saved))
         bad = {rid: c for rid, c in codes.items() if c not in (0, PAUSED_EXIT) and rid not in stopped}
         if waited and bad:
             print("not completed: " + ", ".join(f"{k} (exit {v})" for k, v in sorted(bad.items())))

@@ -24,7 +24,7 @@ from launchers.executors.entry import RunJob
 from slurmutil import held, rrtrain, sweep_file, wait_signalled
 from trainutil import env, final, losses, records
 
-STEPS = 100
+STEPS = 20  # the trainer is held at step 5 until the warning: what follows the resume is short
 SIGNAL_AFTER_S = 30  # USR2 this long after each attempt starts (start-up takes 5-20 s of it)
 EXIT_WITHIN_S = 20  # then the time the task has to save and exit before the executor kills it (not a requeue)
 
