@@ -38,13 +38,6 @@ FILE_VERSION = "brain.Event:2"
 _names = itertools.count()  # tells apart two files opened by one process within one second
 
 
-def crc32c(data: bytes) -> int:
-    """CRC-32C as TensorBoard computes it for a record's checksums (unmasked)."""
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import crc32c as tensorboard_crc32c
-
-    return tensorboard_crc32c(data)
-
-
 def frame(payloads: Iterable[bytes]) -> bytes:
     """`payloads` as consecutive records, framed by TensorBoard's `RecordWriter` into memory (so the caller
     can write them in one go)."""
@@ -55,11 +48,6 @@ def frame(payloads: Iterable[bytes]) -> bytes:
     for payload in payloads:
         writer.write(payload)
     return buffer.getvalue()
-
-
-def record(payload: bytes) -> bytes:
-    """One record: TensorBoard's framing around `payload`."""
-    return frame([payload])
 
 
 def event(summary: Any, step: int, wall_time: Optional[float] = None) -> Any:
