@@ -102,17 +102,6 @@ def check_inputs_outside(out: str, inputs: Iterable[str]) -> None:
                              "write the dataset to another directory")
 
 
-def _umask() -> int:
-    """This process's umask (read without changing it where /proc says it)."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in files.read_bytes("/proc/self/status", 1 << 20).decode("ascii", "replace").splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 @contextlib.contextmanager
 def staged_output(out: str, overwrite: bool, inputs: Iterable[str] = ()) -> Iterator[str]:
     """Yield a fresh staging dir beside OUT; publish it on success, delete it on any exception. `inputs`: the
@@ -129,7 +118,7 @@ def staged_output(out: str, overwrite: bool, inputs: Iterable[str] = ()) -> Iter
         raise UsageError(f"cannot write in '{parent}': permission denied")
     remove_stale_staging(parent, name)
     staging = files.make_temp_dir(f".{name}.tmp-{_host()}-{os.getpid()}-", parent)  # marked: rrtrain made it
-    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the dataset from everyone else
+    os.chmod(staging, 0o777 & ~files.umask())  # mkdtemp's 0700 would hide the dataset from everyone else
     try:
         yield staging
         check_target(out, overwrite)  # someone may have filled OUT meanwhile

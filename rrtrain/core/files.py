@@ -296,7 +296,12 @@ def _skip_line(fh: BinaryIO) -> None:
 # -- writing ------------------------------------------------------------------------------------------
 
 
-def _umask() -> int:
+def umask() -> int:
+    """This process's umask, read from /proc where it says it (setting it to read it back races other threads)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in read_bytes("/proc/self/status", 1 << 20).decode("ascii", "replace").splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -319,7 +324,7 @@ def atomic_writer(root: Union[int, str, os.PathLike[str]], rel: str | os.PathLik
     tmp = f".{name}.{secrets.token_hex(4)}.tmp{os.path.splitext(name)[1]}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC,
-                     0o666 & ~_umask() if mode is None else mode, dir_fd=dfd)
+                     0o666 & ~umask() if mode is None else mode, dir_fd=dfd)
         try:
             with os.fdopen(fd, "wb") as out:
                 yield out
@@ -407,7 +412,7 @@ def make_dir(path: str | os.PathLike[str], exist_ok: bool = False) -> str:
         raise FileExistsError(errno.EEXIST, "exists", os.fspath(path))
     staged = tempfile.mkdtemp(prefix=f".{name}.made-", dir=head)
     try:
-        os.chmod(staged, 0o777 & ~_umask())  # as mkdir would make it (mkdtemp makes 0700)
+        os.chmod(staged, 0o777 & ~umask())  # as mkdir would make it (mkdtemp makes 0700)
         mark_made(staged)  # the marker names the inode, which the rename keeps
         os.rename(staged, path)
     except BaseException:

@@ -266,7 +266,7 @@ def test_only_a_directory_rrtrain_made_is_removed(tmp_path: Path):
 def test_a_made_directory_appears_marked_or_not_at_all(tmp_path: Path, monkeypatch):
     """A process killed between making a directory and marking it must not leave an unmarked one in place."""
     made = Path(files.make_dir(tmp_path / "a" / "step_10"))
-    assert (made / files.MARKER).is_file() and oct(made.stat().st_mode & 0o777) == oct(0o777 & ~files._umask())
+    assert (made / files.MARKER).is_file() and oct(made.stat().st_mode & 0o777) == oct(0o777 & ~files.umask())
     assert sorted(p.name for p in made.parent.iterdir()) == ["step_10"]
     with pytest.raises(FileExistsError):
         files.make_dir(made)
