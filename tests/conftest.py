@@ -55,12 +55,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     first test outside the Slurm group. The group is a chain of jobs, each waiting on the one before, and the
     longest path through the suite; its processes then get the cores when they need them, and the other
     workers' tests take the rest. Nothing is timed by this: it orders who runs first, not whether a test passes."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and not _NICED and xdist_groups.group_of(item) != "slurm":
+    global _niced
+    if os.environ.get("PYTEST_XDIST_WORKER") and not _niced and xdist_groups.group_of(item) != "slurm":
         os.nice(BACKGROUND_NICE)
-        _NICED.append(True)
+        _niced = True
 
 
-_NICED: list[bool] = []
+_niced = False  # this worker lowered its priority already (os.nice adds to it at each call)
 
 
 # `--dist loadgroup` by tests/xdist_groups.py's scheduler: the groups travel in a file, not in node ids (which
