@@ -776,11 +776,6 @@ def keys_with_resume(rule: str) -> frozenset[str]:
     return frozenset(k for k, r in schema_keys().items() if r["resume"] == rule)
 
 
-def keys_that_may_change_on_resume() -> frozenset[str]:
-    """The keys a resume accepts changed without a word: they never change a step."""
-    return keys_with_resume("free")
-
-
 def sweep_axes() -> tuple[str, ...]:
     """The keys a sweep expands into runs (run directory, size, variant, seed), in schema order."""
     return tuple(k for k, r in schema_keys().items() if r["axis"])
@@ -789,9 +784,3 @@ def sweep_axes() -> tuple[str, ...]:
 def keys_a_grid_may_not_move() -> tuple[str, ...]:
     """The sweep's axes and the keys that name a run (`run.name`, `run.point`): a grid key may be none of them."""
     return tuple(k for k, r in schema_keys().items() if r["axis"] or not r["setting"])
-
-
-def non_setting_keys() -> tuple[str, ...]:
-    """The schema's fixed keys that are not a setting (run directory, name, seed), in schema order. The keys under
-    the free-form `run.point` are not settings either: `is_setting` answers for any key."""
-    return tuple(k for k, r in schema_keys().items() if not r["setting"] and not r["free_form"])

@@ -51,7 +51,7 @@ def old_rule(key: str) -> str:
 
 
 def test_resume_sets_are_the_old_constants() -> None:
-    assert config.keys_that_may_change_on_resume() == OLD_FREE
+    assert config.keys_with_resume("free") == OLD_FREE
     assert config.keys_with_resume("layout") == OLD_LAYOUT
     never = config.keys_with_resume("never")
     assert OLD_NEVER <= never and all(k in OLD_NEVER or k.startswith(OLD_NEVER_PREFIXES) for k in never)
@@ -76,7 +76,8 @@ def test_every_key_resumes_as_before(key: str) -> None:
 
 
 def test_sweep_axes_and_settings_are_the_old_constants() -> None:
-    axes, not_setting = config.sweep_axes(), config.non_setting_keys()
+    axes = config.sweep_axes()
+    not_setting = tuple(k for k, r in config.schema_keys().items() if not r["setting"] and not r["free_form"])
     assert sorted(axes) == sorted(OLD_AXES) and len(set(axes)) == len(axes)
     assert sorted(not_setting) == sorted(OLD_NOT_SETTING) and len(set(not_setting)) == len(not_setting)
     assert sorted(config.keys_a_grid_may_not_move()) == sorted(OLD_GRID_FORBIDDEN)
