@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal, Optional, Union
 
 import yaml
 
-from rrtrain.core.untrusted import LIMITS, load_yaml as load_untrusted_yaml, read_named as read_untrusted
+from rrtrain.core.files import LIMITS, load_yaml as load_untrusted_yaml, read_named as read_untrusted
 from rrtrain.core.errors import UsageError
 
 # ---------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Iterator
 
 from rrtrain.core import files
 from rrtrain.core.errors import UsageError
-from rrtrain.core.untrusted import NotRegular, open_lock_file
+from rrtrain.core.files import NotRegular, open_lock_file
 from rrtrain.rundir import fields
 
 SWEEP_LOCK = ".sweep.lock"

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 
 from launchers.sweep.expand import Run, config_diff
 from launchers.sweep.spec import Sweep
-from rrtrain.core import untrusted
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import atomic_write_json
 from rrtrain.rundir import fields
@@ -223,7 +223,7 @@ def load(out: Path, problems: Optional[list[str]] = None) -> Optional[SweepRecor
     record returned and said there, one line each (`rrtrain status` shows the rest)."""
     p = path(out)
     try:
-        raw = untrusted.read_bytes(p)
+        raw = files.read_bytes(p)
     except FileNotFoundError:
         return None
     except OSError as err:

@@ -12,7 +12,7 @@ import os
 import tempfile
 from typing import Any, Optional
 
-from rrtrain.core import untrusted
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 from rrtrain.core.lazy_import import streaming_module
 
@@ -27,19 +27,19 @@ def is_remote(path: str) -> bool:
 
 
 #: a manifest is a few kB; a larger file is not one
-MAX_MANIFEST_BYTES = untrusted.LIMITS["manifest"]
+MAX_MANIFEST_BYTES = files.LIMITS["manifest"]
 DTYPES = ("uint8", "uint16", "int32", "uint32", "int64")
 INT_MAX = 2**63 - 1
 
 
 def _text(path: str) -> str:
     if not is_remote(path):
-        return untrusted.read_bytes(os.path.join(path, MANIFEST), MAX_MANIFEST_BYTES).decode("utf-8")
+        return files.read_bytes(os.path.join(path, MANIFEST), MAX_MANIFEST_BYTES).decode("utf-8")
     CloudDownloader = streaming_module("streaming.base.storage.download").CloudDownloader
     with tempfile.TemporaryDirectory() as tmp:
         local = os.path.join(tmp, MANIFEST)
         CloudDownloader.direct_download(path.rstrip("/") + "/" + MANIFEST, local)
-        return untrusted.read_bytes(local, MAX_MANIFEST_BYTES).decode("utf-8")
+        return files.read_bytes(local, MAX_MANIFEST_BYTES).decode("utf-8")
 
 
 def read_manifest(path: str) -> dict[str, Any]:

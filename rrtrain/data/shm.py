@@ -36,7 +36,7 @@ import torch
 from rrtrain.core.errors import UsageError
 from rrtrain.core.lazy_import import streaming_module
 from rrtrain.core import files as rrfiles
-from rrtrain.core.untrusted import open_lock_file
+from rrtrain.core.files import open_lock_file
 
 #: one process per machine at a time makes or probes streaming's shared-memory names (see `shm_guard`)
 SHM_LOCK = "/dev/shm/rrtrain-streaming.lock" if os.path.isdir("/dev/shm") else os.path.join(tempfile.gettempdir(),

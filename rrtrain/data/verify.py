@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
-from rrtrain.core import untrusted
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 from rrtrain.data.manifest import _short  # a value shown in a message, cut to 40 characters
 
@@ -27,7 +27,7 @@ INDEX = "index.json"
 HASH_PREFERENCE = ("xxh64", "xxh3_64", "sha1", "sha256", "md5")
 _CHUNK = 8 << 20
 #: an index.json of 100,000 shards is about 60 MB; a larger file is not one
-MAX_INDEX_BYTES = untrusted.LIMITS["index"]
+MAX_INDEX_BYTES = files.LIMITS["index"]
 #: what a shard's file name may be: a plain name in its split directory, never a path, "." or ".."
 SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 #: the most samples one shard may claim (a count, not a size: 2**40 rows would not fit any disk)
@@ -40,7 +40,7 @@ def dataset_fingerprint(out_dir: str, tokenizer_hash: str, seq_len: int) -> str:
     The indexes carry every shard's hashes, so the fingerprint pins the shards' contents too."""
     h = hashlib.sha256()
     for split in SPLITS:
-        data = untrusted.read_bytes(os.path.join(out_dir, split, INDEX), MAX_INDEX_BYTES)
+        data = files.read_bytes(os.path.join(out_dir, split, INDEX), MAX_INDEX_BYTES)
         h.update(f"{split}:{len(data)}:".encode())
         h.update(data)
     h.update(f"tokenizer:{tokenizer_hash}:seq_len:{seq_len}".encode())
@@ -59,7 +59,7 @@ def hasher(algo: str) -> Any:
 def file_digest(path: str, algo: str) -> str:
     """Hex digest of a file, read in chunks."""
     h = hasher(algo)
-    with untrusted.open_regular(path) as f:  # a FIFO would block the reader
+    with files.open_regular(path) as f:  # a FIFO would block the reader
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
@@ -124,7 +124,7 @@ def read_index(split_dir: str, split: str) -> list[dict[str, Any]]:
     usable."""
     path = os.path.join(split_dir, INDEX)
     try:
-        index = json.loads(untrusted.read_bytes(path, MAX_INDEX_BYTES))
+        index = json.loads(files.read_bytes(path, MAX_INDEX_BYTES))
     except FileNotFoundError as err:
         raise UsageError(f"split '{split}' has no {INDEX} ({path})") from err
     except OSError as err:
@@ -195,7 +195,7 @@ def verify_shard(split_dir: str, split: str, shard: dict[str, Any], manifest: di
         _check_file(zpath, f"{split}/{zip_entry['basename']}", zip_entry)
         from rrtrain.core.lazy_import import streaming_module  # not `import streaming`: that pulls in transformers
 
-        with untrusted.open_regular(zpath) as f:
+        with files.open_regular(zpath) as f:
             packed = f.read()
         try:
             data = streaming_module("streaming.base.compression").decompress(shard["compression"], packed)

@@ -32,7 +32,7 @@ from torch import nn
 from data_prep.tokenizer import HFTokenizer, Tokenizer, reload
 from rrtrain import config as config_mod
 from rrtrain.config import Config
-from rrtrain.core import untrusted
+from rrtrain.core import files
 from rrtrain.core.dist import DistInfo
 from rrtrain.core.errors import UsageError
 from rrtrain.data.manifest import read_manifest
@@ -44,7 +44,7 @@ from rrtrain.training.checkpoint import CheckpointManager
 
 STEP_DIR = re.compile(r"^step_(\d{1,18})$")
 #: a tokenizer.json larger than this is not one a dataset of rrtrain's holds (GPT-2's is 1.4 MB)
-MAX_TOKENIZER_BYTES = untrusted.LIMITS["tokenizer"]
+MAX_TOKENIZER_BYTES = files.LIMITS["tokenizer"]
 #: DeepSpeed's tag under a checkpoint's state/ (rrtrain/parallel/deepspeed.py)
 DEEPSPEED_TAG = "zero"
 
@@ -154,7 +154,7 @@ def read_tokenizer(data_path: str, manifest: dict[str, Any]) -> Tokenizer:
             if not saved or "/" in saved or saved in (".", ".."):
                 raise UsageError(f"the manifest of {data_path} names no tokenizer file for '{spec}'")
             try:
-                text = untrusted.read_bytes(Path(data_path) / saved, MAX_TOKENIZER_BYTES).decode("utf-8")
+                text = files.read_bytes(Path(data_path) / saved, MAX_TOKENIZER_BYTES).decode("utf-8")
             except (OSError, UnicodeDecodeError) as err:
                 raise UsageError(f"{Path(data_path) / saved} cannot be read "
                                  f"({getattr(err, 'strerror', None) or type(err).__name__})") from None

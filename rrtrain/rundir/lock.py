@@ -32,7 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
-from rrtrain.core import files, untrusted
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir import fields, layout, own_files
 
@@ -276,7 +276,7 @@ def _open_guard(path: Path) -> Any:
     """The take-over guard file, opened never through a link and only when it is a regular file (a FIFO would
     block the opener); UsageError otherwise, naming it."""
     try:
-        return os.fdopen(untrusted.open_lock_file(path), "r+b")
+        return os.fdopen(files.open_lock_file(path), "r+b")
     except OSError as err:  # a link (ELOOP) or not a regular file (NotRegular)
         odd = _not_a_lock_file(path)
         if odd is None:

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional, TextIO
 
-from rrtrain.core import files, untrusted
+from rrtrain.core import files
 from rrtrain.core.io import atomic_write_text
 from rrtrain.rundir import events, fields, layout
 
@@ -45,7 +45,7 @@ class MetricsLogger:
         """Keep the records up to `step`, streamed into a file written aside and renamed (the file may be
         large; a line longer than MAX_LINE_BYTES is garbage, skipped without being held in memory)."""
         try:
-            src = untrusted.open_regular(self.path)  # read as bytes: a line not UTF-8 is garbage, not a crash
+            src = files.open_regular(self.path)  # read as bytes: a line not UTF-8 is garbage, not a crash
         except FileNotFoundError:
             src = None
         with files.atomic_writer(self.path.parent, self.path.name, make_parents=False) as out:

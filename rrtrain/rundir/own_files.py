@@ -18,11 +18,11 @@ import stat
 from pathlib import Path
 from typing import Optional
 
-from rrtrain.core import untrusted
+from rrtrain.core import files
 from rrtrain.rundir import layout
 
 #: files the trainer reads whole or replaces: never larger than this when rrtrain wrote them (a few kB)
-MAX_JSON_BYTES = untrusted.LIMITS["json"]
+MAX_JSON_BYTES = files.LIMITS["json"]
 #: file name -> the most bytes it may hold (None: no whole-file limit; metrics.jsonl is read line by line)
 FILES: dict[str, Optional[int]] = {
     layout.CONFIG: MAX_JSON_BYTES,
@@ -64,7 +64,7 @@ def file_problem(path: Path, limit: Optional[int]) -> Optional[str]:
     if limit is not None and st.st_size > limit:
         return f"is {st.st_size} bytes, more than rrtrain ever writes there ({limit})"
     try:
-        untrusted.open_regular(path).close()  # readable by this user (and still a regular file)
+        files.open_regular(path).close()  # readable by this user (and still a regular file)
     except OSError as err:
         return f"cannot be read ({err.strerror or err})"
     return None

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from rrtrain.core import untrusted
+from rrtrain.core import files
 from rrtrain.core.io import atomic_write_text
 from rrtrain.rundir import fields
 from rrtrain.rundir.layout import RANKS
@@ -52,7 +52,7 @@ def read(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for path in sorted((Path(run_dir) / RANKS).glob("rank*.json")):
         try:
-            rec = json.loads(untrusted.read_bytes(path, "rank"))
+            rec = json.loads(files.read_bytes(path, "rank"))
         except (OSError, ValueError, RecursionError):
             continue
         rank, host = (fields.count(rec.get("rank")), fields.text(rec.get("host"))) if isinstance(rec, dict) else (None, None)

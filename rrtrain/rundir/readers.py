@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from rrtrain.core import files, untrusted
+from rrtrain.core import files
 from rrtrain.rundir import fields, layout
 
 #: by default `read_tail` parses training, evaluation and flag lines only: the long diagnostic lines are skipped
@@ -36,7 +36,7 @@ def read_json_object(path: Path, name: Optional[str] = None,
     `name`, by default its file name)."""
     name = name or path.name
     try:
-        raw = untrusted.read_bytes(path)
+        raw = files.read_bytes(path)
     except FileNotFoundError:
         return None
     except OSError as err:
@@ -146,7 +146,7 @@ def read_config(run_dir: str | os.PathLike[str], problems: Optional[list[str]] =
     `problems`). A section of the wrong type is the caller's to skip (`fields.dig`)."""
     path = Path(run_dir) / layout.CONFIG
     try:
-        body = untrusted.read_bytes(path).decode("utf-8")
+        body = files.read_bytes(path).decode("utf-8")
     except FileNotFoundError:
         return {}
     except (OSError, UnicodeDecodeError) as err:
@@ -155,7 +155,7 @@ def read_config(run_dir: str | os.PathLike[str], problems: Optional[list[str]] =
     import yaml  # only the readers that need the config pay for yaml
 
     try:
-        data = untrusted.load_yaml(body)  # aliases and nesting bounded
+        data = files.load_yaml(body)  # aliases and nesting bounded
     except (yaml.YAMLError, ValueError, RecursionError) as err:
         _refuse(problems, f"{layout.CONFIG} unreadable: {type(err).__name__}")
         return {}
@@ -240,7 +240,7 @@ def records(path: Path, max_line: int = MAX_LINE_BYTES) -> Iterator[Optional[dic
     None for a line that is not one (a torn last line, garbage, a list, a string, a line over `max_line` bytes,
     which is read through in bounded pieces, never held whole). A missing file has none."""
     try:
-        fh = untrusted.open_regular(path)
+        fh = files.open_regular(path)
     except OSError:
         return
     with fh:
@@ -312,7 +312,7 @@ def _tail_lines(path: Path, tail_bytes: Optional[int]) -> tuple[list[bytes], boo
     """The whole lines in the last `tail_bytes` (None: all) of a file, and whether that was the whole file; a
     missing file has none."""
     try:
-        with untrusted.open_regular(path) as fh:
+        with files.open_regular(path) as fh:
             size = fh.seek(0, os.SEEK_END)
             start = 0 if tail_bytes is None else max(0, size - tail_bytes)
             fh.seek(start)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generic, Optional, TypeVar
 
-from rrtrain.core import untrusted
+from rrtrain.core import files
 from rrtrain.rundir import fields
 from rrtrain.rundir.readers import Latest
 
@@ -86,7 +86,7 @@ class MetricsTail:
         from rrtrain.rundir.readers import latest_records
 
         try:
-            with untrusted.open_regular(self.path) as fh:
+            with files.open_regular(self.path) as fh:
                 st = os.fstat(fh.fileno())
                 back = min(st.st_size, 64 * 1024)
                 fh.seek(st.st_size - back)
@@ -112,7 +112,7 @@ class MetricsTail:
         if key == self.key:
             return []
         try:
-            fh = untrusted.open_regular(self.path)
+            fh = files.open_regular(self.path)
         except OSError:
             return []
         with fh:

@@ -12,12 +12,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rrtrain.core import untrusted
+from rrtrain.core import files
 from rrtrain.rundir import fields
 
 NAME = "train_state.json"
 #: train_state.json holds the resolved config and the loader's position: a few kB (16 MiB is far beyond it)
-MAX_BYTES = untrusted.LIMITS["train_state"]
+MAX_BYTES = files.LIMITS["train_state"]
 
 
 #: how train_state.json spells a non-finite float (JSON has none; a best loss starts at infinity)
@@ -48,7 +48,7 @@ class BadTrainState(ValueError):
 def read(path: Path) -> dict[str, Any]:
     """The checked contents of `path` (a train_state.json). OSError when it cannot be read, BadTrainState when
     it is not JSON or a field is wrong."""
-    raw = untrusted.read_bytes(path, MAX_BYTES)
+    raw = files.read_bytes(path, MAX_BYTES)
     try:
         data = json.loads(raw, object_hook=_decode)
     except RecursionError:

@@ -1,4 +1,4 @@
-"""One file-access layer (`rrtrain.core.files`, with `io` and `untrusted` beside it): a static pass over every
+"""One file-access layer (`rrtrain.core.files`, with `io` beside it): a static pass over every
 module of ROOTS fails when code outside the layer opens, reads, writes, renames or deletes a path itself
 (`open(`, `Path.read_text/write_text/read_bytes/write_bytes/open`, `os.open`, `shutil.rmtree`, `os.replace`,
 `os.rename`, `os.unlink/remove`, `Path.unlink`), signals a process (`os.kill`) or runs `scancel`, except the
@@ -21,8 +21,8 @@ from trainutil import REPO
 
 ROOTS = ("rrtrain", "data_prep", "launchers")  # the packages whose modules the pass reads
 #: the layer: the only modules that may touch a path directly
-LAYER = ("rrtrain/core/files.py", "rrtrain/core/io.py", "rrtrain/core/untrusted.py")
-LAYER_MODULES = ("rrtrain.core.files", "rrtrain.core.io", "rrtrain.core.untrusted")
+LAYER = ("rrtrain/core/files.py", "rrtrain/core/io.py")
+LAYER_MODULES = ("rrtrain.core.files", "rrtrain.core.io")
 
 #: (module path, function, call) -> why it may stay outside the layer: package resources, the kernel's own
 #: files, paths that are no one's. Kept short; an entry that no longer matches a call fails the pass.

@@ -203,7 +203,7 @@ def test_config_is_the_bottom_layer_on_errors_alone():
     graph = import_graph()
     assert "rrtrain.config" in graph["rrtrain.residuals.base"] and "rrtrain.config" in graph["rrtrain.model.sizing"]
     # the bottom layer stands on errors alone, and on the stdlib-only reader of files it did not write
-    assert graph["rrtrain.config"] <= {"rrtrain.core.errors", "rrtrain.core.untrusted"}
+    assert graph["rrtrain.config"] <= {"rrtrain.core.errors", "rrtrain.core.files"}
 
 
 def test_importing_config_loads_neither_sizing_nor_the_registry():

@@ -21,7 +21,7 @@ from launchers.submit import to_submit
 from launchers.sweep.expand import Run
 from launchers.sweep.record import RunEntry
 from launchers.sweep.spec import Resources
-from rrtrain.core import untrusted
+from rrtrain.core import files
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir import readers
 from rrtrain.rundir.readers import parse_final
@@ -114,13 +114,13 @@ def test_status_of_200_big_runs_reads_only_their_tails(tmp_path, monkeypatch):
     """The tail-only read, counted in bytes rather than timed (the CPU figure: tests/benchmarks/bench_status.py)."""
     held = big_sweep(tmp_path, 200)
     tally: dict[str, int] = {}
-    real_open = untrusted.open_regular
+    real_open = files.open_regular
 
-    def counting_open(path):  # noqa: ANN001, ANN202 - as untrusted.open_regular
+    def counting_open(path):  # noqa: ANN001, ANN202 - as files.open_regular
         fh = real_open(path)
         return io.BufferedReader(CountingRaw(fh.detach(), tally, str(path)))
 
-    monkeypatch.setattr(untrusted, "open_regular", counting_open)
+    monkeypatch.setattr(files, "open_regular", counting_open)
     status = status_cli.collect(tmp_path)
     assert status["counts"] == {"running": 100, "completed": 100}
     assert status["runs"][0]["state"] == "running"  # needs more attention than the completed ones

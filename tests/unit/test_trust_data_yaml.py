@@ -69,7 +69,7 @@ def test_structures_that_contain_themselves_or_nest_too_deep(tmp_path, text, why
 
 
 def test_a_run_config_and_an_override_are_bounded(tmp_path):
-    from rrtrain.core.untrusted import load_yaml
+    from rrtrain.core.files import load_yaml
 
     run = tmp_path / "run"
     run.mkdir()
@@ -95,7 +95,7 @@ def test_base_that_is_a_loop_of_links_is_one_line(tmp_path):
 
 
 def test_the_project_configs_read_as_plain_yaml_reads_them():
-    from rrtrain.core.untrusted import load_yaml
+    from rrtrain.core.files import load_yaml
 
     files = sorted((REPO / "configs").rglob("*.yaml"))
     assert len(files) >= 10

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rrtrain.core import untrusted
+from rrtrain.core import files
 from rrtrain.rundir import layout, metrics, own_files
 
 MAKERS = {
@@ -71,14 +71,14 @@ def test_an_oversized_or_unreadable_file_is_refused(run_dir, monkeypatch):
         f.truncate(own_files.MAX_JSON_BYTES + 1)  # metrics.jsonl has no whole-file limit (read line by line)
     assert own_files.problem(run_dir) is None
 
-    real = untrusted.open_regular
+    real = files.open_regular
 
     def denied(path):  # noqa: ANN001 - tests run as root, whom chmod 000 does not stop
         if Path(path).name == layout.METRICS:
             raise PermissionError(13, "Permission denied", str(path))
         return real(path)
 
-    monkeypatch.setattr(own_files.untrusted, "open_regular", denied)
+    monkeypatch.setattr(own_files.files, "open_regular", denied)
     assert own_files.problem(run_dir) == (f"{run_dir / layout.METRICS} cannot be read (Permission denied): move "
                                           "it out of the run directory and start the run again (it is left as it is)")
 
