@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast bench install clean
 
-$(STAMP): pyproject.toml
+# tools/install.py installs with uv, from the indexes pip is configured with (pip alone where uv is not to be had)
+$(STAMP): pyproject.toml tools/install.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) tools/install.py -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -11,7 +11,7 @@ the manifest in `train_state.json` (the checks resume makes, `CheckpointManager.
 through the bounded reader. Bad input is one UsageError line and nothing is written.
 
 This module sits above `training/` (it uses the checkpoint manager), although it lives beside the model it
-loads: tests/unit/test_import_layers.py gives it a layer of its own.
+loads: tests/unit/repository/test_import_layers.py gives it a layer of its own.
 """
 
 from __future__ import annotations

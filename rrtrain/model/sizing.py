@@ -1,7 +1,7 @@
 """Size presets, analytic parameter and FLOP counts, and parameter matching by widening.
 
 Counts are computed from the shape, never by allocating a model: sweeps size 1B and 70B runs on a laptop.
-`tests/unit/test_sizing.py` checks every formula here against a model built on the meta device.
+`tests/unit/rrtrain/model/test_sizing.py` checks every formula here against a model built on the meta device.
 
 A rule is passed as its registry spec (a resolved run holds it: `rrtrain.resolve`), or by name for callers
 that hold only a name; the registry is imported only then, so the presets and the counts load without torch

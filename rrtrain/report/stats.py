@@ -2,7 +2,7 @@
 power analysis with the noncentral t distribution, and Holm's correction.
 
 Every function takes plain numbers or sequences and returns plain numbers, so each can be checked
-against an independent computation (tests/unit/test_report_stats.py).
+against an independent computation (tests/unit/rrtrain/report/test_report_stats.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The review gate in eager mode: as written (W applied block by block to factored norms, gate and merge one
 autograd function with a hand-written backward) against the same factored form differentiated by autograd
 (the implementation before the hand-written backward) and the concatenated form (the oracle of
-tests/unit/test_gate_oracle.py), all against `standard`.
+tests/unit/rrtrain/residuals/test_gate_oracle.py), all against `standard`.
 
 Run:  .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/benchmarks/bench_gate.py   (or `make bench`)
 
@@ -25,7 +25,7 @@ from rrtrain.config import ModelConfig, ResidualConfig
 from rrtrain.model.transformer import build_model
 from rrtrain.residuals.norm import inv_rms
 from rrtrain.residuals.single import GatedSite
-from unit.test_gate_oracle import oracle_write
+from unit.rrtrain.residuals.test_gate_oracle import oracle_write
 
 
 def autograd_write(site: GatedSite, state: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

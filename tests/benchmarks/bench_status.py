@@ -5,22 +5,19 @@ Run:  .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/benchmarks -k s
 
 The figure is this process's CPU time (`time.process_time`), what reading whole logs would cost whatever else
 runs on the machine; docs/cluster.md quotes the target (under 2 s). The suite checks the mechanism instead (the
-bytes read per file, tests/unit/test_sweep_status.py), which does not depend on the machine's load.
+bytes read per file, tests/unit/launchers/state/test_sweep_status.py), which does not depend on the machine's load.
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 from launchers.sweep import record
 from launchers.state import status as status_cli
 from rrtrain.rundir import lock as runlock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_sweep_status import fake_run  # noqa: E402  the suite's big run, measured here instead of checked
 from sweeputil import write_record
+from unit.launchers.state.test_sweep_status import fake_run  # the suite's big run, measured here instead of checked
 
 RUNS, BIG_MB, TARGET_CPU_S = 200, 200, 2.0
 

@@ -180,7 +180,8 @@ batches = [torch.randint(0, 64, (ACCUM * MICRO * info.world_size, 17), generator
 
 def engine(stage, precision):
     cfg = load_config(None, ["model.size=tiny", "model.vocab_size=64", "model.seq_len=16", "model.n_layers=2",
-                             "train.global_batch=8", "train.micro_batch=2", "parallel.backend=deepspeed",
+                             "train.global_batch=8", "train.micro_batch=2", "train.compile=false",
+                             "parallel.backend=deepspeed",
                              f"parallel.zero_stage={stage}", f"parallel.precision={precision}"])
     return build_engine(build_model(cfg.model, device="meta"), cfg, info)  # as training builds it
 

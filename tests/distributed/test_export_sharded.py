@@ -1,7 +1,7 @@
 """`rrtrain.model.from_run.load_run` on checkpoints written by 2 ranks: an FSDP2 one (DCP, two shards) and a
 DeepSpeed ZeRO-2 one (its own files, optimizer state partitioned), each loaded on one process without a process
 group and compared with the same checkpoint read back by torch's and DeepSpeed's own whole-model readers.
-tests/unit/test_export_hf.py covers single-process runs and the exported model's logits."""
+tests/unit/rrtrain/export/test_export_hf.py covers single-process runs and the exported model's logits."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 step 6 and resumed to its end (step 8). Each evaluation step is logged exactly once; the logged values equal
 `rrtrain eval RUN --step S` on the same checkpoints and `lm_eval --model hf` on the exported model (to the
 harness's printed precision, 4 decimals); bad input is one line, exit status 2, and nothing written.
-The parts on their own: tests/unit/test_eval_tasks.py."""
+The parts on their own: tests/unit/rrtrain/eval/test_eval_tasks.py."""
 
 from __future__ import annotations
 

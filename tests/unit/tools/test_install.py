@@ -1,0 +1,52 @@
+"""tools/install.py (`make install`): uv is given the sources pip is configured with, a variable over a file."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from trainutil import REPO
+
+
+@pytest.fixture
+def install(monkeypatch, tmp_path):
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_CERT"):
+        monkeypatch.delenv(name, raising=False)
+    conf = tmp_path / "pip.conf"  # read after the machine's own files, so its keys win over theirs
+    conf.write_text("[global]\nindex-url = https://mirror.example/simple\n"
+                    "extra-index-url =\n    file:///srv/a/simple\n    file:///srv/b/simple\n"
+                    "find-links = /srv/wheels\ncert = /etc/site-ca.pem\n[install]\nconstraint = /srv/caps.txt\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    spec = importlib.util.spec_from_file_location("install", REPO / "tools" / "install.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def flags(command: list[str], flag: str) -> list[str]:
+    return [command[i + 1] for i, word in enumerate(command) if word == flag]
+
+
+def test_uv_gets_every_source_pip_is_configured_with(install):
+    command = install.uv_command(["-e", ".[test]"], install.pip_settings())
+    assert command[:5] == [sys.executable, "-m", "uv", "pip", "install"]
+    assert flags(command, "--python") == [sys.executable]
+    assert flags(command, "--index-url") == ["https://mirror.example/simple"]
+    assert flags(command, "--extra-index-url") == ["file:///srv/a/simple", "file:///srv/b/simple"]
+    assert flags(command, "--find-links") == ["/srv/wheels"]
+    assert flags(command, "--constraint") == ["/srv/caps.txt"]
+    assert flags(command, "--index-strategy") == ["unsafe-best-match"]  # any index may have the best version
+    assert "--compile-bytecode" in command  # imports in the tests' many processes read .pyc, never compile
+    assert command[-2:] == ["-e", ".[test]"]
+    assert install.pip_settings()["cert"] == ["/etc/site-ca.pem"]
+
+
+def test_a_pip_variable_replaces_the_files_value(install, monkeypatch):
+    monkeypatch.setenv("PIP_FIND_LINKS", "/opt/here /opt/there")
+    monkeypatch.setenv("PIP_INDEX_URL", "https://other.example/simple")
+    settings = install.pip_settings()
+    assert settings["find-links"] == ["/opt/here", "/opt/there"]
+    assert settings["index-url"] == ["https://other.example/simple"]
+    assert settings["extra-index-url"] == ["file:///srv/a/simple", "file:///srv/b/simple"]
