@@ -134,7 +134,7 @@ def run(cfg: "Config") -> int:
         trainer.emit("on_end")
         raise
     except BaseException as err:
-        lost = watch.lost() if watch is not None and is_comm_error(err) else None
+        lost = watch.lost(give_up=lambda: stop.signum is not None) if watch is not None and is_comm_error(err) else None
         trainer.fail_final(lost or f"{type(err).__name__}: {err}".splitlines()[0])
         trainer.emit("on_end")
         if lost:  # a rank died or hung (no launcher tore the group down): name it, not gloo's symptom

@@ -142,12 +142,14 @@ class PeerWatch:
         return (f"rank{s} {who} of {self.info.world_size} stopped responding ({how}; the process died or hung"
                 f"{'; ' + where if where else ''}); rank {self.info.rank} is ending the run")
 
-    def lost(self) -> Optional[str]:
+    def lost(self, give_up: Callable[[], bool] = lambda: False) -> Optional[str]:
         """After a failed collective: the message naming the silent ranks, or None if all still beat.
-        Waits a few heartbeats for a dead rank to fall silent."""
+        Waits a few heartbeats for a dead rank to fall silent, unless `give_up()` says the process is being
+        stopped (Slurm ending a job whose node it declared down: SIGTERM, then SIGKILL KillWait seconds later),
+        so that final.json is written, with the collective's own error, before the kill."""
         grace = 3 * self.interval + 1.0
         deadline = time.monotonic() + 1.5 * grace + 2 * self.interval
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not give_up():
             gone = self.silent(grace)
             if gone:
                 return self.message(gone, grace)

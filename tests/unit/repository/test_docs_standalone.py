@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 from trainutil import REPO
 
-TRACKED = ("rrtrain", "launchers", "data_prep", "tests", "docs", "configs", "slurm", ".ci")
-TOP = ("README.md", "Makefile", "pyproject.toml")
+TRACKED = ("rrtrain", "launchers", "data_prep", "tests", "docs", "configs", "slurm", "tools", ".ci")
+TOP = ("README.md", "DEVELOPERS.md", "Makefile", "pyproject.toml")
 OUTSIDE = re.compile(r"\b(RESIDUALS|DESIGN|ANCHORS|STYLE)\.md\b|\.\./shared\b|\bseed 00\d\b")
 
 

@@ -47,6 +47,28 @@ def test_the_watchdog_names_a_lost_rank_with_its_host():
     assert "rank 1 ran on rrnode2" in message
 
 
+def test_after_a_failed_collective_the_watch_stops_waiting_when_the_process_is_being_stopped(monkeypatch):
+    """Slurm ends the job of a node it declared down with SIGTERM and SIGKILL KillWait seconds later: the wait
+    for a dead rank's heartbeat to go stale gives up at the signal, so final.json is written before the kill."""
+    import threading
+    import time
+
+    from rrtrain.monitoring import watchdog
+
+    watch = object.__new__(PeerWatch)
+    watch.info = dist.DistInfo(rank=0, world_size=2, local_rank=0, device=None)
+    watch.interval, watch.hosts, watch.store_lost_at = 5.0, {1: "rrnode2"}, None
+    watch._lock = threading.Lock()
+    watch.seen = {1: ("7", time.monotonic())}  # rank 1 beat just now: not yet silent for the grace
+    naps: list[float] = []
+    monkeypatch.setattr(watchdog.time, "sleep", naps.append)
+    asked = iter([False, False, True])  # the signal arrives after two rounds
+    assert watch.lost(give_up=lambda: next(asked)) is None
+    assert naps == [2.5, 2.5]
+    watch.seen = {1: ("7", time.monotonic() - 60)}  # silent for long: named at once, signal or not
+    assert watch.lost(give_up=lambda: False).startswith("rank 1 of 2 stopped responding")
+
+
 def test_a_gloo_interface_the_host_lacks_is_one_line_naming_the_setting(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "bogus0")
     err = RuntimeError("[enforce fail at device.cc:84] ifa != nullptr. Unable to find address for: bogus0")
