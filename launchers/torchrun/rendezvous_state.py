@@ -16,7 +16,8 @@ from types import SimpleNamespace
 from typing import Any
 
 _DYNAMIC = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
-#: every global a rendezvous state pickles (checked against torch's own state in tests/unit/launchers/torchrun/test_trust_rendezvous.py)
+#: every global a rendezvous state pickles (checked against torch's own state in
+#: tests/unit/launchers/torchrun/test_trust_rendezvous.py)
 ALLOWED = {
     (_DYNAMIC, "_RendezvousState"), (_DYNAMIC, "_NodeDesc"),
     ("datetime", "datetime"), ("datetime", "timezone"), ("datetime", "timedelta"),

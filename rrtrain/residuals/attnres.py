@@ -17,8 +17,8 @@ block, past its recompile limit (8) none at all. Every block now sees the same s
 at the end and the oldest empty slot leaves at the front (a tuple shift: no tensor is copied). The empty
 slots are views of e (no memory; any finite value would do). A read while compiling aggregates over all S
 slots, an empty slot's logit −inf, so its weight is exactly 0 and the output and gradients are those of the
-m sources alone (tests/unit/rrtrain/residuals/test_compile_rules.py); the price is S slots' work rather than m (about twice the
-aggregation's for Full AttnRes). An eager read knows m from its sublayer index and aggregates over the last
+m sources alone (tests/unit/rrtrain/residuals/test_compile_rules.py); the price is S slots' work rather than m
+(about twice the aggregation's for Full AttnRes). An eager read knows m from its sublayer index and aggregates over the last
 m slots only: the arithmetic of the growing tuple of sources it always was, bit for bit.
 """
 

@@ -18,7 +18,8 @@ The state is opaque to the transformer block: a tensor (B, T, D) for single-stre
 for multi-stream ones, or a tuple of tensors for depth-aggregating ones. The block only passes it along,
 so a new rule never touches the block. Keep its structure (shapes, strides, how many tensors) and what forward
 reads of a site's plain attributes the same from block to block: `train.compile` compiles each block, and
-dynamo compiles one more graph wherever they differ (tests/unit/rrtrain/residuals/test_compile_rules.py counts them).
+dynamo compiles one more graph wherever they differ (tests/unit/rrtrain/residuals/test_compile_rules.py counts
+them).
 
 A rule module declares the rest in one place: its knobs (a dataclass of `model.residual` keys with their
 defaults and a `check()`), the `count(d, cfg)` of its Site and Stream (the analytic parameter count, which

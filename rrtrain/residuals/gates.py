@@ -28,7 +28,8 @@ class Gate(nn.Module):
     input is RMSN_i(x) = s(x) * (x * g_i) with s(x) = 1/rms(x) one scalar per row,
         W z = sum_i s(x_i) * (x_i @ (W_i * g_i)^T).
     The gains fold into the (small) weight instead of the activations. The parameters are those of the
-    concatenated form (same names, same shapes), which tests/unit/rrtrain/residuals/test_gate_oracle.py keeps as the oracle.
+    concatenated form (same names, same shapes), which tests/unit/rrtrain/residuals/test_gate_oracle.py keeps as
+    the oracle.
     """
 
     def __init__(self, in_features: int, d: int, rank: int, bias_init: float) -> None:

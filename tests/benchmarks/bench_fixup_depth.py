@@ -1,6 +1,6 @@
 """`fixup` at 40 sublayers over the tiny config's whole schedule, seeds 0-4: the long form of
-tests/unit/rrtrain/residuals/test_residuals_fixup.py::test_fixup_trains_at_40_sublayers (seed 0, 30 steps; it ran seeds 0-4 for 30
-steps before, 132 s of the suite), and the readout ablation that docs/depth.md tabulates.
+tests/unit/rrtrain/residuals/test_residuals_fixup.py::test_fixup_trains_at_40_sublayers (seed 0, 30 steps; it ran
+seeds 0-4 for 30 steps before, 132 s of the suite), and the readout ablation that docs/depth.md tabulates.
 
 Run:  .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/benchmarks/bench_fixup_depth.py
 (about 5 minutes on one free core: five 200-step runs, and five that stop within ~35 steps).

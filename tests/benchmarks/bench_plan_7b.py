@@ -2,8 +2,8 @@
 AdamW step at a short sequence (fp32), its measured peak against the plan's (target: within 20%).
 
 The model is built on meta and sharded with FSDP2 over torch's fake process group, as
-tests/unit/rrtrain/planning/test_plan_fake_world.py does, but here rank 0's shards are real CPU tensors and the step runs
-for real on them (the fake all-gathers return uninitialised buffers of the right size, so the values are
+tests/unit/rrtrain/planning/test_plan_fake_world.py does, but here rank 0's shards are real CPU tensors and the step
+runs for real on them (the fake all-gathers return uninitialised buffers of the right size, so the values are
 meaningless and the memory is real). Memory is counted by torch's MemTracker. Needs about 5 GB of RAM and
 a few minutes of one core: not part of `make test`.
 """
