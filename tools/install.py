@@ -1,7 +1,7 @@
 """Install requirements into this interpreter's environment with uv, from where pip is configured to look.
 
 `make install` spends most of its time unpacking torch and its CUDA libraries (about 5 GB): pip does it on one
-core, uv in parallel, with the same packages in a third of the time (docs/performance.md). uv reads no pip.conf,
+core, uv in parallel, the same packages in well under half the time (docs/performance.md). uv reads no pip.conf,
 so what pip is configured with (files and PIP_* variables, as `pip config list` reports them: the index, extra
 indexes, find-links, constraints, a CA bundle) is passed on, and uv picks among the indexes as pip does. Where
 uv cannot be installed, pip does the whole install.
