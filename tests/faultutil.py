@@ -1,6 +1,6 @@
-"""Helpers of the fault-injection tests: ranks started the way srun or submitit start them (one plain process
-per rank sharing MASTER_ADDR/PORT, RANK and WORLD_SIZE, with no torchrun above them to tear the group down
-when one dies), and small real filesystems (tmpfs mounts: full disks, read-only directories)."""
+"""Helpers of the fault-injection tests: waiting on ranks started srun-style (trainutil.start_ranks: no torchrun
+above them to tear the group down when one dies), and small real filesystems (tmpfs mounts: full disks,
+read-only directories)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Iterator
 
-from trainutil import PY, TINY, Process, env, free_port, spawn
-
-
-def start_ranks(run_dir: Path, data: Path, *overrides: str, world: int = 2) -> list[Process]:
-    """Start `world` ranks of one run; each in its own session, output captured separately (forked by the tests'
-    fork server, trainutil.spawn: as plain processes, the way srun starts them)."""
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        e = env()
-        # one node: the local rank and size submitit exports (streaming places its shared memory by them)
-        e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                 LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-        cmd = [PY, "-m", "rrtrain.train", TINY, f"data.path={data}", f"run.dir={run_dir}", *overrides]
-        procs.append(spawn(cmd, e, merge_stderr=False))
-    return procs
+from trainutil import Process
 
 
 def finish(procs: list[Process], timeout: float) -> list[tuple[int, str, str]]:

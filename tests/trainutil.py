@@ -130,11 +130,64 @@ def stop_server() -> None:
         _servers.clear()
 
 
+def start_ranks(run_dir: Path, data: Path, *overrides: str, world: int = 2) -> list[Process]:
+    """Start `world` ranks of one run the way srun or submitit start them on one node: one process per rank
+    sharing MASTER_ADDR/PORT, RANK and WORLD_SIZE, with no torchrun above them; each in its own session, output
+    captured separately, forked by the fork server (see spawn)."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        e = env()
+        # the local rank and size submitit exports (streaming places its shared memory by them)
+        e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                 LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+        procs.append(spawn(train_cmd(run_dir, data, list(overrides)), e, merge_stderr=False))
+    return procs
+
+
+def wait_ranks(procs: list[Process], timeout: float) -> tuple[int, str, str]:
+    """Wait for every rank, as torchrun's agent does: the first rank to fail ends the others at once (they would
+    wait on it in a collective), and so does the end of `timeout` (then TimeoutExpired). Returns the job's exit
+    status (the first failed rank's, else 0) and the ranks' stdout and stderr, rank after rank."""
+    outputs: dict[int, tuple[str, str]] = {}
+
+    def end_the_rest() -> None:
+        for i, p in enumerate(procs):
+            if i not in outputs and p.poll() is None:
+                kill_group(p)
+
+    deadline = time.monotonic() + timeout
+    failed: Optional[int] = None
+    while len(outputs) < len(procs):
+        if time.monotonic() > deadline:
+            end_the_rest()
+            raise subprocess.TimeoutExpired([p.args for p in procs], timeout)
+        for i, p in enumerate(procs):  # in one thread: a Forked's exit status is read from one socket
+            if i not in outputs:
+                try:
+                    out, err = p.communicate(timeout=0.05)
+                except subprocess.TimeoutExpired:
+                    continue
+                outputs[i] = (out or "", err or "")
+                if p.returncode and failed is None:
+                    failed = p.returncode
+                    end_the_rest()
+    ranks = [outputs[i] for i in range(len(procs))]
+    return failed or 0, "".join(out for out, _ in ranks), "".join(err for _, err in ranks)
+
+
 def train(run_dir: Path, data: Path, *overrides: str, nproc: int = 1, timeout: float = 600,
           expect: Optional[int] = 0, fresh: bool = False) -> subprocess.CompletedProcess:
     """Run a training job to its end; check its exit status unless expect is None. One process: forked by the fork
-    server unless `fresh` (see spawn)."""
-    result = run_cmd(train_cmd(run_dir, data, list(overrides), nproc), env(), timeout, fresh=fresh)
+    server unless `fresh` (see spawn). Several: srun-style ranks forked by the fork server (start_ranks), unless
+    `fresh` (torchrun): what is tested here is the run's parallelism, and torchrun's start-up costs a new
+    interpreter per rank and one for its agent; start() and the tests of launchers keep torchrun."""
+    if nproc > 1 and not fresh:
+        cmd = train_cmd(run_dir, data, list(overrides), nproc)
+        status, out, err = wait_ranks(start_ranks(run_dir, data, *overrides, world=nproc), timeout)
+        result = subprocess.CompletedProcess(cmd, status, out, err)
+    else:
+        result = run_cmd(train_cmd(run_dir, data, list(overrides), nproc), env(), timeout, fresh=fresh)
     if expect is not None and result.returncode != expect:
         raise AssertionError(f"exit {result.returncode} (expected {expect})\n{result.stdout[-3000:]}\n"
                              f"{result.stderr[-5000:]}")

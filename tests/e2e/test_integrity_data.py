@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from faultutil import finish, start_ranks
-from trainutil import final, train
+from faultutil import finish
+from trainutil import final, start_ranks, train
 
 SHARD = "train/shard.00000.mds"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from faultutil import can_mount, finish, resize, start_ranks, tmpfs
-from trainutil import final, losses, records, train
+from faultutil import can_mount, finish, resize, tmpfs
+from trainutil import final, losses, records, start_ranks, train
 
 pytestmark = pytest.mark.skipif(not can_mount(), reason="needs to mount a tmpfs (root with CAP_SYS_ADMIN)")
 

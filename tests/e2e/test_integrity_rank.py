@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from faultutil import start_ranks
-from trainutil import final, wait_for_step
+from trainutil import final, start_ranks, wait_for_step
 
 TIMEOUT_S = 20
 MARGIN_S = 15
