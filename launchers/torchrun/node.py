@@ -9,7 +9,8 @@ c10d rendezvous store on a socket it binds itself before torchrun starts, on the
 interface where that is a loopback address the other nodes cannot reach): when the port is taken, the job ends
 with one line naming it. torch would instead connect as a client to whoever holds the port; the other agents are
 told they never host it (`is_host`), so none of them falls back either. The state they read back is unpickled
-by launchers.torchrun.rendezvous_state.
+by launchers.torchrun.rendezvous_state. The id torch names in its log lines and errors is written as
+`<rendezvous id>` (launchers.torchrun.log_redaction): the job's log may be readable by others.
 
 The agent that becomes node rank 0 hosts the store its ranks share (MASTER_PORT, at MASTER_ADDR = `--local-addr`,
 else the node's fully qualified name), at a free port on the address MASTER_ADDR resolves to (torch's own where
@@ -27,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from launchers.torchrun import rendezvous, rendezvous_state
+from launchers.torchrun import log_redaction, rendezvous, rendezvous_state
 from launchers.torchrun.store_binding import bind_stores
 from rrtrain.core.errors import UsageError, fail
 from rrtrain.core.stores import bindable_address, listener
@@ -78,6 +79,7 @@ def main(argv: list[str]) -> int:
         if not path:
             raise UsageError(f"{RDZV_FILE_ENV} is not set: the rendezvous file (slurm/multinode.sbatch sets it)")
         rdzv = rendezvous.read(Path(path))
+        log_redaction.install(rdzv.id)
         host = args.rdzv_endpoint.strip()
         is_host = bindable_address(host) is not None
         rendezvous_args(args, rdzv, is_host)
