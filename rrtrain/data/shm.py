@@ -305,16 +305,20 @@ def unlink_stale(shm_dir: str = "/dev/shm", proc: str = "/proc") -> int:
 
 
 def clean_stale_shm(local_rank: int = 0) -> None:
-    """Remove shared memory leaked by dead streaming runs, once per process, before any dataset; every rank
+    """Remove shared memory leaked by dead streaming runs, before every dataset this process opens; every rank
     calls it (inside `shm_guard`, whose barrier makes the other local ranks wait for the leader), and no rank
     returns before the leader is done.
 
-    Where there is no /dev/shm (not Linux), streaming's own cleaner is all there is: it unlinks on local
-    rank 0 (streaming reads $LOCAL_RANK; launchers that do not set it get ours) and waits at a barrier."""
+    Before every one, not once per process: streaming's search for a free prefix maps every segment it looks
+    past until the process exits, so a dead run's names that a later open in a long-lived process searched
+    past would look alive to every clean-up after it, and the dead run's requeued successor would be refused
+    its cache dir for as long as that process lives.
+
+    Where there is no /dev/shm (not Linux), streaming's own cleaner is all there is, once per process (it
+    unlinks live runs' names too, this process's own included): it unlinks on local rank 0 (streaming reads
+    $LOCAL_RANK; launchers that do not set it get ours) and waits at a barrier."""
     global _shm_cleaned
     with _shm_lock:
-        if _shm_cleaned:
-            return
         leader = int(os.environ.get("LOCAL_RANK", local_rank)) == 0
         if os.path.isdir("/dev/shm") and os.path.isdir("/proc"):
             if leader:
@@ -323,7 +327,7 @@ def clean_stale_shm(local_rank: int = 0) -> None:
                 # every rank looks for the first free prefix on its own: one that looked while the leader was
                 # still unlinking saw a later prefix than the leader registered, and could not find it
                 torch.distributed.barrier()
-        else:
+        elif not _shm_cleaned:
             had_env = "LOCAL_RANK" in os.environ
             if not had_env:
                 os.environ["LOCAL_RANK"] = str(local_rank)
@@ -332,4 +336,4 @@ def clean_stale_shm(local_rank: int = 0) -> None:
             finally:
                 if not had_env:
                     del os.environ["LOCAL_RANK"]
-        _shm_cleaned = True
+            _shm_cleaned = True

@@ -83,10 +83,11 @@ def test_epoch_order_is_streamings_own_single_rank_order(ids_data, tmp_path):
     """We keep streaming's shuffle (py1e, canonical nodes) and only change how positions map to ranks."""
     from streaming import StreamingDataset
 
-    from rrtrain.data.shm import shm_guard, unlink_at_exit_under_lock
+    from rrtrain.data.shm import clean_stale_shm, shm_guard, unlink_at_exit_under_lock
 
     for ncn, block in ((1, 1 << 18), (2, 60), (4, 50)):
         with shm_guard():  # as the trainer opens one: other tests' runs may be probing for a free prefix
+            clean_stale_shm()
             ds = StreamingDataset(local=ids_data, split="train", shuffle=True, shuffle_seed=7,
                                   num_canonical_nodes=ncn, batch_size=1, shuffle_block_size=block)
             unlink_at_exit_under_lock()
@@ -220,17 +221,43 @@ def make():
     return D.TrainLoader(sys.argv[1], micro_batch=2, global_batch=2, rank=0, world_size=1, local_rank=0, seed=0,
                          cache_dir=sys.argv[2])
 machine_lock, S.SHM_LOCK = S.SHM_LOCK, sys.argv[3]  # the test holds the machine's lock until the control is done
-S._shm_cleaned = True  # control: without the clean-up, streaming refuses the cache dir
+unlink_stale, S.unlink_stale = S.unlink_stale, lambda: 0  # control: without the clean-up, streaming refuses
 try:
     make()
     control = "opened"
 except UsageError as err:
     control = str(err)
 print(json.dumps({"control": control}), flush=True)
-S.SHM_LOCK, S._shm_cleaned = machine_lock, False
+S.SHM_LOCK, S.unlink_stale = machine_lock, unlink_stale
 print(json.dumps({"ids": next(iter(make()))[:, 0].tolist()}))
 """
 
+#: a long-lived process (a trainer opening its validation split, a test worker): one dataset open before a run
+#: dies, one after, alive while the dead run's successor starts; every open takes the private lock argv[3]
+_LIVES_ON = """
+import sys
+import rrtrain.data.loader as D
+import rrtrain.data.shm as S
+S.SHM_LOCK = sys.argv[3]
+def make(cache):
+    return D.TrainLoader(sys.argv[1], micro_batch=2, global_batch=2, rank=0, world_size=1, local_rank=0, seed=0,
+                         cache_dir=cache)
+first = make(sys.argv[2] + "/first")
+print("opened", flush=True)
+sys.stdin.readline()
+second = make(sys.argv[2] + "/second")
+print("opened", flush=True)
+sys.stdin.readline()
+"""
+_SUCCESSOR = """
+import json, sys
+import rrtrain.data.loader as D
+import rrtrain.data.shm as S
+S.SHM_LOCK = sys.argv[3]
+loader = D.TrainLoader(sys.argv[1], micro_batch=2, global_batch=2, rank=0, world_size=1, local_rank=0, seed=0,
+                       cache_dir=sys.argv[2])
+print(json.dumps(next(iter(loader))[:, 0].tolist()))
+"""
 
 def _registered_dirs(locals_name: str) -> list[str]:
     """The local dirs a streaming `NNNNNN_locals` segment registers (streaming packs an int32 byte count,
@@ -303,6 +330,50 @@ def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
     got = {**json.loads(first), **json.loads(out.strip().splitlines()[-1])}
     assert "Reused local directory" in got["control"]
     assert len(got["ids"]) == 2
+    assert not _still_ours(leaked, cache)
+
+
+def test_a_dataset_opened_after_a_run_died_does_not_keep_its_memory_alive(tmp_path):
+    """Streaming's search for a free prefix maps every segment it looks past until the process exits. A process
+    that opens a second dataset after a run died (a trainer's validation split, a sweep's long-lived worker)
+    cleans the dead run's segments first: had it searched past them, they would look alive to every later
+    clean-up, and the dead run's successor would be refused its cache dir for as long as that process lives.
+    The test holds the machine's streaming lock throughout; its processes take a private one."""
+    from rrtrain.data.shm import SHM_LOCK
+
+    data = tmp_path / "zdata"
+    write_id_dataset(data, 64, compression="zstd")
+    cache, own_lock = tmp_path / "cache", str(tmp_path / "own.lock")
+    tmp = {name: tmp_path / f"tmp_{name}" for name in ("other", "crash", "successor")}  # one per job, as on Slurm
+    for path in tmp.values():
+        path.mkdir()
+    with open(SHM_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        other = subprocess.Popen([sys.executable, "-c", _LIVES_ON, str(data), str(tmp_path / "other"), own_lock],
+                                 cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 env={**os.environ, "TMPDIR": str(tmp["other"])})
+        watchdog = threading.Timer(300, other.kill)  # a hung process must not hold the machine's lock for good
+        watchdog.start()
+        try:
+            assert other.stdout.readline() == "opened\n"
+            crash = subprocess.run([sys.executable, "-c", _CRASH, str(data), str(cache / "loader")], cwd=REPO,
+                                   capture_output=True, text=True, timeout=300, start_new_session=True,
+                                   env={**os.environ, "TMPDIR": str(tmp["crash"])})
+            assert crash.returncode == -signal.SIGKILL, crash.stderr
+            leaked = _segments_of(cache, os.listdir("/dev/shm"))
+            assert any(n.endswith("_locals") for n in leaked), "nothing leaked; the test would prove nothing"
+            other.stdin.write("\n")
+            other.stdin.flush()
+            assert other.stdout.readline() == "opened\n"
+            successor = subprocess.run([sys.executable, "-c", _SUCCESSOR, str(data), str(cache), own_lock], cwd=REPO,
+                                       capture_output=True, text=True, timeout=300,
+                                       env={**os.environ, "TMPDIR": str(tmp["successor"])})
+        finally:
+            watchdog.cancel()
+            other.kill()
+            other.wait()
+    assert successor.returncode == 0, successor.stderr[-2000:]
+    assert len(json.loads(successor.stdout.strip().splitlines()[-1])) == 2
     assert not _still_ours(leaked, cache)
 
 
