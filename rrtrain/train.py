@@ -126,7 +126,8 @@ def run(cfg: "Config") -> int:
         print(f"rrtrain: {err}", file=sys.stderr, flush=True)
         return runlock.LOCKED_EXIT
     ranks.record(trainer.run_dir, trainer.info.rank, trainer.info.local_rank, trainer.info.world_size)
-    watch = PeerWatch.start(trainer.info, cfg.parallel.timeout_s, on_lost=trainer.fail_final)
+    watch = PeerWatch.start(trainer.info, cfg.parallel.timeout_s, on_lost=trainer.fail_final,
+                            stopping=lambda: stop.signum is not None)
     try:
         trainer.fit(callbacks)
     except (UsageError, RunError) as err:

@@ -49,6 +49,7 @@ EXIT_LOCK_WAIT_S = 10.0
 _shm_lock = threading.Lock()
 _shm_cleaned = False
 _untracked = False
+_let_go = False
 _exit_lock: Optional[IO[bytes]] = None
 
 
@@ -85,6 +86,33 @@ def untrack_streaming_names() -> None:
         _untracked = True
 
 
+def let_go_of_other_runs_names() -> None:
+    """Make streaming's search for a free prefix in this process close what it opens as it goes (once).
+
+    The search opens every segment below the first free prefix, other runs' included, through streaming's
+    `SharedMemory`, which keeps each open one mapped until the process exits (an atexit hook closes it). A dead
+    run's names that a live process so looked past look alive to every clean-up (`live_prefixes`), and the dead
+    run's requeued successor is refused its cache dir for as long as that process lives; a run that died just
+    after another process cleaned and before it searched (any process not holding the machine's lock meanwhile)
+    leaks that way. Opened without the hook, a segment is closed as soon as the search drops it; what the
+    dataset keeps (its own `_locals`, on ranks that are not the local leader) stays open while it is held, and
+    what a process creates is still unlinked at its exit."""
+    global _let_go
+    with _shm_lock:
+        if _let_go:
+            return
+        prefix = streaming_module("streaming.base.shared.prefix")
+        opened_by_search = prefix.SharedMemory
+
+        class ClosedWhenDropped(opened_by_search):  # type: ignore[misc,valid-type]
+            def __init__(self, name: Optional[str] = None, create: Optional[bool] = None, size: int = 0,
+                         auto_cleanup: bool = True) -> None:
+                super().__init__(name, create, size, auto_cleanup=auto_cleanup and create is not False)
+
+        prefix.SharedMemory = ClosedWhenDropped
+        _let_go = True
+
+
 def _open_machine_lock() -> IO[bytes]:
     """SHM_LOCK, in a directory every user writes to: a FIFO or a link planted there is refused in one line (the
     first would hang every rrtrain start on the machine, the second make it create a file elsewhere)."""
@@ -107,6 +135,7 @@ def shm_guard(local_rank: int = 0) -> Iterator[None]:
     leader = int(os.environ.get("LOCAL_RANK", local_rank)) == 0
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     untrack_streaming_names()
+    let_go_of_other_runs_names()
     handle = _open_machine_lock() if leader else None
     try:
         if distributed:

@@ -5,7 +5,9 @@ nothing does: the survivors block in their next collective until it fails (gloo:
 collective timeout) or forever (NCCL with a peer that hung). Every rank therefore runs a daemon thread that
 bumps its counter in the c10d store (its own client connection, MASTER_ADDR:MASTER_PORT) every
 `interval` seconds and watches the others'. The trainer asks `lost()` when a collective fails; and when the
-main thread is stuck, the thread itself ends the process once a peer has been silent for `timeout_s`.
+main thread is stuck, the thread itself ends the process once a peer has been silent for `timeout_s`, or for
+`grace` once the process is being stopped (`stopping()`: Slurm ending the job of a node it declared down sends
+SIGTERM, then SIGKILL KillWait seconds later, and a stop cannot save collectively without the silent peer).
 Rank 0's process hosts the store when no launcher does: a store that stops answering means rank 0 is gone.
 """
 
@@ -29,8 +31,9 @@ DONE = "done"
 
 
 class PeerWatch:
-    def __init__(self, info: DistInfo, timeout_s: float, on_lost: Optional[Callable[[str], None]] = None) -> None:
-        self.info, self.timeout_s, self.on_lost = info, float(timeout_s), on_lost
+    def __init__(self, info: DistInfo, timeout_s: float, on_lost: Optional[Callable[[str], None]] = None,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
+        self.info, self.timeout_s, self.on_lost, self.stopping = info, float(timeout_s), on_lost, stopping
         self.interval = max(0.5, min(5.0, self.timeout_s / 10))
         self.addr, self.port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         self.store = dist.TCPStore(self.addr, self.port, is_master=False,
@@ -48,12 +51,13 @@ class PeerWatch:
         self.thread = threading.Thread(target=self._run, name="rrtrain-peer-watch", daemon=True)
 
     @classmethod
-    def start(cls, info: DistInfo, timeout_s: float, on_lost: Optional[Callable[[str], None]] = None) -> Optional["PeerWatch"]:
+    def start(cls, info: DistInfo, timeout_s: float, on_lost: Optional[Callable[[str], None]] = None,
+              stopping: Callable[[], bool] = lambda: False) -> Optional["PeerWatch"]:
         """A running watch when this process is one rank of several (None otherwise)."""
         if info.world_size < 2 or not dist.is_initialized() or "MASTER_ADDR" not in os.environ:
             return None
         try:
-            watch = cls(info, timeout_s, on_lost)
+            watch = cls(info, timeout_s, on_lost, stopping)
             watch.store.set(f"{HOST_PREFIX}{info.rank}", socket.gethostname())
             watch.beat()
         except Exception as err:  # no store to reach: train on, only without naming lost ranks
@@ -110,12 +114,18 @@ class PeerWatch:
         with self._lock:
             return [r for r, (v, t) in self.seen.items() if v != DONE and now - t >= for_s]
 
+    @property
+    def grace(self) -> float:
+        """How long a rank that died takes to fall silent: a few missed beats."""
+        return 3 * self.interval + 1.0
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.poll()
-            gone = self.silent(self.timeout_s)
+            quiet = self.grace if self.stopping() else self.timeout_s
+            gone = self.silent(quiet)
             if gone and not self._stop.is_set():
-                self._end(self.message(gone, self.timeout_s))
+                self._end(self.message(gone, quiet))
 
     def _end(self, message: str) -> None:
         """The main thread is stuck waiting for a rank that is gone: say so and end this process."""
@@ -146,8 +156,11 @@ class PeerWatch:
         """After a failed collective: the message naming the silent ranks, or None if all still beat.
         Waits a few heartbeats for a dead rank to fall silent, unless `give_up()` says the process is being
         stopped (Slurm ending a job whose node it declared down: SIGTERM, then SIGKILL KillWait seconds later),
-        so that final.json is written, with the collective's own error, before the kill."""
-        grace = 3 * self.interval + 1.0
+        so that final.json is written, with the collective's own error, before the kill. From here the main
+        thread ends the run: the watch's thread no longer does."""
+        with self._lock:
+            self._ended = True
+        grace = self.grace
         deadline = time.monotonic() + 1.5 * grace + 2 * self.interval
         while time.monotonic() < deadline and not give_up():
             gone = self.silent(grace)

@@ -77,6 +77,7 @@ def test_sigkill_of_one_node_fails_the_job_and_it_resumes_on_one_node(slurm_clus
     assert states == {job: "FAILED"}, first_log[-4000:]
     assert ended_in < BOUND_S
     assert ranks_of("rrnode1") == [] and ranks_of("rrnode2") == [], "a rank left running"
+    assert (run / "final.json").is_file(), f"no final.json; the job's log:\n{first_log[-4000:]}"
     fin = final(run)
     assert fin["status"] == "failed", fin
     assert fin["reason"], fin
@@ -127,6 +128,7 @@ def test_a_node_that_dies_with_its_slurmd_fails_the_job_and_comes_back(slurm_clu
     assert states[job] in {"FAILED", "NODE_FAIL"}, (states, first_log[-4000:])
     assert ended_in < BOUND_S + 60
     assert ranks_of("rrnode1") == [], "a rank left running on the surviving node"
+    assert (run / "final.json").is_file(), f"no final.json; the job's log:\n{first_log[-4000:]}"
     fin = final(run)
     assert fin["status"] == "failed" and fin["reason"], fin
     print(f"node lost: job {states[job]} {ended_in:.0f} s after; final.json: {fin['reason']}")

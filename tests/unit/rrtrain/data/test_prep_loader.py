@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -288,6 +289,28 @@ def _still_ours(leaked: set[str], cache) -> set[str]:
     return {n for n in left if n[:6] not in taken}
 
 
+def _holders(names: set[str]) -> dict[str, list[str]]:
+    """Which processes map or hold open each of `names` (in /dev/shm): what keeps a dead run's names alive,
+    for the message of a failed test."""
+    inodes = {}
+    for name in names:
+        with contextlib.suppress(OSError):
+            inodes[os.stat(f"/dev/shm/{name}").st_ino] = name
+    found: dict[str, list[str]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")[:160].decode(errors="replace")
+            hits = {inodes[int(f[4])] for f in (line.split(None, 5) for line in open(f"/proc/{pid}/maps"))
+                    if len(f) == 6 and f[5].startswith("/dev/shm/") and int(f[4]) in inodes}
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
+                        hits.add(inodes.get(os.stat(f"/proc/{pid}/fd/{fd}").st_ino, ""))
+            for name in hits - {""}:
+                found.setdefault(name, []).append(f"{pid} {cmd}")
+    return found
+
+
 def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
     """A job SIGKILLed while reading leaks /dev/shm segments registered to its cache dir. Its requeued
     successor (same cache dir, fresh TMPDIR as on Slurm) must start, and the leaked segments must go.
@@ -326,7 +349,7 @@ def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
         out = probe.communicate(timeout=300)[0]
     finally:
         probe.kill()
-    assert probe.returncode == 0, (tmp_path / "probe.err").read_text()[-2000:]
+    assert probe.returncode == 0, (tmp_path / "probe.err").read_text()[-2000:] + f"\nheld by: {_holders(leaked)}"
     got = {**json.loads(first), **json.loads(out.strip().splitlines()[-1])}
     assert "Reused local directory" in got["control"]
     assert len(got["ids"]) == 2

@@ -5,6 +5,7 @@ processes failed with `FileExistsError: '/0001xx_locals'` on this machine."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -178,6 +179,71 @@ def test_a_dead_runs_half_does_not_send_the_search_onto_a_live_prefix(stories_da
                           env={**env(), "TMPDIR": str(tmpdir)}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "opened" in proc.stdout, proc.stderr[-3000:]
 
+
+
+LOOKS_PAST = """
+import json, os, sys
+import rrtrain.data.shm as shm
+import rrtrain.data.loader as D
+from rrtrain.core.lazy_import import streaming_module
+
+prefix = streaming_module("streaming.base.shared.prefix")
+constant = streaming_module("streaming.base.constant")
+real, planted = shm.unlink_stale, []
+shm._let_go = sys.argv[3] == "control"  # the control keeps streaming's search as it is
+
+
+def clean_then_plant(*args, **kwargs):
+    # under the machine's lock, after the clean-up: another run's names at the first free prefix (every prefix
+    # left has its _locals), which this search must look past
+    removed = real(*args, **kwargs)
+    taken = {n[:6] for n in os.listdir("/dev/shm") if shm.streaming_names().fullmatch(n)}
+    free = next(f"{i:06d}" for i in range(1_000_000) if f"{i:06d}" not in taken)
+    for kind, data in ((constant.LOCALS, prefix._pack_locals(["/nowhere"], int(free))), (constant.BARRIER, bytes(64))):
+        with open(f"/dev/shm/{free}_{kind}", "wb") as fh:
+            fh.write(data)
+        planted.append(f"/dev/shm/{free}_{kind}")
+    return removed
+
+
+shm.unlink_stale = clean_then_plant
+try:
+    D.TrainLoader(sys.argv[1], micro_batch=2, global_batch=2, rank=0, world_size=1, local_rank=0, seed=0,
+                  cache_dir=sys.argv[2])
+    ids = {os.stat(p).st_ino for p in planted}
+    mapped = [line.split()[-1] for line in open("/proc/self/maps") if line.split()[4:5] and int(line.split()[4]) in ids]
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.stat(f"/proc/self/fd/{fd}").st_ino in ids:
+                held.append(fd)
+        except OSError:
+            pass  # the listing's own descriptor, closed meanwhile
+finally:
+    for path in planted:
+        if os.path.exists(path):
+            os.unlink(path)
+print(json.dumps({"planted": planted, "mapped": mapped, "held": held}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["control", "fixed"])
+def test_a_search_for_a_free_prefix_keeps_nothing_of_other_runs_open(stories_data, tmp_path, mode):
+    """Streaming's search for a free prefix opens the segments of every run below it and keeps them mapped until
+    the process exits; a run that died meanwhile would look alive to every clean-up for as long as this process
+    lives, and its requeued successor be refused its cache dir. rrtrain's processes let go of them at once. The
+    control keeps streaming's search as it is: it shows the test sees what it looks for."""
+    tmpdir = tmp_path / "tmp"  # streaming skips prefixes with a lock file in $TMPDIR: none here
+    tmpdir.mkdir()
+    proc = subprocess.run([PY, "-c", LOOKS_PAST, str(stories_data), str(tmp_path / "cache"), mode], cwd=REPO,
+                          env={**env(), "TMPDIR": str(tmpdir)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(got["planted"]) == 2
+    if mode == "control":
+        assert got["mapped"] and got["held"], got
+    else:
+        assert not got["mapped"] and not got["held"], got
 
 
 OPEN_THEN_EXIT = """

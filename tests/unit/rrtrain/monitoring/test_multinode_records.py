@@ -69,6 +69,32 @@ def test_after_a_failed_collective_the_watch_stops_waiting_when_the_process_is_b
     assert watch.lost(give_up=lambda: False).startswith("rank 1 of 2 stopped responding")
 
 
+def test_a_stuck_rank_being_stopped_ends_once_its_peer_is_silent_for_the_grace_not_the_timeout():
+    """The main thread blocked in a collective that does not fail, the job being ended by Slurm (SIGTERM, then
+    SIGKILL KillWait seconds later): the watch's thread ends the run, final.json first, once the peer has been
+    silent for the grace, not for parallel.timeout_s, which would outlast the kill."""
+    import threading
+    import time
+
+    watch = object.__new__(PeerWatch)
+    watch.info = dist.DistInfo(rank=0, world_size=2, local_rank=0, device=None)
+    watch.timeout_s, watch.interval, watch.hosts, watch.store_lost_at = 600.0, 0.01, {1: "rrnode2"}, None
+    watch._lock, watch._stop, watch._ended = threading.Lock(), threading.Event(), False
+    watch.seen = {1: ("7", time.monotonic() - 60)}  # rank 1 went silent a minute ago: far less than the timeout
+    watch.poll = lambda: None
+    rounds = iter(range(1_000_000))
+    signalled_at = 5
+    watch.stopping = lambda: next(rounds) >= signalled_at  # the SIGTERM arrives in the sixth round
+    ended: list[str] = []
+    watch._end = lambda message: (ended.append(message), watch._stop.set())
+    thread = threading.Thread(target=watch._run, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and len(ended) == 1
+    assert next(rounds) == signalled_at + 1, "ended in the round the signal arrived, not before"
+    assert ended[0].startswith("rank 1 of 2 stopped responding (no heartbeat for 1 s") and "rrnode2" in ended[0]
+
+
 def test_a_gloo_interface_the_host_lacks_is_one_line_naming_the_setting(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "bogus0")
     err = RuntimeError("[enforce fail at device.cc:84] ifa != nullptr. Unable to find address for: bogus0")
