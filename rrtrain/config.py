@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import yaml
 
@@ -62,93 +62,6 @@ class RunConfig:
     point: dict = field(default_factory=dict, metadata=NOT_A_SETTING)
 
 
-class ResidualConfig:
-    """`model.residual`: the knobs of every registered residual rule, in one flat section.
-
-    The schema is not written here. Each rule declares its knobs as a small dataclass in its own module
-    (shared ones, such as `streams`, once) and the registry declares them with `ResidualConfig.declare`, so
-    a rule from another package brings its own keys and checks; this module stays below the registry. The
-    section then behaves as a dataclass whose fields are the union of the declared ones: `build` checks keys
-    and types against it (an unknown key names the closest), `asdict` writes every knob, and `check` runs
-    each knob class's own `check()`. Values not given read as the declaring field's default, so a section
-    made before a rule was declared still reads that rule's defaults.
-    """
-
-    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field]] = {}
-    _knobs: ClassVar[list[type]] = []  # the declared knob dataclasses, in declaration order
-
-    def __init__(self, **values: Any) -> None:
-        unknown = [k for k in values if k not in self.__dataclass_fields__]
-        if unknown:
-            raise TypeError(f"ResidualConfig got an unexpected keyword argument '{unknown[0]}' "
-                            f"(declared knobs: {', '.join(self.__dataclass_fields__)})")
-        self.__dict__["_values"] = dict(values)
-
-    @classmethod
-    def declare(cls, knobs: type) -> None:
-        """Add a knob dataclass's fields to the section; declaring the same class again does nothing."""
-        if knobs in cls._knobs:
-            return
-        if not dataclasses.is_dataclass(knobs):
-            raise TypeError(f"residual knobs {knobs.__qualname__} must be a dataclass")
-        hints = typing.get_type_hints(knobs)
-        new = dataclasses.fields(knobs)
-        for f in new:
-            if f.name in cls.__dataclass_fields__:
-                owner = next(k for k in cls._knobs if f.name in {g.name for g in dataclasses.fields(k)})
-                raise ValueError(f"model.residual.{f.name} is declared by both {owner.__qualname__} and "
-                                 f"{knobs.__qualname__}; reuse {owner.__qualname__} instead")
-            if hasattr(cls, f.name):
-                raise ValueError(f"residual knob {knobs.__qualname__}.{f.name}: the name is taken by ResidualConfig "
-                                 f"itself")
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise TypeError(f"residual knob {knobs.__qualname__}.{f.name} needs a default")
-        for f in new:
-            cls.__dataclass_fields__[f.name] = f
-            cls.__annotations__[f.name] = hints[f.name]
-        cls._knobs.append(knobs)
-
-    def __getattr__(self, name: str) -> Any:  # only for names not in the instance's own __dict__
-        f = type(self).__dataclass_fields__.get(name)
-        if f is None or name.startswith("__"):
-            raise AttributeError(f"model.residual has no knob '{name}'")
-        values = self.__dict__.setdefault("_values", {})
-        if name not in values:
-            values[name] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        return values[name]
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name not in type(self).__dataclass_fields__:
-            raise AttributeError(f"model.residual has no knob '{name}'")
-        self.__dict__.setdefault("_values", {})[name] = value
-
-    def values(self) -> dict[str, Any]:
-        """Every declared knob's value (given or default), in declaration order."""
-        return {name: getattr(self, name) for name in type(self).__dataclass_fields__}
-
-    def knobs(self, knobs: type) -> Any:
-        """The section seen as one knob dataclass: `cfg.knobs(StreamKnobs).streams`."""
-        return knobs(**{f.name: getattr(self, f.name) for f in dataclasses.fields(knobs)})
-
-    def check(self) -> None:
-        """Each declared knob class's own `check()` (a one-line UsageError naming the key), whatever the rule."""
-        for knobs in type(self)._knobs:
-            check = getattr(knobs, "check", None)
-            if check is not None:
-                check(self.knobs(knobs))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ResidualConfig) and self.values() == other.values()
-
-    __hash__ = None  # type: ignore[assignment]  (mutable, like a dataclass with eq)
-
-    def __repr__(self) -> str:
-        return "ResidualConfig(" + ", ".join(f"{k}={v!r}" for k, v in self.values().items()) + ")"
-
-
-ResidualConfig.__annotations__ = {}  # filled by `declare` with resolved types, for typing.get_type_hints
-
-
 @dataclass
 class ModelConfig:
     size: str = field(default="tiny", metadata=AXIS)  # a preset from configs/sizes/
@@ -163,7 +76,10 @@ class ModelConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02  # GPT-2 initialisation; output projections get init_std / sqrt(2 * n_layers)
     rope_base: float = 10000.0
-    residual: ResidualConfig = field(default_factory=ResidualConfig)
+    # the residual rule's knobs (`gate_rank: 8`): each rule declares its own (rrtrain.residuals), so this section
+    # is a plain mapping here, checked against the rules of model.variant and match.reference by rrtrain.knobs;
+    # a resolved run records every knob of those rules (rrtrain.resolve)
+    residual: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -554,8 +470,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 
 def validate(cfg: Config) -> None:
-    """Reject impossible settings with a one-line reason naming the key. The checks against the residual-rule
-    registry and the size presets are `rrtrain.resolve.check_model`'s (this module imports neither)."""
+    """Reject impossible settings with a one-line reason naming the key. The checks against the residual rules
+    (the variant, `model.residual`'s knobs) and the size presets are `rrtrain.resolve.check_model`'s (this
+    module imports neither)."""
     m, t, p = cfg.model, cfg.train, cfg.parallel
     positive = {
         "train.lr": t.lr, "train.global_batch": t.global_batch,
@@ -604,7 +521,6 @@ def validate(cfg: Config) -> None:
     if t.ckpt_async and p.backend == "deepspeed":
         raise UsageError("train.ckpt_async=true needs parallel.backend=fsdp or none (DeepSpeed writes its own "
                          "checkpoints synchronously)")
-    m.residual.check()  # each rule's knobs check themselves (declared by the registry)
     validate_callbacks(t.callbacks)
     validate_monitor(cfg.monitor)
     if cfg.log.wandb is not None:
@@ -685,14 +601,11 @@ def validate_wandb(w: WandbConfig) -> None:
 
 
 def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
-    """A dataclass's fields with their resolved types, by name (cached: the schema's classes do not change, except
-    `ResidualConfig`, which the registry extends and is read afresh)."""
+    """A dataclass's fields with their resolved types, by name (cached: the schema's classes do not change)."""
     cached = _FIELDS.get(cls)
     if cached is None:
         hints = typing.get_type_hints(cls)
-        cached = {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
-        if cls is not ResidualConfig:
-            _FIELDS[cls] = cached
+        cached = _FIELDS[cls] = {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
     return cached
 
 
@@ -755,7 +668,7 @@ def is_setting(key: str) -> bool:
 def schema_keys(cls: type = Config, prefix: str = "", inherited: Optional[dict] = None) -> dict[str, dict[str, Any]]:
     """Every key of the schema with its rules, in declaration order: each leaf, and each optional section as a key
     of its own too (unset, it is one value: `log.wandb: null`). A free-form mapping (`run.point`) is one key,
-    marked `free_form`. Residual knobs count once the registry has declared them."""
+    marked `free_form` (`model.residual` too: its keys are the rules')."""
     out: dict[str, dict[str, Any]] = {}
     for name, (f, tp) in _fields(cls).items():
         key, rules = f"{prefix}{name}", {**(inherited or DEFAULT_RULES), **f.metadata}

@@ -1,13 +1,15 @@
-"""A config resolved once: the residual rule's spec, the shape, the counts, the budget and the dataset's manifest.
+"""A config resolved once: the residual rule's spec and knobs, the shape, the counts, the budget and the
+dataset's manifest.
 
-`rrtrain.config` knows the schema only and imports neither `rrtrain.residuals` nor `rrtrain.model.sizing` (both
-import it: checking against them there made an import circle). Everything that needs them is worked out here,
-one layer up, into one frozen `ResolvedRun` that the trainer, `rrtrain bench`, `rrtrain plan` and the sweep's
-estimates consume instead of working the run out again: the variant's name is looked up in the registry once,
-here, and the model, the counts and the planner take the spec.
+`rrtrain.config` knows the schema only and imports neither `rrtrain.residuals` nor `rrtrain.sizing`, and the
+model package (rrtrain/model/, rrtrain/residuals/) knows no config. Everything that joins them is worked out
+here, into one frozen `ResolvedRun` that the trainer, `rrtrain bench`, `rrtrain plan` and the sweep's estimates
+consume instead of working the run out again: the variant's name is looked up in the registry once, here,
+`model.residual` is checked against that rule's knobs (rrtrain.knobs), and the model is built from the
+`ModelSpec` made here.
 
-`load` is `load_config` plus the same checks without the dataset (an unknown rule or preset, an impossible
-shape), so that every command that loads a config refuses it in one line before any expensive work.
+`load` is `load_config` plus the same checks without the dataset (an unknown rule, knob or preset, an
+impossible shape), so that every command that loads a config refuses it in one line before any expensive work.
 """
 
 from __future__ import annotations
@@ -16,27 +18,43 @@ import dataclasses
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from rrtrain import residuals
+from rrtrain import residuals, sizing
 from rrtrain.budget import Budget, budget
-from rrtrain.config import Config, load_config
+from rrtrain.config import Config, ModelConfig, build, load_config
 from rrtrain.core.errors import UsageError
-from rrtrain.model import sizing
-from rrtrain.residuals import RuleSpec
+from rrtrain.knobs import resolve_residual, rule_knobs
+from rrtrain.model.spec import ModelShape, ModelSpec
+from rrtrain.residuals import RuleKnobs, RuleSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from rrtrain.model.transformer import Transformer
 
 
 @dataclass(frozen=True)
 class ResolvedRun:
     """One run as every consumer sees it. Frozen: a consumer that needs another figure asks `resolve` again."""
 
-    cfg: Config
+    cfg: Config  # `model.residual` holding every knob of the rules it names (`rules_in_play`), typed
     rule: RuleSpec  # the registry's spec of `cfg.model.variant`
     shape: sizing.ModelShape  # preset + overrides, the dataset's vocabulary and seq_len, matched when asked
     params: int
     flops_per_token: float
     budget: Optional[Budget]  # None: the config sets no budget (bench and plan need none)
     manifest: Optional[Mapping[str, Any]]  # the dataset's manifest; None: no dataset, or not prepared yet
+
+    @property
+    def knobs(self) -> RuleKnobs:
+        """The rule's own knobs, from `cfg.model.residual`."""
+        return rule_knobs(self.rule, self.cfg.model.residual)
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        """What the model is built from (rrtrain.model.transformer.build_model)."""
+        return spec_of_model(self.cfg.model, self.shape, self.rule, self.knobs)
 
     @property
     def total_steps(self) -> Optional[int]:
@@ -73,17 +91,32 @@ def rule_named(name: str, key: Optional[str] = None) -> RuleSpec:
     return residuals.get(name)
 
 
+def rules_in_play(cfg: Config) -> list[RuleSpec]:
+    """The rules `model.residual` serves: the variant's, and the reference's (its count uses the same section)."""
+    rules = [rule_named(cfg.model.variant, "model.variant")]
+    ref = cfg.match.reference
+    if ref is not None and ref != cfg.model.variant:
+        rules.append(rule_named(ref, "match.reference"))
+    return rules
+
+
+def with_knobs(cfg: Config, rules: Optional[list[RuleSpec]] = None) -> Config:
+    """`cfg` with `model.residual` checked against the rules it serves (`rules`, else `rules_in_play`) and
+    written out in full (every knob of those rules, typed): what config.yaml records and a resume compares."""
+    residual = resolve_residual(cfg.model.residual, rules or rules_in_play(cfg))
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, residual=residual))
+
+
 def check_model(cfg: Config) -> None:
-    """Reject an unknown variant or reference rule, an unknown size preset or an impossible shape, before any
-    work (no dataset is read: `resolve` checks the shape against it)."""
-    check_rule(cfg.model.variant, "model.variant")
-    if cfg.match.reference is not None:
-        check_rule(cfg.match.reference, "match.reference")
+    """Reject an unknown variant or reference rule, a `model.residual` key neither rule has (or a value of the
+    wrong type or range), an unknown size preset or an impossible shape, before any work (no dataset is read:
+    `resolve` checks the shape against it)."""
+    with_knobs(cfg)
     sizing.resolve_shape(cfg.model)  # checks the preset name and the shape
 
 
 def resolve_model_shape(cfg: Config, data_vocab: Optional[int], data_seq_len: Optional[int],
-                        rule: Optional[RuleSpec] = None) -> sizing.ModelShape:
+                        rule: Optional[RuleSpec] = None, reference: Optional[RuleSpec] = None) -> sizing.ModelShape:
     """The model's shape: preset + overrides, the dataset's vocabulary and sequence length unless set,
     widened to the reference variant's parameter count when `match.reference` is set."""
     m = cfg.model
@@ -97,7 +130,7 @@ def resolve_model_shape(cfg: Config, data_vocab: Optional[int], data_seq_len: Op
     ref = cfg.match.reference
     if ref is None or ref == m.variant:
         return base
-    target = sizing.count_params(base, rule_named(ref, "match.reference"), m.residual)
+    target = sizing.count_params(base, reference or rule_named(ref, "match.reference"), m.residual)
     rule = rule or rule_named(m.variant, "model.variant")
     return sizing.match_shape(base, rule, m.residual, target, cfg.match.widen, cfg.match.tolerance)
 
@@ -105,17 +138,59 @@ def resolve_model_shape(cfg: Config, data_vocab: Optional[int], data_seq_len: Op
 def resolve(cfg: Config, manifest: Optional[Mapping[str, Any]] = None,
             seq_len: Optional[int] = None) -> ResolvedRun:
     """Resolve `cfg` against the registry, the presets and the dataset's `manifest` (None: none, or not prepared
-    yet; `seq_len` then stands in for the dataset's, e.g. a sweep's own `prep.seq_len`)."""
-    rule = rule_named(cfg.model.variant, "model.variant")
-    if cfg.match.reference is not None:
-        check_rule(cfg.match.reference, "match.reference")
+    yet; `seq_len` then stands in for the dataset's, e.g. a sweep's own `prep.seq_len`). The run's config has
+    `model.residual` written out in full (`with_knobs`)."""
+    rules = rules_in_play(cfg)  # the registry asked once per rule
+    cfg = with_knobs(cfg, rules)
+    rule = rules[0]
     vocab = manifest["vocab_size"] if manifest is not None else None
     data_seq_len = manifest["seq_len"] if manifest is not None else seq_len
-    shape = resolve_model_shape(cfg, vocab, data_seq_len, rule)
-    r = cfg.model.residual
-    return ResolvedRun(cfg=cfg, rule=rule, shape=shape, params=sizing.count_params(shape, rule, r),
-                       flops_per_token=sizing.flops_per_token(shape, rule, r),
+    shape = resolve_model_shape(cfg, vocab, data_seq_len, rule, rules[-1])
+    knobs = rule_knobs(rule, cfg.model.residual)
+    return ResolvedRun(cfg=cfg, rule=rule, shape=shape, params=sizing.count_params(shape, rule, knobs),
+                       flops_per_token=sizing.flops_per_token(shape, rule, knobs),
                        budget=budget(cfg.train, shape.seq_len), manifest=manifest)
+
+
+def spec_of_model(m: ModelConfig, shape: ModelShape, rule: RuleSpec, knobs: RuleKnobs) -> ModelSpec:
+    return ModelSpec(shape=shape, rule=rule, knobs=knobs, norm_eps=m.norm_eps, init_std=m.init_std,
+                     rope_base=m.rope_base)
+
+
+def model_spec(m: ModelConfig, vocab_size: Optional[int] = None, shape: Optional[ModelShape] = None,
+               rule: Optional[RuleSpec] = None) -> ModelSpec:
+    """The model-side description of a config's model section: its shape (`shape`, else the preset's with the
+    section's overrides), its rule (`rule`, else the registry's spec of `m.variant`) and that rule's knobs from
+    `m.residual` (keys of other rules are left alone here: `check_model` is where a run's config is held to its
+    rules)."""
+    rule = rule or rule_named(m.variant, "model.variant")
+    return spec_of_model(m, shape or sizing.resolve_shape(m, vocab_size), rule, rule_knobs(rule, m.residual))
+
+
+def build_model(m: ModelConfig, vocab_size: Optional[int] = None, device: "torch.device | str | None" = None,
+                shape: Optional[ModelShape] = None, seed: Optional[int] = 0,
+                rule: Optional[RuleSpec] = None) -> "Transformer":
+    """The model a config section describes (`model_spec`), initialised from `seed`; `device="meta"` builds
+    without allocating or initialising (training's path: rrtrain.parallel.materialize)."""
+    from rrtrain.model import transformer  # torch: only when a model is built
+
+    return transformer.build_model(model_spec(m, vocab_size, shape, rule), device=device, seed=seed)
+
+
+def build_config(data: Mapping[str, Any]) -> Config:
+    """`build(Config, data)` with each `model.residual` value typed as the knob of that name types it: the
+    variant's or the reference's rule's, else any registered rule's that has it (a sweep's grid types
+    `model.residual.gate_bias: [-1, 0.5]` before its runs have a variant: -1.0 and 0.5, as the runs will read
+    them). Nothing is refused here that `build` accepts: `check_model` holds the section to its rules."""
+    cfg = build(Config, dict(data))
+    named = [n for n in (cfg.model.variant, cfg.match.reference) if n in residuals.names()]
+    order = [residuals.get(n) for n in dict.fromkeys([*named, *residuals.names()])]
+    typed = {}
+    for key, value in cfg.model.residual.items():
+        knobs = next((k for rule in order for k in rule.knobs if key in k.__dataclass_fields__), None)
+        typed[key] = value if knobs is None else getattr(build(knobs, {key: value}, "model.residual"), key)
+    cfg.model.residual = typed
+    return cfg
 
 
 def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:

@@ -42,7 +42,7 @@ def total_steps(config: dict) -> Optional[int]:
     seq = fields.count(dig(config, "model", "seq_len")) or (
         isinstance(data_path, str) and "\0" not in data_path and _manifest_seq_len(data_path))
     if not seq:
-        from rrtrain.model.sizing import presets
+        from rrtrain.sizing import presets
 
         preset = presets().get(fields.text(dig(config, "model", "size")) or "")
         seq = preset.seq_len if preset else None

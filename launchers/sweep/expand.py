@@ -65,6 +65,8 @@ def grid_of(sweep: Sweep, size: str, variant: str) -> dict[str, list]:
 def typed_grid(grid: dict[str, list], base: dict) -> dict[str, list]:
     """Each value as the training config types its key (`"3e-3"` -> 0.003 for `train.lr`); a value the
     config would refuse (as `rrtrain train` refuses a `key=value` override) is refused here, naming it."""
+    from rrtrain.resolve import build_config  # types a rule's knob (model.residual.*); the registry loads torch
+
     out: dict[str, list] = {}
     for key, values in grid.items():
         typed = []
@@ -72,7 +74,7 @@ def typed_grid(grid: dict[str, list], base: dict) -> dict[str, list]:
             data = copy.deepcopy(base)
             set_key(data, key, value)
             try:
-                cfg = build(Config, data)
+                cfg = build_config(data)
             except UsageError as err:
                 raise UsageError(f"grid {key}: value {value!r}: {err}") from None
             got = _dig_dotted(cfg.to_dict(), key)

@@ -21,6 +21,8 @@ from rrtrain.cli.rule_checks import CHECKS, Outcome, RuleUnderCheck, run_check
 from rrtrain.config import Config, apply_overrides, build, validate
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
+from rrtrain.knobs import rule_knobs
+from rrtrain.resolve import with_knobs
 
 TRAINING_CHECKS = ("resume", "fsdp")
 
@@ -67,6 +69,7 @@ def main(argv: list[str]) -> int:
     checks = selected(args.only)
     cfg: Config = build(Config, apply_overrides({}, [f"model.{kv}" for kv in args.set] + [f"model.variant={args.name}"]))
     validate(cfg)
+    knobs = rule_knobs(residuals.get(args.name), with_knobs(cfg).model.residual)  # an unknown key names the closest
     if args.data is not None and not args.data.is_dir():
         raise UsageError(f"--data {args.data}: not a directory")
     outcomes: list[Outcome] = []
@@ -74,7 +77,7 @@ def main(argv: list[str]) -> int:
         data = args.data
         if data is None and any(c in TRAINING_CHECKS for c in checks):
             data = prepare_data(Path(tmp) / "data")
-        rule = RuleUnderCheck(args.name, cfg.model.residual, data, Path(tmp) / "runs")
+        rule = RuleUnderCheck(args.name, knobs, data, Path(tmp) / "runs")
         for name in checks:
             outcome = run_check(name, rule)
             outcomes.append(outcome)

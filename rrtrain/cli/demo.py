@@ -34,7 +34,7 @@ from typing import Any, Optional
 from rrtrain.core import files
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
-from rrtrain.model.sizing import configs_dir
+from rrtrain.sizing import configs_dir
 
 #: run states that mean the run will not train any further in this sweep submission
 ENDED = ("completed", "stalled", "diverged", "failed", "preempted", "unknown")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from rrtrain.config import Config, apply_overrides, build, validate
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
-from rrtrain.model import sizing
-from rrtrain.resolve import check_model, check_rule
+from rrtrain import sizing
+from rrtrain.knobs import check_keys as check_knobs
+from rrtrain.resolve import check_model, check_rule, rule_named
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -20,7 +22,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--widen", choices=["mlp", "model"], default="mlp", help="what to widen (default: mlp)")
     p.add_argument("--tolerance", type=float, default=0.005, help="matching tolerance (default 0.005)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="model overrides, e.g. --set residual.gate_rank=128 --set vocab_size=32000")
+                   help="model overrides, e.g. --set residual.gate_rank=128 --set vocab_size=32000 (a residual "
+                        "knob: of one of the variants or of --match's rule)")
     p.add_argument("--json", action="store_true", help="print JSON")
     return p.parse_args(argv)
 
@@ -36,7 +39,9 @@ def main(argv: list[str]) -> int:
         check_rule(name)
     cfg.model.variant = variants[0]
     validate(cfg)
-    check_model(cfg)
+    rules = [rule_named(name) for name in dict.fromkeys(variants + ([args.match] if args.match else []))]
+    check_knobs(cfg.model.residual, rules)  # each key a knob of one of the rules counted (typed per rule below)
+    check_model(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, residual={})))  # the preset, the shape
     sized = sizing.size_variants(cfg.model, variants, args.match, args.widen, args.tolerance)
     if args.json:
         out = {"reference": args.match, "variants": {

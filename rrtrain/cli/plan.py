@@ -15,7 +15,7 @@ from typing import Any, Optional
 from rrtrain.config import DEFAULT_GPU, DEFAULT_MFU, ModelConfig, apply_overrides, build
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
-from rrtrain.model import sizing
+from rrtrain import sizing
 from rrtrain.planning import plan as planner
 
 GIB = 2**30

@@ -119,7 +119,7 @@ def _select_seeds(text: str) -> int:
 
 def _lr_target(text: str) -> tuple[str, float]:
     """`--lr-for`: a size preset (its parameter count, unmatched) or a count such as 7B."""
-    from rrtrain.model.sizing import presets
+    from rrtrain.sizing import presets
 
     if text in presets():
         from rrtrain.report.grid import size_params

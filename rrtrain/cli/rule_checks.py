@@ -29,12 +29,11 @@ from typing import Callable
 import torch
 import yaml
 
-from rrtrain import residuals
-from rrtrain.config import ModelConfig, ResidualConfig
+from rrtrain import residuals, sizing
+from rrtrain.config import ModelConfig
 from rrtrain.core import files
-from rrtrain.model import sizing
-from rrtrain.model.transformer import build_model
-from rrtrain.residuals import SiteInfo, StreamInfo
+from rrtrain.residuals import RuleKnobs, SiteInfo, StreamInfo
+from rrtrain.resolve import build_model
 from rrtrain.rundir import readers
 
 
@@ -45,7 +44,7 @@ class CheckFailed(Exception):
 @dataclass(frozen=True)
 class RuleUnderCheck:
     name: str
-    residual: ResidualConfig  # the knobs, as given with --set
+    residual: RuleKnobs  # the rule's knobs, as given with --set (checked and typed)
     data: Path | None  # a dataset written by `rrtrain prep`, for the training checks
     work: Path  # scratch directory for the training checks
 
@@ -59,7 +58,7 @@ def tiny_model(rule: RuleUnderCheck, n_layers: int = 2, global_seed: int = 0) ->
     """Built from seed 0; `global_seed` sets torch's global generator, which a rule's init must not use."""
     torch.manual_seed(global_seed)
     m = ModelConfig(size="tiny", variant=rule.name, d_model=32, n_layers=n_layers, n_heads=4, d_ff=64, seq_len=16,
-                    vocab_size=64, residual=rule.residual)
+                    vocab_size=64, residual=rule.residual.values())
     return build_model(m, seed=0)
 
 
@@ -116,7 +115,7 @@ def check_params(rule: RuleUnderCheck) -> str:
                                  f"have {built}")
     model = tiny_model(rule)
     m = ModelConfig(size="tiny", variant=rule.name, d_model=32, n_layers=2, n_heads=4, d_ff=64, seq_len=16,
-                    vocab_size=64, residual=cfg)
+                    vocab_size=64, residual=cfg.values())
     counted = sizing.count_params(sizing.resolve_shape(m), rule.name, cfg)
     built = sum(p.numel() for p in model.parameters())
     expect(counted == built, f"sizing.count_params says {counted}, the built model has {built}")

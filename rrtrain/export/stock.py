@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from rrtrain.core.errors import UsageError
-from rrtrain.model.sizing import ModelShape
+from rrtrain.sizing import ModelShape
 
 ARCHITECTURE = "ArceeForCausalLM"
 

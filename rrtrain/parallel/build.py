@@ -6,13 +6,14 @@ from typing import Optional
 
 from rrtrain.config import Config
 from rrtrain.core.dist import DistInfo
-from rrtrain.model.sizing import ModelShape
-from rrtrain.model.transformer import Transformer, build_model
+from rrtrain.model.transformer import Transformer
 from rrtrain.parallel.deepspeed import DeepSpeedEngine  # light: `deepspeed` itself is imported by the engine
 from rrtrain.parallel.engine import Engine
 from rrtrain.parallel.fsdp import FSDPEngine
 from rrtrain.parallel.local import LocalEngine
 from rrtrain.residuals import RuleSpec
+from rrtrain.resolve import build_model
+from rrtrain.sizing import ModelShape
 
 
 def build_engine(model: Transformer, cfg: Config, info: DistInfo) -> Engine:

@@ -10,7 +10,7 @@ Reported (per device unless named otherwise):
   tokens/s   global_batch x seq_len / world size / mean step time
   MFU        tokens/s x FLOPs per token / peak FLOP/s. FLOPs per token = 6 x (matmul weights incl. the tied LM
              head and the residual rule's) + 12 x n_layers x seq_len x d_model (attention: PaLM's count), as in
-             `rrtrain.model.sizing.flops_per_token`; the peak is the vendor's dense figure for the GPU and precision
+             `rrtrain.sizing.flops_per_token`; the peak is the vendor's dense figure for the GPU and precision
              (`rrtrain.core.hardware`), or on CPU an fp32 matmul probe measured in this process; its source is printed.
   CPU time   median process CPU time per step (all threads; on a shared CPU less disturbed by other load
              than wall time)
@@ -36,7 +36,7 @@ from rrtrain.config import Config
 from rrtrain.core import dist
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
-from rrtrain.model import sizing
+from rrtrain import sizing
 from rrtrain.resolve import load, resolve
 from rrtrain.training.step import grad_accumulation, optimizer_step, set_matmul_precision
 

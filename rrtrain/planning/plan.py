@@ -1,6 +1,6 @@
 """Memory per GPU and time for a training run, before spending it: the model behind `rrtrain plan`.
 
-Nothing here allocates the model. Parameter counts and FLOPs come from `rrtrain.model.sizing`. Per-rank
+Nothing here allocates the model. Parameter counts and FLOPs come from `rrtrain.sizing`. Per-rank
 shard sizes come from each parameter's shape (the real model built under `FakeTensorMode`, so no
 memory) and FSDP2's rule: dim 0 is split like `torch.chunk(world)`, and rank 0 holds the largest piece.
 Activations come from tracing the real model, also on fake tensors, at the run's sequence length with
@@ -37,7 +37,7 @@ import torch
 from rrtrain.config import DEFAULT_GPU, DEFAULT_MFU, ZERO_STAGES, Config, ModelConfig, ParallelConfig, choices
 from rrtrain.core.errors import UsageError
 from rrtrain.core.hardware import GPU_MEMORY_GIB, GPU_PEAK_TFLOPS, precision_key
-from rrtrain.model import sizing
+from rrtrain import sizing
 from rrtrain.residuals import RuleSpec
 from rrtrain.resolve import ResolvedRun
 from rrtrain.resolve import resolve as resolve_run
@@ -217,7 +217,7 @@ def _fake(dtype: torch.dtype):
 
 
 def _build(m: ModelConfig, shape: sizing.ModelShape, rule: Optional[RuleSpec]):
-    from rrtrain.model.transformer import build_model
+    from rrtrain.resolve import build_model
 
     return build_model(m, shape=shape, device="cpu", rule=rule)
 

@@ -1,8 +1,10 @@
-"""Registry of residual rules by name. The model asks `get(name)` and never branches on a name.
+"""Registry of residual rules by name. A run's rule is looked up here once (rrtrain.resolve); the model is
+given the spec and never branches on a name.
 
-The built-in rules are the modules listed below; a rule from another package is found through the entry-point
+The built-in rules are listed in `builtin.py`; a rule from another package is found through the entry-point
 group `rrtrain.residuals` (docs/residuals.md, "Your own rule"): each entry names a `RuleSpec`, or a module
-with `SPEC` (one rule) or `SPECS` (several). Registering a rule declares its knobs in `model.residual`.
+with `SPEC` (one rule) or `SPECS` (several). Each rule brings its own knobs (`RuleSpec.knobs`): a run's
+`model.residual` is checked against its rule's (rrtrain.knobs), nothing is declared anywhere else.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from importlib.metadata import entry_points
 from types import ModuleType
 from typing import Any
 
-from rrtrain.config import ResidualConfig
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, State, Stream, StreamInfo, require
+from .base import KnobError, RuleKnobs, RuleSpec, Site, SiteInfo, State, Stream, StreamInfo, require
+from .builtin import SPECS as BUILTIN
 
 ENTRY_POINT_GROUP = "rrtrain.residuals"
 
@@ -21,13 +23,11 @@ _RULES: dict[str, RuleSpec] = {}
 
 
 def register(spec: RuleSpec) -> RuleSpec:
-    """Add a rule and declare its knobs; a second rule of the same name is refused."""
+    """Add a rule; a second rule of the same name is refused."""
     if not isinstance(spec, RuleSpec):
         raise TypeError(f"a residual rule is registered as a RuleSpec, got {type(spec).__name__}")
     if spec.name in _RULES:
         raise ValueError(f"residual rule '{spec.name}' registered twice")
-    for knobs in spec.knobs:
-        ResidualConfig.declare(knobs)
     _RULES[spec.name] = spec
     return spec
 
@@ -70,15 +70,10 @@ def discover(group: str = ENTRY_POINT_GROUP) -> list[str]:
     return found
 
 
-# The built-in rules: single-stream (7 rules in one module), multi-stream (gr, hc, mhc), depth-aggregating
-# (attnres), post-norm (deepnorm) and normalisation-free (fixup).
-from rrtrain.residuals import attnres, deepnorm, fixup, gr, hc, mhc, single  # noqa: E402  (after the registry)
-
-for _module in (single, gr, hc, mhc, attnres, deepnorm, fixup):
-    for _spec in specs_of(_module):
-        register(_spec)
+for _spec in BUILTIN:
+    register(_spec)
 
 discover()
 
-__all__ = ["ENTRY_POINT_GROUP", "RuleSpec", "Site", "SiteInfo", "State", "Stream", "StreamInfo", "discover", "get",
-           "names", "register", "require", "specs_of"]
+__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "KnobError", "RuleKnobs", "RuleSpec", "Site", "SiteInfo", "State", "Stream",
+           "StreamInfo", "discover", "get", "names", "register", "require", "specs_of"]

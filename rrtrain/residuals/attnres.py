@@ -30,10 +30,9 @@ from typing import Any, NamedTuple, Optional
 import torch
 from torch import nn
 
-from rrtrain.config import ResidualConfig
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, Stream, StreamInfo, require
-from rrtrain.residuals.norm import RMSNorm
-from rrtrain.residuals.streams import rms_rstd, upcast
+from .base import RuleKnobs, RuleSpec, Site, SiteInfo, Stream, StreamInfo, require
+from .norm import RMSNorm
+from .streams import rms_rstd, upcast
 
 
 class Sources(NamedTuple):
@@ -88,16 +87,16 @@ class DepthQuery(nn.Module):
         return depth_attention(sources, self.query, self.key_gain, self.eps, bias)
 
 
-def block_size(cfg: ResidualConfig) -> int:
+def block_size(cfg: RuleKnobs) -> int:
     return cfg.attnres_block_size if cfg.attnres_block_size > 0 else 1
 
 
-def n_slots(n_sublayers: int, cfg: ResidualConfig) -> int:
+def n_slots(n_sublayers: int, cfg: RuleKnobs) -> int:
     """S: the embedding plus one source per block opened (at every multiple of the block size)."""
     return 1 + -(-n_sublayers // block_size(cfg))
 
 
-def visible_sources(index: int, cfg: ResidualConfig) -> int:
+def visible_sources(index: int, cfg: RuleKnobs) -> int:
     """m: the sources sublayer `index` reads, the embedding and every block opened before it."""
     return 1 + -(-index // block_size(cfg))
 
@@ -131,7 +130,7 @@ class AttnResSite(Site):
         self.reset_parameters()
 
     @staticmethod
-    def count(d: int, cfg: ResidualConfig) -> int:
+    def count(d: int, cfg: RuleKnobs) -> int:
         return 3 * d
 
     def read(self, state: Sources) -> tuple[torch.Tensor, Any]:
@@ -160,7 +159,7 @@ class AttnResStream(Stream):
         self.reset_parameters()
 
     @staticmethod
-    def count(d: int, cfg: ResidualConfig) -> int:
+    def count(d: int, cfg: RuleKnobs) -> int:
         return 3 * d
 
     def expand(self, e: torch.Tensor) -> Sources:

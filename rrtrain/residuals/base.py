@@ -23,22 +23,105 @@ them).
 
 A rule module declares the rest in one place: its knobs (a dataclass of `model.residual` keys with their
 defaults and a `check()`), the `count(d, cfg)` of its Site and Stream (the analytic parameter count, which
-`rrtrain check-rule` holds against the built modules) and a `RuleSpec`. docs/residuals.md shows a complete
-rule shipped from another package.
+`rrtrain check-rule` holds against the built modules) and a `RuleSpec`. A site or stream reads its rule's
+knobs as `info.cfg` (a `RuleKnobs`: `info.cfg.streams`), whichever of the rule's knob classes declares them.
+docs/residuals.md shows a complete rule shipped from another package.
+
+This package (with rrtrain/model/) imports nothing else of rrtrain, and its modules import each other by
+relative imports of one dot: `rrtrain export` copies the files as they are beside an exported model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import torch
 from torch import nn
 
-from rrtrain.config import ResidualConfig
-from rrtrain.core.errors import UsageError
-
 State = Any  # torch.Tensor, or a tuple of tensors for depth-aggregating rules
+
+
+class KnobError(ValueError):
+    """A knob value a knob class's `check()` refuses, worded as one line that names `model.residual.<name>`.
+    rrtrain reports it as bad input (exit 2); it is this package's own so that the package stands alone."""
+
+
+class RuleKnobs:
+    """One rule's `model.residual` values: an instance of each of the rule's knob dataclasses, read as one
+    namespace (`knobs.streams`), so a site reads a knob without knowing which of its rule's classes declares it.
+    Read-only: a rule is built from these values and never changes them."""
+
+    __slots__ = ("_parts", "_owner")
+
+    def __init__(self, parts: Iterable[Any] = ()) -> None:
+        parts = tuple(parts)
+        owner: dict[str, Any] = {}
+        for part in parts:
+            if not dataclasses.is_dataclass(part) or isinstance(part, type):
+                raise TypeError(f"residual knobs are dataclass instances, got {part!r}")
+            for f in dataclasses.fields(part):
+                if f.name in owner:
+                    raise ValueError(f"model.residual.{f.name} is declared by both {type(owner[f.name]).__qualname__}"
+                                     f" and {type(part).__qualname__}")
+                owner[f.name] = part
+        object.__setattr__(self, "_parts", parts)
+        object.__setattr__(self, "_owner", owner)
+
+    @classmethod
+    def of(cls, knobs: Iterable[type], values: Mapping[str, Any]) -> "RuleKnobs":
+        """Each knob class built from its own fields' values in `values` (its defaults for the rest). A name no
+        class declares is a TypeError: the values were meant for this rule, checked and typed beforehand."""
+        knobs = tuple(knobs)
+        declared = {f.name for k in knobs for f in dataclasses.fields(k)}
+        unknown = sorted(set(values) - declared)
+        if unknown:
+            raise TypeError(f"residual knobs got an unexpected name '{unknown[0]}' (declared: "
+                            f"{', '.join(sorted(declared)) or 'none'})")
+        return cls(k(**{f.name: values[f.name] for f in dataclasses.fields(k) if f.name in values}) for k in knobs)
+
+    @property
+    def parts(self) -> tuple[Any, ...]:
+        return self._parts
+
+    def __getattr__(self, name: str) -> Any:  # only for names that are not attributes of the class
+        if name.startswith("_"):  # a slot not set yet (copy, pickle): never a knob
+            raise AttributeError(name)
+        owner = self._owner.get(name)
+        if owner is None:
+            raise AttributeError(f"model.residual has no knob '{name}' for this rule (its knobs: "
+                                 f"{', '.join(self._owner) or 'none'})")
+        return getattr(owner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("residual knobs are read-only once a rule is built from them")
+
+    def __reduce__(self) -> tuple:  # copy and pickle through the constructor (the slots are read-only)
+        return (type(self), (self._parts,))
+
+    def values(self) -> dict[str, Any]:
+        """Every knob's value, in the order the classes declare them."""
+        return {name: getattr(part, name) for name, part in self._owner.items()}
+
+    def check(self) -> None:
+        """Each knob class's own `check()`: a one-line KnobError naming the key."""
+        for part in self._parts:
+            check = getattr(part, "check", None)
+            if check is not None:
+                check()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RuleKnobs) and self.values() == other.values()
+
+    __hash__ = None  # type: ignore[assignment]  (its parts are mutable dataclasses)
+
+    def __repr__(self) -> str:
+        return "RuleKnobs(" + ", ".join(f"{k}={v!r}" for k, v in self.values().items()) + ")"
+
+
+#: names a knob may not take: they would hide a method of RuleKnobs
+RESERVED_KNOB_NAMES = frozenset(name for name in dir(RuleKnobs) if not name.startswith("__"))
 
 
 GATE_BINS = 20  # gate histogram bins on [0, 1], recorded on diagnostic steps
@@ -53,7 +136,7 @@ class SiteInfo:
     n_sublayers: int
     kind: str  # "attn" or "mlp"
     eps: float
-    cfg: ResidualConfig
+    cfg: RuleKnobs  # the rule's knobs
 
     @property
     def n_blocks(self) -> int:
@@ -65,7 +148,7 @@ class StreamInfo:
     d_model: int
     n_sublayers: int
     eps: float
-    cfg: ResidualConfig
+    cfg: RuleKnobs
 
 
 class Site(nn.Module):
@@ -81,7 +164,7 @@ class Site(nn.Module):
         self.stats: dict[str, torch.Tensor] = {}
 
     @classmethod
-    def count(cls, d: int, cfg: ResidualConfig) -> int:
+    def count(cls, d: int, cfg: RuleKnobs) -> int:
         """Parameters of one site at width d, computed without building it (the rule's analytic formula)."""
         raise NotImplementedError(f"{cls.__qualname__}.count(d, cfg): give the site's parameter count")
 
@@ -118,7 +201,7 @@ class Stream(nn.Module):
         self.info = info
 
     @classmethod
-    def count(cls, d: int, cfg: ResidualConfig) -> int:
+    def count(cls, d: int, cfg: RuleKnobs) -> int:
         """Parameters of the stream at width d, computed without building it."""
         raise NotImplementedError(f"{cls.__qualname__}.count(d, cfg): give the stream's parameter count")
 
@@ -136,7 +219,7 @@ class Stream(nn.Module):
         raise NotImplementedError
 
 
-Count = Callable[[int, int, ResidualConfig], int]  # (d_model, n_sublayers, cfg) -> all the rule's parameters
+Count = Callable[[int, int, RuleKnobs], int]  # (d_model, n_sublayers, cfg) -> all the rule's parameters
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,7 +227,9 @@ class RuleSpec:
     """A registered residual rule: how to build it, and how many parameters it adds, without building it.
 
     `params` defaults to the stream's count plus one site's count per sublayer, each from its `count(d, cfg)`;
-    `knobs` are the dataclasses of `model.residual` keys the rule reads (the registry declares them).
+    `knobs` are the dataclasses of `model.residual` keys the rule reads: each with a default for every field
+    and, optionally, a `check()`. A run's `model.residual` is checked against them (rrtrain.knobs), and the
+    rule is built from `make_knobs(...)` of its values.
     """
 
     name: str
@@ -161,23 +246,54 @@ class RuleSpec:
     def __post_init__(self) -> None:
         if self.params is None:
             object.__setattr__(self, "params", _counted(self.site, self.stream))
+        object.__setattr__(self, "knobs", tuple(self.knobs))
+        seen: dict[str, type] = {}
+        for knobs in self.knobs:
+            if not isinstance(knobs, type) or not dataclasses.is_dataclass(knobs):
+                raise TypeError(f"residual rule '{self.name}': knobs {knobs!r} must be a dataclass")
+            for f in dataclasses.fields(knobs):
+                where = f"residual rule '{self.name}': knob {knobs.__qualname__}.{f.name}"
+                if f.name in seen:
+                    raise ValueError(f"model.residual.{f.name} is declared by both {seen[f.name].__qualname__} and "
+                                     f"{knobs.__qualname__} (rule '{self.name}')")
+                if f.name in RESERVED_KNOB_NAMES or f.name.startswith("_"):
+                    raise ValueError(f"{where}: the name is taken by RuleKnobs itself")
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise TypeError(f"{where} needs a default")
+                seen[f.name] = knobs
+
+    def knob_names(self) -> list[str]:
+        """The `model.residual` keys this rule reads, in declaration order."""
+        return [f.name for knobs in self.knobs for f in dataclasses.fields(knobs)]
+
+    def make_knobs(self, **values: Any) -> RuleKnobs:
+        """This rule's knobs from already typed values (defaults for the rest); `rrtrain.knobs` checks user input."""
+        return RuleKnobs.of(self.knobs, values)
+
+    def make_site(self, d_model: int, index: int, n_sublayers: int, kind: str, eps: float,
+                  knobs: RuleKnobs) -> Site:
+        """The site around sublayer `index`: how the model builds one without importing this module."""
+        return self.site(SiteInfo(d_model, index, n_sublayers, kind, eps, knobs))
+
+    def make_stream(self, d_model: int, n_sublayers: int, eps: float, knobs: RuleKnobs) -> Stream:
+        return self.stream(StreamInfo(d_model, n_sublayers, eps, knobs))
 
 
 def _counted(site: Any, stream: Any) -> Count:
-    def params(d: int, n_sublayers: int, cfg: ResidualConfig) -> int:
+    def params(d: int, n_sublayers: int, cfg: RuleKnobs) -> int:
         return stream.count(d, cfg) + n_sublayers * site.count(d, cfg)
 
     return params
 
 
 def require(knobs: Any, positive: Iterable[str] = (), non_negative: Iterable[str] = ()) -> None:
-    """A knob class's range checks: a one-line UsageError naming `model.residual.<name>`, as config.py words
+    """A knob class's range checks: a one-line KnobError naming `model.residual.<name>`, as config.py words
     its own."""
     for name in positive:
         value = getattr(knobs, name)
         if not value > 0:
-            raise UsageError(f"model.residual.{name} must be positive, got {value}")
+            raise KnobError(f"model.residual.{name} must be positive, got {value}")
     for name in non_negative:
         value = getattr(knobs, name)
         if value < 0:
-            raise UsageError(f"model.residual.{name} must not be negative, got {value}")
+            raise KnobError(f"model.residual.{name} must not be negative, got {value}")

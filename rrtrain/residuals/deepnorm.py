@@ -13,10 +13,9 @@ from typing import Any, Optional
 
 import torch
 
-from rrtrain.config import ResidualConfig
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, Stream
-from rrtrain.residuals.norm import RMSNorm
-from rrtrain.residuals.streams import upcast
+from .base import RuleKnobs, RuleSpec, Site, SiteInfo, Stream
+from .norm import RMSNorm
+from .streams import upcast
 
 
 def deepnorm_alpha(n_blocks: int) -> float:
@@ -36,7 +35,7 @@ class DeepNormSite(Site):
         self.norm = RMSNorm(info.d_model, info.eps)  # the post-norm
 
     @staticmethod
-    def count(d: int, cfg: ResidualConfig) -> int:
+    def count(d: int, cfg: RuleKnobs) -> int:
         return d
 
     def read(self, state: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -53,7 +52,7 @@ class PostNormStream(Stream):
     """expand: the embedding; readout: the state as it is (already normalised by the last write)."""
 
     @staticmethod
-    def count(d: int, cfg: ResidualConfig) -> int:
+    def count(d: int, cfg: RuleKnobs) -> int:
         return 0
 
     def expand(self, e: torch.Tensor) -> torch.Tensor:

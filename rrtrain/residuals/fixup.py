@@ -33,9 +33,8 @@ from typing import Any, Literal, Optional
 import torch
 from torch import nn
 
-from rrtrain.config import ResidualConfig
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, Stream, StreamInfo
-from rrtrain.residuals.norm import RMSNorm
+from .base import RuleKnobs, RuleSpec, Site, SiteInfo, Stream, StreamInfo
+from .norm import RMSNorm
 
 
 @dataclass
@@ -179,7 +178,7 @@ class NormFreeStream(Stream):
             self.bias = nn.Parameter(torch.zeros(1))
 
     @classmethod
-    def count(cls, d: int, cfg: ResidualConfig) -> int:
+    def count(cls, d: int, cfg: RuleKnobs) -> int:
         if cfg.fixup_final_norm:
             return d
         return 1 if cfg.fixup_variant == "fixup" else 0
@@ -218,7 +217,7 @@ def make_site(info: SiteInfo) -> Site:
     return (FixupSite if info.cfg.fixup_variant == "fixup" else TFixupSite)(info)
 
 
-def params(d: int, n_sublayers: int, cfg: ResidualConfig) -> int:
+def params(d: int, n_sublayers: int, cfg: RuleKnobs) -> int:
     site = FixupSite if cfg.fixup_variant == "fixup" else TFixupSite
     n_attn, n_mlp = (n_sublayers + 1) // 2, n_sublayers // 2  # sublayer 2b is attention, 2b + 1 the MLP
     return NormFreeStream.count(d, cfg) + n_attn * site.count("attn") + n_mlp * site.count("mlp")

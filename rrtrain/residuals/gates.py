@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rrtrain.residuals.norm import inv_rms
+from .norm import inv_rms
 
 
 class Gate(nn.Module):

@@ -24,9 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rrtrain.config import ResidualConfig
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo, require
-from rrtrain.residuals.streams import StreamKnobs, TiledStream, rms_rstd, upcast, write_back
+from .base import RuleKnobs, RuleSpec, Site, SiteInfo, StreamInfo, require
+from .streams import StreamKnobs, TiledStream, rms_rstd, upcast, write_back
 
 RANK_DIVISOR = 8  # gr_rank = 0 means r = d / 8, the released config (d = 2560, r = 320)
 UP_INJ_STD = 0.02  # W_up and W_inj: the HF / Megatron default initializer_range
@@ -40,7 +39,7 @@ class GRKnobs:
         require(self, non_negative=("gr_rank",))
 
 
-def gr_rank(d: int, cfg: ResidualConfig) -> int:
+def gr_rank(d: int, cfg: RuleKnobs) -> int:
     return cfg.gr_rank if cfg.gr_rank > 0 else max(1, d // RANK_DIVISOR)
 
 
@@ -102,7 +101,7 @@ class GRSite(Site):
         self.reset_parameters()
 
     @staticmethod
-    def count(d: int, cfg: ResidualConfig) -> int:
+    def count(d: int, cfg: RuleKnobs) -> int:
         return GRController.count(d, cfg.streams, gr_rank(d, cfg), write=True)
 
     def read(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,7 +128,7 @@ class GRStream(TiledStream):
         self.reset_parameters()
 
     @staticmethod
-    def count(d: int, cfg: ResidualConfig) -> int:
+    def count(d: int, cfg: RuleKnobs) -> int:
         return GRController.count(d, cfg.streams, gr_rank(d, cfg), write=False)
 
     def readout(self, state: torch.Tensor) -> torch.Tensor:

@@ -19,10 +19,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from rrtrain.config import ResidualConfig
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo
-from rrtrain.residuals.norm import RMSNorm
-from rrtrain.residuals.streams import StreamKnobs, TiledStream, acc_dtype, combine, rms_rstd, upcast, write_back
+from .base import RuleKnobs, RuleSpec, Site, SiteInfo, StreamInfo
+from .norm import RMSNorm
+from .streams import StreamKnobs, TiledStream, acc_dtype, combine, rms_rstd, upcast, write_back
 
 
 @dataclass
@@ -53,7 +52,7 @@ class HCSite(Site):
         self.reset_parameters()
 
     @staticmethod
-    def count(d: int, cfg: ResidualConfig) -> int:
+    def count(d: int, cfg: RuleKnobs) -> int:
         n = cfg.streams
         dynamic = d + d * (n + 2) + 2 if cfg.hc_dynamic else 0
         return d + n * n + 2 * n + dynamic
@@ -104,7 +103,7 @@ class HCStream(TiledStream):
         self.norm = RMSNorm(info.d_model, info.eps)
 
     @staticmethod
-    def count(d: int, cfg: ResidualConfig) -> int:
+    def count(d: int, cfg: RuleKnobs) -> int:
         return d
 
     def readout(self, state: torch.Tensor) -> torch.Tensor:

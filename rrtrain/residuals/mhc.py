@@ -22,10 +22,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from rrtrain.config import ResidualConfig
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, StreamInfo, require
-from rrtrain.residuals.norm import RMSNorm
-from rrtrain.residuals.streams import StreamKnobs, TiledStream, acc_dtype, combine, rms_rstd, upcast, write_back
+from .base import RuleKnobs, RuleSpec, Site, SiteInfo, StreamInfo, require
+from .norm import RMSNorm
+from .streams import StreamKnobs, TiledStream, acc_dtype, combine, rms_rstd, upcast, write_back
 
 PHI_STD = 1e-4  # Φ and Φ_head init std: the Megatron-derived port (small, not zero: α gets a gradient)
 
@@ -79,7 +78,7 @@ class MHCSite(Site):
         self.reset_parameters()
 
     @staticmethod
-    def count(d: int, cfg: ResidualConfig) -> int:
+    def count(d: int, cfg: RuleKnobs) -> int:
         n = cfg.streams
         return d + n * d * (n * n + 2 * n) + n * n + 2 * n + 3
 
@@ -137,7 +136,7 @@ class MHCStream(TiledStream):
         self.reset_parameters()
 
     @staticmethod
-    def count(d: int, cfg: ResidualConfig) -> int:
+    def count(d: int, cfg: RuleKnobs) -> int:
         n = cfg.streams
         return n * d * n + n + 1 + d
 

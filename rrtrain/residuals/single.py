@@ -20,10 +20,9 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from rrtrain.config import ResidualConfig
-from rrtrain.residuals.base import RuleSpec, Site, SiteInfo, Stream, StreamInfo, require
-from rrtrain.residuals.gates import Gate
-from rrtrain.residuals.norm import RMSNorm
+from .base import RuleKnobs, RuleSpec, Site, SiteInfo, Stream, StreamInfo, require
+from .gates import Gate
+from .norm import RMSNorm
 
 
 @dataclass
@@ -50,7 +49,7 @@ class SingleStream(Stream):
         self.norm = RMSNorm(info.d_model, info.eps)
 
     @classmethod
-    def count(cls, d: int, cfg: ResidualConfig) -> int:
+    def count(cls, d: int, cfg: RuleKnobs) -> int:
         return d
 
     def expand(self, e: torch.Tensor) -> torch.Tensor:
@@ -71,7 +70,7 @@ class PreNormSite(Site):
         self.norm = RMSNorm(info.d_model, info.eps)
 
     @classmethod
-    def count(cls, d: int, cfg: ResidualConfig) -> int:
+    def count(cls, d: int, cfg: RuleKnobs) -> int:
         return d
 
     def read(self, state: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -100,7 +99,7 @@ class GatedSite(PreNormSite):
         self.gate = Gate(2 * d if self.reads_update else d, d, info.cfg.gate_rank, bias)
 
     @classmethod
-    def count(cls, d: int, cfg: ResidualConfig) -> int:
+    def count(cls, d: int, cfg: RuleKnobs) -> int:
         inputs = 2 * d if cls.reads_update else d
         norms = d * (3 if cls.reads_update else 2)
         return norms + Gate.count(inputs, d, cfg.gate_rank)
@@ -150,7 +149,7 @@ class ReZeroSite(PreNormSite):
         self.reset_parameters()
 
     @classmethod
-    def count(cls, d: int, cfg: ResidualConfig) -> int:
+    def count(cls, d: int, cfg: RuleKnobs) -> int:
         return d + 1
 
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
@@ -182,7 +181,7 @@ class LayerScaleSite(PreNormSite):
         self.reset_parameters()
 
     @classmethod
-    def count(cls, d: int, cfg: ResidualConfig) -> int:
+    def count(cls, d: int, cfg: RuleKnobs) -> int:
         return 2 * d
 
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rrtrain.residuals.base import Stream, StreamInfo, require
+from .base import Stream, StreamInfo, require
 
 
 @dataclass

@@ -21,8 +21,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model.transformer import build_model
+from rrtrain.config import ModelConfig
+from rrtrain.resolve import build_model
 from rrtrain.residuals.norm import inv_rms
 from rrtrain.residuals.single import GatedSite
 from unit.rrtrain.residuals.test_gate_oracle import oracle_write
@@ -48,7 +48,7 @@ def step_times(d: int, blocks: int, seq: int, batch: int, rounds: int) -> dict[s
     def model(variant: str) -> torch.nn.Module:
         torch.manual_seed(0)
         return build_model(ModelConfig(size="tiny", variant=variant, d_model=d, n_layers=blocks, n_heads=4,
-                                       d_ff=4 * d, seq_len=seq, vocab_size=256, residual=ResidualConfig()))
+                                       d_ff=4 * d, seq_len=seq, vocab_size=256, residual=dict()))
 
     models = {"standard": model("standard"), "review": model("review"), **{k: model("review") for k in REFERENCES}}
     idx = torch.randint(0, 256, (batch, seq + 1))

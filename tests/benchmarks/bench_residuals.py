@@ -31,9 +31,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rrtrain.model import sizing
-from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model.transformer import build_model
+from rrtrain import residuals, sizing
+from rrtrain.config import ModelConfig
+from rrtrain.resolve import build_model
+from rrtrain.residuals import RuleKnobs
 from rrtrain.residuals.attnres import block_size
 from rrtrain.residuals.gr import gr_rank
 
@@ -59,16 +60,22 @@ VARIANTS = {  # label: (rule, residual overrides)
 def model_config(size: str, label: str) -> ModelConfig:
     over, _, _ = SIZES[size]
     rule, res = VARIANTS[label]
-    return ModelConfig(variant=rule, residual=ResidualConfig(**res), **over)
+    return ModelConfig(variant=rule, residual=dict(**res), **over)
 
 
-def attnres_sources(n_sub: int, cfg: ResidualConfig) -> list[int]:
+def knobs(m: ModelConfig) -> RuleKnobs:
+    """Every built-in rule's knobs in one namespace, from `m.residual`: the formulas below read any rule's."""
+    classes = tuple(dict.fromkeys(k for spec in residuals.BUILTIN for k in spec.knobs))
+    return RuleKnobs.of(classes, m.residual)
+
+
+def attnres_sources(n_sub: int, cfg: RuleKnobs) -> list[int]:
     """How many sources each sublayer attends over (the embedding, closed blocks, the open block)."""
     s = block_size(cfg)
     return [1 + l // s + (1 if l % s else 0) for l in range(n_sub)]
 
 
-def rule_fwd_flops(rule: str, d: int, n_sub: int, cfg: ResidualConfig) -> float:
+def rule_fwd_flops(rule: str, d: int, n_sub: int, cfg: RuleKnobs) -> float:
     """Forward FLOPs per token a rule adds beyond the standard pre-norm residual, its matmuls included."""
     n = cfg.streams
     if rule == "gr":
@@ -97,16 +104,17 @@ def flops_ratio(m: ModelConfig) -> float:
     flops = sizing.flops_per_token(shape, m.variant, m.residual)
     if m.variant in ("gr", "hc", "mhc", "attnres"):  # their weights are counted in rule_fwd_flops instead
         flops -= 6 * sizing.gate_params(shape, m.variant, m.residual)
-    flops += 3 * rule_fwd_flops(m.variant, shape.d_model, shape.n_sublayers, m.residual)
+    flops += 3 * rule_fwd_flops(m.variant, shape.d_model, shape.n_sublayers, knobs(m))
     return flops / base
 
 
 def predicted(size: str, label: str) -> dict:
     m = model_config(size, label)
     shape = sizing.resolve_shape(m)
-    state = {"gr": m.residual.streams, "hc": m.residual.streams, "mhc": m.residual.streams}.get(m.variant, 1)
+    streams = knobs(m).streams
+    state = {"gr": streams, "hc": streams, "mhc": streams}.get(m.variant, 1)
     if m.variant == "attnres":
-        state = max(attnres_sources(shape.n_sublayers, m.residual)) + 1
+        state = max(attnres_sources(shape.n_sublayers, knobs(m))) + 1
     return {"flops_ratio": flops_ratio(m), "state_per_token_d": state,
             "params": sizing.count_params(shape, m.variant, m.residual)}
 
@@ -167,7 +175,7 @@ def table(size: str) -> str:
     m = model_config(size, "standard")
     shape = sizing.resolve_shape(m)
     lines = [f"### {size}: d_model={shape.d_model}, blocks={shape.n_layers}, vocab={shape.vocab_size}, "
-             f"seq={shape.seq_len}, batch={SIZES[size][1]}, streams n={m.residual.streams}",
+             f"seq={shape.seq_len}, batch={SIZES[size][1]}, streams n={knobs(m).streams}",
              "",
              "| variant | params | FLOPs/token predicted | CPU time/step | measured | (wall) | state/token "
              "predicted | saved activations | measured | peak RSS growth |",

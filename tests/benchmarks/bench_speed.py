@@ -45,10 +45,7 @@ from pathlib import Path
 
 import pytest
 
-from rrtrain import residuals
-
-from rrtrain.model import sizing
-from rrtrain.config import ResidualConfig
+from rrtrain import residuals, sizing
 from rrtrain.core.io import atomic_write_text
 from trainutil import REPO, env, prep_stories, records, train, train_cmd
 
@@ -84,7 +81,7 @@ def summary(run_dir: Path, cpu_s: float, overrides: tuple[str, ...]) -> dict:
     variant = next(o.split("=", 1)[1] for o in overrides if o.startswith("model.variant="))
     return {"tps": statistics.median(r["tokens_per_s"] for r in logged),
             "mfu": statistics.median(r["mfu"] for r in logged),
-            "flops": sizing.flops_per_token(shape, variant, ResidualConfig()), "params": fin["params"],
+            "flops": sizing.flops_per_token(shape, variant, dict()), "params": fin["params"],
             "cpu_s": cpu_s}
 
 

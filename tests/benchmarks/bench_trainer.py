@@ -72,7 +72,7 @@ def test_review_vs_standard_step_time():
 
     import torch
 
-    from rrtrain.model import sizing
+    from rrtrain import sizing
     from rrtrain.planning.bench import run_bench
     from rrtrain.config import load_config
     from rrtrain.core.dist import DistInfo

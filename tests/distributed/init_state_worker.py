@@ -14,7 +14,7 @@ import torch
 
 from rrtrain.core import dist
 from rrtrain.config import Config, apply_overrides, build
-from rrtrain.model.transformer import build_model
+from rrtrain.resolve import build_model
 from rrtrain.parallel.adamw import no_decay_names
 from rrtrain.parallel import Engine, build_engine
 

@@ -17,7 +17,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from rrtrain.core import dist
 from rrtrain.config import Config, apply_overrides, build
-from rrtrain.model.transformer import build_model
+from rrtrain.resolve import build_model
 from rrtrain.parallel import build_engine
 
 

@@ -170,7 +170,7 @@ SKIP_CHECK = r'''
 import json, torch
 from rrtrain.core import dist
 from rrtrain.config import load_config
-from rrtrain.model.transformer import build_model
+from rrtrain.resolve import build_model
 from rrtrain.parallel import build_engine
 
 info = dist.setup(120)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rrtrain.config import Config, apply_overrides, build
-from rrtrain.model.transformer import build_model
+from rrtrain.resolve import build_model
 from trainutil import PY, REPO, env, free_port
 
 pytestmark = pytest.mark.distributed

@@ -12,7 +12,7 @@ import torch
 from data_prep.cli import main as prep_main
 from rrtrain.config import ModelConfig
 from rrtrain.data.loader import TrainLoader, eval_batches, read_manifest
-from rrtrain.model.transformer import build_model
+from rrtrain.resolve import build_model
 
 STEPS, MICRO, SEQ = 300, 16, 64
 

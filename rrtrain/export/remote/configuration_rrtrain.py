@@ -1,7 +1,7 @@
 """The configuration of a model exported by `rrtrain export --hf`: transformers' usual fields, read by tools
 such as lm-evaluation-harness (vocabulary, width, depth, heads, maximum length), and under `rrtrain` everything
-the copied rrtrain source needs to rebuild the model exactly: the residual rule, the resolved shape, the
-`model.residual` knobs and the norm, init and RoPE settings."""
+the copied rrtrain package needs to rebuild the model exactly (rrtrain/model/spec.py, `ModelSpec.to_dict`): the
+residual rule, the resolved shape, the rule's knobs and the norm, init and RoPE settings."""
 
 from __future__ import annotations
 

@@ -1,11 +1,14 @@
 """Import layers: every package of the tree has a rank, and imports only go down (or stay in the package).
 
-The layers, bottom to top: core -> data -> data_prep -> config -> residuals -> model -> resolve
--> {parallel, rundir} -> training -> monitoring -> rrtrain.train -> {planning, report, dashboard} -> cli;
+The layers, bottom to top: core -> data -> data_prep -> config -> residuals -> model -> {sizing, knobs}
+-> resolve -> {parallel, rundir} -> training -> monitoring -> rrtrain.train -> {planning, report, dashboard}
+-> cli;
 `launchers` sits above rrtrain (which reaches it from `rrtrain.cli` only), by stage:
 sweep -> state (read-only) -> {prune, cancel} -> executors -> submit. `rrtrain.data` (the prepared
 dataset's format, its verification and the loader) stands on core alone, and `data_prep` writes that format,
-so it stands on data and core.
+so it stands on data and core. The model package (rrtrain/model/ and rrtrain/residuals/, which `rrtrain export`
+copies as it is) stands on nothing else of rrtrain at all, and its modules import each other by relative
+imports of one dot, so that the copied files run as flat modules of one directory.
 A static pass over every module's imports (function-local ones and `TYPE_CHECKING` blocks included)
 checks every edge against the table and finds every circle, the two old ones included
 (trainer <-> callbacks <-> console <-> monitor, parallel.engine <-> parallel.deepspeed). A fresh
@@ -35,6 +38,8 @@ LAYERS: dict[str, int] = {
     "rrtrain.budget": 3,  # steps and tokens from the train section: torch-free, for `rrtrain status` too
     "rrtrain.residuals": 4,
     "rrtrain.model": 5,
+    "rrtrain.sizing": 5,  # presets and the model's counts from a config's model section (rrtrain.model.spec's shape)
+    "rrtrain.knobs": 5,  # `model.residual` checked and typed against its rules' knobs
     "rrtrain.resolve": 6,
     "rrtrain.parallel": 7,
     "rrtrain.rundir": 7,
@@ -164,13 +169,13 @@ def describe_circles(graph: dict[str, set[str]], found: list[list[str]]) -> str:
 
 def test_the_checks_catch_a_climbing_import_and_a_circle():
     """The checkers themselves, on a made-up graph: one upward edge, one circle, one allowed climb."""
-    graph = {"rrtrain.config": {"rrtrain.model.sizing"}, "rrtrain.model.sizing": {"rrtrain.config"},
+    graph = {"rrtrain.config": {"rrtrain.model.transformer"}, "rrtrain.model.transformer": {"rrtrain.config"},
              "rrtrain.cli.main": {"launchers.submit"}, "launchers.submit": {"rrtrain.core.errors"},
              "rrtrain.core.errors": set()}
-    assert upward_edges(graph) == ["rrtrain.config (rrtrain.config, rank 3) -> rrtrain.model.sizing "
+    assert upward_edges(graph) == ["rrtrain.config (rrtrain.config, rank 3) -> rrtrain.model.transformer "
                                    "(rrtrain.model, rank 5)"]
-    assert circles(graph) == [["rrtrain.config", "rrtrain.model.sizing"]]
-    assert "rrtrain.config -> rrtrain.model.sizing" in describe_circles(graph, circles(graph))
+    assert circles(graph) == [["rrtrain.config", "rrtrain.model.transformer"]]
+    assert "rrtrain.config -> rrtrain.model.transformer" in describe_circles(graph, circles(graph))
 
 
 def test_every_module_has_a_layer():
@@ -199,9 +204,60 @@ def test_no_import_circle_anywhere():
         pytest.fail(f"{len(found)} import circles:\n" + describe_circles(graph, found), pytrace=False)
 
 
+#: the model package: what `rrtrain export` copies beside an exported model (rrtrain/export/bundle.py)
+MODEL_PACKAGE = ("rrtrain.model", "rrtrain.residuals")
+#: modules under those directories that are not part of the package, each with its reason (an export leaves
+#: them out too): a run's model from its checkpoint stands on the config, the resolver and the checkpoint
+#: manager; it moves out of rrtrain/model/ in a later step
+OUTSIDE_THE_PACKAGE = {"rrtrain.model.from_run": "stands on config, resolve and training.checkpoint"}
+
+
+def package_modules(graph: dict[str, set[str]]) -> set[str]:
+    return {m for m in graph if layer_of(m) in MODEL_PACKAGE and m not in OUTSIDE_THE_PACKAGE}
+
+
+def test_the_model_package_imports_nothing_else_of_rrtrain():
+    """rrtrain/model/ and rrtrain/residuals/ import each other and nothing else of rrtrain, launchers or
+    data_prep (rrtrain.core and rrtrain.config included): an export carries these files alone."""
+    graph = import_graph()
+    members = package_modules(graph)
+    assert {"rrtrain.model.transformer", "rrtrain.model.spec", "rrtrain.residuals.base"} <= members
+    bad = sorted(f"{m} -> {d}" for m in members for d in graph[m] if d not in members)
+    if bad:
+        pytest.fail("the model package imports outside itself:\n" + "\n".join(bad), pytrace=False)
+
+
+def test_the_model_package_imports_itself_by_one_dot():
+    """Inside the package, `from .x import y` only (x a module of the same directory), never `rrtrain.` nor `..`:
+    the same source then runs as rrtrain.model / rrtrain.residuals and as flat modules of an export."""
+    graph = import_graph()
+    bad = []
+    for module in sorted(package_modules(graph)):
+        path = REPO / (module.replace(".", "/") + ".py")
+        path = path if path.exists() else REPO / module.replace(".", "/") / "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level > 1 or (node.level == 0 and (node.module or "")
+                                                                         .split(".")[0] in ROOTS)):
+                bad.append(f"{path.relative_to(REPO)} line {node.lineno}: from {'.' * node.level}{node.module}")
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] in ROOTS for a in node.names):
+                bad.append(f"{path.relative_to(REPO)} line {node.lineno}: import {node.names[0].name}")
+    if bad:
+        pytest.fail("imports that cannot run flat:\n" + "\n".join(bad), pytrace=False)
+
+
+def test_the_package_checks_catch_an_import_of_the_config():
+    """The rule itself, on a made-up graph: a residual module importing the config is reported."""
+    graph = {"rrtrain.residuals.base": {"rrtrain.config"}, "rrtrain.model.spec": set(), "rrtrain.config": set(),
+             "rrtrain.model.from_run": {"rrtrain.config"}}
+    members = package_modules(graph)
+    assert members == {"rrtrain.residuals.base", "rrtrain.model.spec"}
+    assert [f"{m} -> {d}" for m in sorted(members) for d in graph[m] if d not in members] == \
+        ["rrtrain.residuals.base -> rrtrain.config"]
+
+
 def test_config_is_the_bottom_layer_on_errors_alone():
     graph = import_graph()
-    assert "rrtrain.config" in graph["rrtrain.residuals.base"] and "rrtrain.config" in graph["rrtrain.model.sizing"]
+    assert "rrtrain.config" in graph["rrtrain.sizing"] and "rrtrain.config" in graph["rrtrain.knobs"]
     # the bottom layer stands on errors alone, and on the stdlib-only reader of files it did not write
     assert graph["rrtrain.config"] <= {"rrtrain.core.errors", "rrtrain.core.files"}
 
@@ -212,7 +268,7 @@ def test_importing_config_loads_neither_sizing_nor_the_registry():
     assert proc.returncode == 0, proc.stderr[-2000:]
     loaded = set(json.loads(proc.stdout))
     assert "rrtrain.config" in loaded
-    assert not {m for m in loaded if m.startswith(("rrtrain.residuals", "rrtrain.model.sizing"))}
+    assert not {m for m in loaded if m.startswith(("rrtrain.residuals", "rrtrain.sizing", "rrtrain.model"))}
 
 
 def test_rrtrain_status_loads_no_torch():

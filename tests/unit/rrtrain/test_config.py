@@ -17,7 +17,7 @@ import yaml
 
 from rrtrain.config import Config, ModelConfig, apply_overrides, build, load_config, parse_override
 from rrtrain.core.errors import UsageError
-from rrtrain.resolve import load
+from rrtrain.resolve import load, with_knobs
 from trainutil import REPO
 
 
@@ -55,8 +55,20 @@ def test_unknown_section_suggests_closest(tmp_path):
 
 
 def test_unknown_nested_key_suggests_full_path():
+    assert error(None, ["model.variant=review", "model.residual.gate_rnak=4"]) == (
+        "unknown key 'model.residual.gate_rnak'; did you mean 'model.residual.gate_rank'? (the knobs of rule "
+        "'review': gate_rank, gate_bias)")
+    # the knobs are the rule's: standard has none, so the closest is another rule's, said so
     assert error(None, ["model.residual.gate_rnak=4"]).startswith(
-        "unknown key 'model.residual.gate_rnak'; did you mean 'model.residual.gate_rank'?")
+        "unknown key 'model.residual.gate_rnak'; did you mean 'model.residual.gate_rank' (a knob of rules 'review', ")
+    assert error(None, ["model.variant=review", "model.residual.streams=2"]) == (
+        "'model.residual.streams' is a knob of rules 'gr', 'hc', 'mhc', not of 'review' (the knobs of rule "
+        "'review': gate_rank, gate_bias)")
+    # match.reference's rule is counted with the same section: its knobs are known too
+    assert load(None, ["match.reference=review", "model.residual.gate_rank=4"]).model.residual == {"gate_rank": 4}
+    assert error(None, ["model.variant=review", "model.residual.gate_rank=x"]) == \
+        "model.residual.gate_rank: expected an integer, got 'x'"
+    assert error(None, ["model.residual=4"]) == "model.residual: expected a mapping, got 4"
 
 
 def test_unknown_key_without_close_match_lists_valid():
@@ -146,15 +158,16 @@ def test_bad_literal_suggests_closest():
     ("train.max_steps=0", "train.max_steps must be at least 1, got 0"),
     ("train.min_lr_ratio=1.5", "train.min_lr_ratio must be in [0, 1], got 1.5"),
     ("train.weight_decay=-0.1", "train.weight_decay must not be negative, got -0.1"),
-    ("model.residual.gate_rank=-1", "model.residual.gate_rank must not be negative, got -1"),
+    ("model.variant=review model.residual.gate_rank=-1", "model.residual.gate_rank must not be negative, got -1"),
+    ("model.variant=mhc model.residual.streams=0", "model.residual.streams must be positive, got 0"),
     ("train.micro_batch=0", "train.micro_batch must be positive, got 0"),
     ("model.pos=rope", None),  # fine: tiny's head size is even
 ])
 def test_range_checks(override, message):
     if message is None:
-        load(None, [override])
+        load(None, override.split())
     else:
-        assert error(None, [override]) == message
+        assert error(None, override.split()) == message
 
 
 def test_async_checkpoints_are_for_dcp_backends():
@@ -173,7 +186,7 @@ def test_defaults():
     cfg = load_config(None)
     assert cfg == Config()
     assert cfg.model.size == "tiny" and cfg.model.variant == "standard" and cfg.train.lr == 3e-4
-    assert cfg.parallel.backend == "none" and cfg.match.widen == "mlp" and cfg.model.residual.gate_rank == 0
+    assert cfg.parallel.backend == "none" and cfg.match.widen == "mlp" and cfg.model.residual == {}
 
 
 def test_overrides_parse_yaml_values():
@@ -181,7 +194,9 @@ def test_overrides_parse_yaml_values():
                              "train.tokens=1_000_000", "run.name=abc", "model.residual.gate_bias=-2"])
     assert cfg.train.lr == 0.001 and cfg.train.max_steps == 1000 and cfg.model.d_ff is None
     assert cfg.data.shuffle is False and cfg.train.tokens == 1_000_000 and cfg.run.name == "abc"
-    assert cfg.model.residual.gate_bias == -2.0 and isinstance(cfg.model.residual.gate_bias, float)
+    assert cfg.model.residual == {"gate_bias": -2}  # a plain mapping here: its rule types it
+    typed = with_knobs(load_config(None, ["model.variant=highway", "model.residual.gate_bias=-2"])).model.residual
+    assert typed == {"gate_rank": 0, "gate_bias": -2.0} and isinstance(typed["gate_bias"], float)
 
 
 def test_base_inheritance_and_override_order(tmp_path):
@@ -209,7 +224,7 @@ def test_base_inheritance_and_override_order(tmp_path):
     cfg = load_config(leaf, ["train.seed=7"])
     assert cfg.model.size == "rr-60m"  # from the root, through two levels
     assert cfg.model.variant == "review"  # the leaf wins over its base
-    assert cfg.model.residual.gate_rank == 8  # nested mappings merge key by key
+    assert cfg.model.residual == {"gate_rank": 8}  # nested mappings merge key by key
     assert cfg.train.lr == 0.02  # the middle file wins over the root
     assert cfg.train.seed == 7  # the command line wins over every file
 
@@ -225,7 +240,7 @@ def test_build_and_overrides_helpers():
     assert parse_override("a.b.c= 3") == (["a", "b", "c"], 3)
     assert parse_override("a=x=y") == (["a"], "x=y")
     assert apply_overrides({"a": {"b": 1, "c": 2}}, ["a.b=5"]) == {"a": {"b": 5, "c": 2}}
-    assert build(ModelConfig, {"size": "rr-1b", "residual": {"streams": 2}}).residual.streams == 2
+    assert build(ModelConfig, {"size": "rr-1b", "residual": {"streams": 2}}).residual == {"streams": 2}
     # the dataclass defaults are what every doc table lists
     assert dataclasses.fields(Config)[0].name == "run"
 

@@ -13,12 +13,10 @@ import subprocess
 
 import pytest
 
-from rrtrain import budget, residuals
+from rrtrain import budget, residuals, sizing
 from rrtrain.config import Config, ModelConfig, TrainConfig
 from rrtrain.core.errors import UsageError
-from rrtrain.model import sizing
-from rrtrain.model.transformer import build_model
-from rrtrain.resolve import ResolvedRun, resolve
+from rrtrain.resolve import ResolvedRun, build_model, resolve
 from trainutil import PY, REPO, env
 
 MANIFEST = {"vocab_size": 300, "seq_len": 32, "fingerprint": "f"}
@@ -98,7 +96,7 @@ def test_budget_is_the_trainers_formula():
 
 
 def test_budget_and_the_manifest_reader_load_no_torch():
-    code = ("import json, sys, rrtrain.budget, rrtrain.data.manifest, rrtrain.model.sizing as s; s.presets(); "
+    code = ("import json, sys, rrtrain.budget, rrtrain.data.manifest, rrtrain.sizing as s; s.presets(); "
             "print(json.dumps(sorted(sys.modules)))")
     proc = subprocess.run([PY, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

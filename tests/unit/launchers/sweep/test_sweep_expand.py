@@ -14,7 +14,7 @@ from launchers.executors.render import render
 from launchers.torchrun import rendezvous
 from rrtrain.config import Config, build
 from rrtrain.core.errors import UsageError
-from rrtrain.model.sizing import count_params
+from rrtrain.sizing import count_params
 from rrtrain.resolve import resolve_model_shape
 from trainutil import REPO
 

@@ -11,7 +11,7 @@ import yaml
 
 from launchers.sweep import spec
 from launchers.sweep.expand import data_path, expand
-from rrtrain.model import sizing
+from rrtrain import sizing
 from rrtrain.config import ModelConfig
 from rrtrain.core.errors import UsageError
 from trainutil import REPO

@@ -30,7 +30,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rrtrain.config import ModelConfig
-from rrtrain.model.transformer import Transformer, build_model
+from rrtrain.model.transformer import Transformer
+from rrtrain.resolve import build_model
 
 STORY = """\
 Once upon a time, in a small house at the edge of a big green wood, there lived a little girl named Pia and

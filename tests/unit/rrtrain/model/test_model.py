@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 import rrtrain.model.transformer
 from rrtrain import residuals
-from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model.transformer import build_model
+from rrtrain.config import ModelConfig
+from rrtrain.resolve import build_model
 from rrtrain.residuals.norm import RMSNorm
 from rrtrain.parallel.materialize import materialize
 from rrtrain.residuals import RuleSpec, Site, Stream
@@ -25,7 +25,7 @@ V, T, D = 64, 16, 32
 
 def tiny(variant: str = "standard", pos: str = "learned", seed: int = 0, **residual) -> rrtrain.model.transformer.Transformer:
     m = ModelConfig(size="tiny", variant=variant, d_model=D, n_layers=2, n_heads=4, d_ff=64, seq_len=T,
-                    vocab_size=V, pos=pos, residual=ResidualConfig(**residual))
+                    vocab_size=V, pos=pos, residual=dict(**residual))
     return build_model(m, seed=seed)
 
 

@@ -13,10 +13,11 @@ import pytest
 
 from rrtrain import residuals
 
-from rrtrain.model import sizing
-from rrtrain.config import ModelConfig, ResidualConfig
+from rrtrain import sizing
+from rrtrain.config import ModelConfig
 from rrtrain.core.errors import UsageError
-from rrtrain.model.transformer import Transformer, build_model
+from rrtrain.model.transformer import Transformer
+from rrtrain.resolve import build_model
 
 UP_TO_1B = ["tiny", "rr-60m", "rr-150m", "rr-320m", "rr-590m", "rr-1b"]
 NOMINAL = {"rr-60m": 60e6, "rr-150m": 150e6, "rr-320m": 320e6, "rr-590m": 590e6, "rr-1b": 1e9,
@@ -101,14 +102,14 @@ def test_analytic_count_equals_meta_model_every_variant(size, no_init):
 def test_analytic_count_low_rank_and_rope_every_variant(size, pos, rank, no_init):
     """gate_rank > 0 and RoPE (no position table) at the shallowest and the deepest preset."""
     for name in residuals.names():
-        m = ModelConfig(size=size, variant=name, pos=pos, residual=ResidualConfig(gate_rank=rank))
+        m = ModelConfig(size=size, variant=name, pos=pos, residual=dict(gate_rank=rank))
         assert analytic(m) == meta_count(m), f"{size} {name} pos={pos} gate_rank={rank}"
 
 
 def test_gate_rank_changes_gated_counts_only():
     s = sizing.resolve_shape(ModelConfig(size="rr-150m"))
     d, n_sub = s.d_model, s.n_sublayers
-    full, low = ResidualConfig(), ResidualConfig(gate_rank=128)
+    full, low = dict(), dict(gate_rank=128)
     # review: 3 norms + (2d x d) + bias per sublayer; low rank: 2d*k + k*d instead of 2d*d
     assert sizing.gate_params(s, "review", full) == n_sub * (2 * d + 2 * d * d + d)
     assert sizing.gate_params(s, "review", low) == n_sub * (2 * d + 3 * d * 128 + d)
@@ -122,14 +123,14 @@ def test_backbone_formula():
     s = sizing.ModelShape(d_model=64, n_layers=3, n_heads=4, d_ff=200, seq_len=32, vocab_size=100)
     assert sizing.backbone_params(s) == 100 * 64 + 32 * 64 + 3 * (4 * 64 * 64 + 2 * 64 * 200)
     assert sizing.backbone_params(dataclasses.replace(s, pos="rope")) == sizing.backbone_params(s) - 32 * 64
-    assert sizing.count_params(s, "standard", ResidualConfig()) == sizing.backbone_params(s) + 64 * 7
+    assert sizing.count_params(s, "standard", dict()) == sizing.backbone_params(s) + 64 * 7
 
 
 def test_flops_per_token_formula():
     """6 * (matmul params incl. the tied head, no position table) + 12 * n_layers * seq_len * d_model: PaLM's
     6N + 12LHQT, with N the weights a token passes through."""
     s = sizing.resolve_shape(ModelConfig(size="rr-150m"))
-    cfg = ResidualConfig()
+    cfg = dict()
     n = sizing.count_params(s, "standard", cfg) - s.seq_len * s.d_model
     assert sizing.flops_per_token(s, "standard", cfg) == 6 * n + 12 * s.n_layers * s.seq_len * s.d_model
     extra = sizing.flops_per_token(s, "review", cfg) - sizing.flops_per_token(s, "standard", cfg)

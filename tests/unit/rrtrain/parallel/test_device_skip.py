@@ -7,7 +7,7 @@ import torch
 
 from rrtrain.config import Config, ModelConfig
 from rrtrain.core.dist import DistInfo
-from rrtrain.model.transformer import build_model
+from rrtrain.resolve import build_model
 from rrtrain.parallel import build_engine
 
 

@@ -20,7 +20,7 @@ pytest.importorskip("torchao.float8")
 
 from rrtrain.config import load_config  # noqa: E402
 from rrtrain.core.errors import UsageError  # noqa: E402
-from rrtrain.model.transformer import build_model  # noqa: E402
+from rrtrain.resolve import build_model  # noqa: E402
 from rrtrain.parallel import float8  # noqa: E402
 from rrtrain.parallel.materialize import place  # noqa: E402
 from rrtrain.resolve import load, resolve  # noqa: E402

@@ -17,7 +17,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from rrtrain.config import Config, apply_overrides, build
 from rrtrain.core.dist import DistInfo
-from rrtrain.model.transformer import build_model
+from rrtrain.resolve import build_model
 from rrtrain.parallel import build_engine
 
 WORLD = 8

@@ -13,7 +13,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from rrtrain.config import ParallelConfig, load_config
 from rrtrain.core.errors import UsageError
-from rrtrain.model.transformer import build_model
+from rrtrain.resolve import build_model
 from rrtrain.parallel.mesh import build_mesh, mesh_shape, shard_group
 
 

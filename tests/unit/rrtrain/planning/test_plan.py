@@ -10,9 +10,9 @@ import json
 import pytest
 import torch
 
-from rrtrain.model import sizing
+from rrtrain import sizing
 from rrtrain.cli.main import main
-from rrtrain.config import ModelConfig, ResidualConfig
+from rrtrain.config import ModelConfig
 from rrtrain.planning.plan import AC_MODES, Setup, fitting, gpu_spec, layout, plan, resolve, shard_numel
 
 GIB = 2**30
@@ -60,7 +60,7 @@ def test_activations_scale_with_micro_batch_and_streams():
     mb1, mb4 = plan(Setup(m, gpus=8)), plan(Setup(m, gpus=8, micro_batch=4))
     assert mb4.activations["none"] == 4 * mb1.activations["none"]
     four = plan(Setup(ModelConfig(size="rr-60m", variant="mhc"), gpus=8))
-    two = plan(Setup(ModelConfig(size="rr-60m", variant="mhc", residual=ResidualConfig(streams=2)), gpus=8))
+    two = plan(Setup(ModelConfig(size="rr-60m", variant="mhc", residual=dict(streams=2)), gpus=8))
     assert mb1.activations["full"] < two.activations["full"] < four.activations["full"]  # checkpoints hold n streams
 
 

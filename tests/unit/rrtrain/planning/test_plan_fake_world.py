@@ -16,7 +16,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from rrtrain.config import ModelConfig, TrainConfig
-from rrtrain.model.transformer import build_model
+from rrtrain.resolve import build_model
 from rrtrain.parallel.adamw import build_optimizer
 from rrtrain.planning.plan import Setup, plan
 

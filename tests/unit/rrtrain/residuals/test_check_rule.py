@@ -1,4 +1,4 @@
-"""The rule registry's extension points and `rrtrain check-rule`: knobs declared by rules, rules discovered
+"""The rule registry's extension points and `rrtrain check-rule`: knobs brought by rules, rules discovered
 from entry points (a broken one skipped with a warning), and the in-process generic checks failing on rules
 that break them (a wrong count, an unused parameter, a graph break). tests/e2e/test_external_rule.py installs
 a real package and runs every check on it. Runtime: a few seconds."""
@@ -15,20 +15,18 @@ import torch
 from rrtrain import residuals
 from rrtrain.cli.main import main as cli_main
 from rrtrain.cli.rule_checks import RuleUnderCheck, run_check
-from rrtrain.config import Config, ResidualConfig, build
+from rrtrain.config import Config, build
 from rrtrain.core.errors import UsageError
-from rrtrain.residuals import RuleSpec, require
+from rrtrain.residuals import RuleKnobs, RuleSpec, require
+from rrtrain.resolve import check_model, with_knobs
 from rrtrain.residuals.single import PreNormSite, SingleStream
 from rrtrain.residuals.streams import StreamKnobs
 
 
 @pytest.fixture
 def scratch_registry(monkeypatch):
-    """Rules and knobs registered inside a test are gone after it."""
+    """Rules registered inside a test are gone after it (their knobs with them: nothing else holds them)."""
     monkeypatch.setattr(residuals, "_RULES", dict(residuals._RULES))
-    monkeypatch.setattr(ResidualConfig, "__dataclass_fields__", dict(ResidualConfig.__dataclass_fields__))
-    monkeypatch.setattr(ResidualConfig, "__annotations__", dict(ResidualConfig.__annotations__))
-    monkeypatch.setattr(ResidualConfig, "_knobs", list(ResidualConfig._knobs))
 
 
 @dataclass
@@ -90,31 +88,73 @@ def toy(name: str, site=ToySite, knobs=(ToyKnobs,)) -> RuleSpec:
 
 
 def check(name: str, which: str, **knobs):
-    return run_check(which, RuleUnderCheck(name, ResidualConfig(**knobs), None, Path("/nonexistent")))
+    rule = residuals._RULES.get(name)
+    values = rule.make_knobs(**knobs) if rule is not None else RuleKnobs()
+    return run_check(which, RuleUnderCheck(name, values, None, Path("/nonexistent")))
+
+
+def config(variant: str, **residual) -> Config:
+    return build(Config, {"model": {"variant": variant, "residual": residual}})
 
 
 def test_a_rule_brings_its_knobs_into_model_residual(scratch_registry):
-    with pytest.raises(UsageError, match="unknown key 'model.residual.toy_scale'"):
-        build(Config, {"model": {"residual": {"toy_scale": 2}}})
+    with pytest.raises(UsageError, match="model.variant: unknown residual rule '_toy'"):
+        check_model(config("_toy", toy_scale=2))
     residuals.register(toy("_toy"))
-    m = build(Config, {"model": {"variant": "_toy", "residual": {"toy_scale": 2}}}).model
-    assert m.residual.toy_scale == 2.0 and isinstance(m.residual.toy_scale, float)
-    assert ResidualConfig().toy_scale == 1.0 and dataclasses.asdict(m)["residual"]["toy_scale"] == 2.0
+    residual = with_knobs(config("_toy", toy_scale=2)).model.residual
+    assert residual == {"toy_scale": 2.0} and isinstance(residual["toy_scale"], float)  # typed as the knob
+    assert with_knobs(config("_toy")).model.residual == {"toy_scale": 1.0}  # written out in full
+    assert dataclasses.asdict(with_knobs(config("_toy", toy_scale=2)))["model"]["residual"] == {"toy_scale": 2.0}
     with pytest.raises(UsageError, match="did you mean 'model.residual.toy_scale'"):
-        build(Config, {"model": {"residual": {"toy_scal": 2}}})
+        check_model(config("_toy", toy_scal=2))
     with pytest.raises(UsageError, match=r"^model.residual.toy_scale must be positive, got 0.0$"):
-        ResidualConfig(toy_scale=0.0).check()
-    residuals.register(toy("_toy_two", knobs=(ToyKnobs, StreamKnobs)))  # shared knobs are declared once
+        check_model(config("_toy", toy_scale=0))
+    with pytest.raises(UsageError, match="model.residual.toy_scale' is a knob of rule '_toy', not of 'review'"):
+        check_model(config("review", toy_scale=2))  # another rule's knob is refused, naming whose it is
+    residuals.register(toy("_toy_two", knobs=(ToyKnobs, StreamKnobs)))  # a shared knob class is listed again
+    assert with_knobs(config("_toy_two")).model.residual == {"toy_scale": 1.0, "streams": 4}
 
 
-def test_a_knob_key_belongs_to_one_class(scratch_registry):
+def test_a_knob_key_belongs_to_one_class_of_its_rule(scratch_registry):
     @dataclass
     class Rival:
         streams: int = 2
 
-    with pytest.raises(ValueError, match="model.residual.streams is declared by both StreamKnobs and"):
-        residuals.register(toy("_rival", knobs=(Rival,)))
-    assert "_rival" not in residuals.names()
+    with pytest.raises(ValueError, match=r"model.residual.streams is declared by both StreamKnobs and .*Rival"):
+        toy("_rival", knobs=(StreamKnobs, Rival))
+    residuals.register(toy("_rival", knobs=(Rival,)))  # another rule may have a knob of that name: its own
+    assert with_knobs(config("_rival")).model.residual == {"streams": 2}
+    assert with_knobs(config("mhc")).model.residual["streams"] == 4
+
+    @dataclass
+    class Bad:
+        values: int = 1  # would hide RuleKnobs.values
+
+    @dataclass
+    class NoDefault:
+        toy_width: int
+
+    with pytest.raises(ValueError, match=r"knob .*Bad.values: the name is taken by RuleKnobs itself"):
+        toy("_bad", knobs=(Bad,))
+    with pytest.raises(TypeError, match="knob .*NoDefault.toy_width needs a default"):
+        toy("_bad", knobs=(NoDefault,))
+    with pytest.raises(TypeError, match="must be a dataclass"):
+        toy("_bad", knobs=(int,))
+
+
+def test_rule_knobs_read_as_one_namespace():
+    spec = residuals.get("mhc")
+    knobs = spec.make_knobs(streams=2)
+    assert knobs.streams == 2 and knobs.sinkhorn_iters == spec.make_knobs().sinkhorn_iters
+    assert list(knobs.values()) == spec.knob_names() and knobs == spec.make_knobs(streams=2) != spec.make_knobs()
+    with pytest.raises(AttributeError, match="model.residual has no knob 'gate_rank' for this rule"):
+        knobs.gate_rank
+    with pytest.raises(AttributeError, match="read-only"):
+        knobs.streams = 3
+    with pytest.raises(TypeError, match="unexpected name 'gate_rank'"):
+        spec.make_knobs(gate_rank=2)
+    with pytest.raises(residuals.KnobError, match="^model.residual.streams must be positive, got 0$"):
+        spec.make_knobs(streams=0).check()
 
 
 class FakeEntryPoint:
@@ -136,7 +176,7 @@ def test_discover_registers_installed_rules_and_skips_a_broken_one(scratch_regis
     messages = [str(w.message) for w in caught]
     assert any("'_broken = fake_pkg:_broken' skipped: ImportError: no module fake_pkg" in m for m in messages)
     assert any("'_dup" in m and "registered twice" in m for m in messages)
-    assert residuals.get("_found").params(16, 4, ResidualConfig()) == 16 + 4 * 16
+    assert residuals.get("_found").params(16, 4, residuals.get("_found").make_knobs()) == 16 + 4 * 16
 
 
 def test_the_checks_pass_a_sound_rule(scratch_registry):

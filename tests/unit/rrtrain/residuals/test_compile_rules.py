@@ -22,8 +22,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils._pytree import tree_leaves
 
 from rrtrain import residuals
-from rrtrain.config import ModelConfig, ResidualConfig, load_config
-from rrtrain.model.transformer import build_model
+from rrtrain.config import ModelConfig, load_config
+from rrtrain.resolve import build_model
 from rrtrain.parallel.prepare import prepare_blocks
 from rrtrain.residuals import StreamInfo
 from rrtrain.residuals.attnres import AttnResStream, Sources, depth_attention
@@ -34,7 +34,7 @@ N_BLOCKS = 10
 def tiny(variant: str) -> torch.nn.Module:
     torch.manual_seed(0)
     m = ModelConfig(size="tiny", variant=variant, d_model=32, n_layers=1, n_heads=4, d_ff=64, seq_len=8,
-                    vocab_size=64, residual=ResidualConfig())
+                    vocab_size=64, residual=dict())
     return build_model(m)
 
 
@@ -110,7 +110,8 @@ def test_empty_attnres_slots_change_nothing():
     gen = torch.Generator().manual_seed(0)
     sources = [torch.randn(2, 3, 8, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(3)]
     query, gain = torch.randn(8, dtype=torch.float64, generator=gen), torch.rand(8, dtype=torch.float64) + 0.5
-    stream = AttnResStream(StreamInfo(8, 6, 1e-6, ResidualConfig()))  # Full AttnRes, 6 sublayers: S = 7 slots
+    # Full AttnRes, 6 sublayers: S = 7 slots
+    stream = AttnResStream(StreamInfo(8, 6, 1e-6, residuals.get("attnres").make_knobs()))
     state = stream.expand(sources[0])
     state = Sources(state.slots[2:] + tuple(sources[1:]), torch.cat([state.bias[2:], torch.zeros(2)]))
     assert len(state.slots) == 7

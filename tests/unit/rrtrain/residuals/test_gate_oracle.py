@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from rrtrain import residuals
-from rrtrain.config import ResidualConfig
 from rrtrain.residuals import SiteInfo
 
 GATED = ("review", "review_convex", "highway", "highway_convex")
@@ -33,7 +32,7 @@ def oracle_write(site: torch.nn.Module, state: torch.Tensor, y: torch.Tensor) ->
 def test_gate_equals_the_concatenated_oracle(name, rank):
     torch.manual_seed(0)
     d = 48
-    site = residuals.get(name).site(SiteInfo(d, 3, 8, "mlp", 1e-6, ResidualConfig(gate_rank=rank)))
+    site = residuals.get(name).site(SiteInfo(d, 3, 8, "mlp", 1e-6, residuals.get(name).make_knobs(gate_rank=rank)))
     with torch.no_grad():
         for p in site.parameters():
             p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 else 0.0))  # gains and bias near 1
@@ -77,7 +76,7 @@ def test_gate_in_bf16_follows_the_oracle_and_keeps_dtypes(name, mode):
     torch.lerp refused the fp32 state with the bf16 update.)"""
     torch.manual_seed(0)
     d = 48
-    site = residuals.get(name).site(SiteInfo(d, 3, 8, "mlp", 1e-6, ResidualConfig()))
+    site = residuals.get(name).site(SiteInfo(d, 3, 8, "mlp", 1e-6, residuals.get(name).make_knobs()))
     with torch.no_grad():
         for p in site.parameters():
             p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 else 0.0))

@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rrtrain.model import sizing
-from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model.transformer import Transformer, build_model
+from rrtrain import sizing
+from rrtrain.config import ModelConfig
+from rrtrain.model.transformer import Transformer
+from rrtrain.resolve import build_model
 from rrtrain.residuals.fixup import fixup_scale, tfixup_scale
 
 D, T, V, FF = 32, 16, 64, 128
@@ -23,7 +24,7 @@ D, T, V, FF = 32, 16, 64, 128
 def model(blocks: int = 3, variant: str = "fixup", fixup_variant: str = "fixup", seed: int = 0,
           d: int = D, pos: str = "learned") -> Transformer:
     m = ModelConfig(size="tiny", variant=variant, d_model=d, n_layers=blocks, n_heads=4, d_ff=4 * d, seq_len=T,
-                    vocab_size=V, pos=pos, residual=ResidualConfig(fixup_variant=fixup_variant))
+                    vocab_size=V, pos=pos, residual=dict(fixup_variant=fixup_variant))
     return build_model(m, seed=seed)
 
 
@@ -84,7 +85,7 @@ def test_readout_has_no_norm_as_in_the_papers_code(fixup_variant):
     else:
         assert not list(stream.parameters())
     m = ModelConfig(size="tiny", variant="fixup", d_model=D, n_layers=3, n_heads=4, d_ff=FF, seq_len=T,
-                    vocab_size=V, residual=ResidualConfig(fixup_variant=fixup_variant, fixup_final_norm=True))
+                    vocab_size=V, residual=dict(fixup_variant=fixup_variant, fixup_final_norm=True))
     normed = build_model(m, seed=0).stream
     assert [n for n, _ in normed.named_parameters()] == ["norm.weight"]
     torch.testing.assert_close(normed.readout(3.0 * h), normed.readout(h))
@@ -204,7 +205,7 @@ def test_meta_build_attaches_and_initialises_like_cpu(fixup_variant):
     """The FSDP lifecycle (meta -> to_empty -> init_weights) reaches the branches and tables the rule was
     attached to: the same weights as a model built on CPU, with the rule's own start (not GPT-2's)."""
     m = ModelConfig(size="tiny", variant="fixup", d_model=D, n_layers=2, n_heads=4, d_ff=FF, seq_len=T,
-                    vocab_size=V, residual=ResidualConfig(fixup_variant=fixup_variant))
+                    vocab_size=V, residual=dict(fixup_variant=fixup_variant))
     cpu, meta = build_model(m, seed=5), build_model(m, device="meta")
     meta.to_empty(device="cpu")
     meta.init_weights(5)
@@ -222,7 +223,7 @@ def test_meta_build_attaches_and_initialises_like_cpu(fixup_variant):
 @pytest.mark.parametrize("fixup_variant,per_block,head", [("fixup", 3 + 4, 1), ("tfixup", 0, 0)])
 def test_count_is_exact(fixup_variant, per_block, head, final_norm):
     m = ModelConfig(size="tiny", variant="fixup", d_model=D, n_layers=3, n_heads=4, d_ff=FF, seq_len=T,
-                    vocab_size=V, residual=ResidualConfig(fixup_variant=fixup_variant, fixup_final_norm=final_norm))
+                    vocab_size=V, residual=dict(fixup_variant=fixup_variant, fixup_final_norm=final_norm))
     net = build_model(m, seed=0)
     rcfg = m.residual
     assert sum(p.numel() for p in net.parameters()) == sizing.count_params(net.shape, "fixup", rcfg)

@@ -7,15 +7,15 @@ the equivalences at initialisation; GR's symmetry breaking; HC's mixing-directio
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
 
-from rrtrain import residuals
+from rrtrain import residuals, sizing
 
-from rrtrain.model import sizing
-from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model.transformer import build_model
+from rrtrain.config import ModelConfig
+from rrtrain.resolve import build_model
 from rrtrain.residuals import SiteInfo, StreamInfo
 from rrtrain.residuals.attnres import AttnResSite, AttnResStream, depth_attention
 from rrtrain.residuals.deepnorm import DeepNormSite, deepnorm_alpha, deepnorm_beta
@@ -34,13 +34,15 @@ def t(*rows) -> torch.Tensor:
 
 
 def site(cls, d: int = 2, n: int = 2, index: int = 0, n_sub: int = 4, eps: float = 0.0, **cfg):
-    info = SiteInfo(d, index, n_sub, "attn", eps, ResidualConfig(streams=n, **cfg))
+    spec = sys.modules[cls.__module__].SPEC  # the rule of `cls`: its knobs
+    knobs = spec.make_knobs(**({"streams": n} if "streams" in spec.knob_names() else {}), **cfg)
+    info = SiteInfo(d, index, n_sub, "attn", eps, knobs)
     return cls(info).to(F64)
 
 
 def tiny(variant: str, **res) -> ModelConfig:
     return ModelConfig(size="tiny", variant=variant, d_model=32, n_layers=2, n_heads=2, seq_len=16,
-                       vocab_size=64, residual=ResidualConfig(**res))
+                       vocab_size=64, residual=dict(**res))
 
 
 def close(a: torch.Tensor, b, tol: float = 1e-6) -> None:
@@ -89,7 +91,7 @@ def test_gr_full_controller_path():  # n = 2, d = 2, r = 1
 
 
 def test_gr_readout_is_a_final_read_without_write_or_norm():
-    info = StreamInfo(4, 8, 0.0, ResidualConfig(streams=2, gr_rank=3))
+    info = StreamInfo(4, 8, 0.0, residuals.get("gr").make_knobs(streams=2, gr_rank=3))
     stream = GRStream(info).to(F64)
     assert stream.mixer.inj is None and not any("norm.weight" == n for n, _ in stream.named_parameters())
     r = torch.randn(2, 3, 2, 4, dtype=F64)
@@ -212,7 +214,7 @@ def test_sinkhorn_hand_vectors():  # column step, then row step, per iteration
 
 def test_sinkhorn_random_logits_fp32():
     g = torch.Generator().manual_seed(0)
-    cfg = ResidualConfig()
+    cfg = residuals.get("mhc").make_knobs()
     lg = torch.randn(64, 4, 4, generator=g)
     m = sinkhorn(lg, cfg.sinkhorn_iters, cfg.sinkhorn_eps)
     assert m.dtype == torch.float32
@@ -277,7 +279,7 @@ def test_attnres_zero_queries_read_the_mean_of_sources():
 def test_attnres_block_bookkeeping(size, lengths):
     """Full: one source per sublayer; Block: a block opens at every multiple of the block size. The state keeps
     its S slots throughout (the sources are the last ones, the bias masks the others)."""
-    stream = AttnResStream(StreamInfo(2, 4, 0.0, ResidualConfig(attnres_block_size=size)))
+    stream = AttnResStream(StreamInfo(2, 4, 0.0, residuals.get("attnres").make_knobs(attnres_block_size=size)))
     state = stream.expand(torch.zeros(1, 1, 2))
     ys = [torch.full((1, 1, 2), float(10 ** i)) for i in range(4)]
     for index, (y, n) in enumerate(zip(ys, lengths)):
@@ -452,7 +454,7 @@ def test_meta_build_then_init_matches_a_direct_build(variant, res):
 @pytest.mark.parametrize("d, layers, heads", [(16, 1, 2), (40, 3, 5), (96, 2, 4)])
 def test_param_formula_matches_meta_model(variant, res, d, layers, heads):
     m = ModelConfig(size="tiny", variant=variant, d_model=d, n_layers=layers, n_heads=heads, vocab_size=100,
-                    residual=ResidualConfig(**res))
+                    residual=dict(**res))
     model = build_model(m, device="meta")
     shape = sizing.resolve_shape(m)
     assert sum(p.numel() for p in model.parameters()) == sizing.count_params(shape, variant, m.residual)

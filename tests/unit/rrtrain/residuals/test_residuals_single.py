@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from rrtrain import residuals
-from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model.transformer import build_model
+from rrtrain.config import ModelConfig
+from rrtrain.resolve import build_model
 from rrtrain.residuals import SiteInfo, StreamInfo
 from rrtrain.residuals.gates import Gate
 
@@ -23,13 +23,13 @@ U = torch.tensor([[[4.0, -4.0]]], dtype=torch.float64)
 
 
 def make_site(name: str, d: int = 2, index: int = 0, n_sublayers: int = 2, **cfg) -> torch.nn.Module:
-    info = SiteInfo(d, index, n_sublayers, "attn", 1e-6, ResidualConfig(**cfg))
+    info = SiteInfo(d, index, n_sublayers, "attn", 1e-6, residuals.get(name).make_knobs(**cfg))
     return residuals.get(name).site(info).double()
 
 
 def tiny_model(variant: str, **residual) -> torch.nn.Module:
     m = ModelConfig(size="tiny", variant=variant, d_model=32, n_layers=2, n_heads=4, d_ff=64, seq_len=16,
-                    vocab_size=64, residual=ResidualConfig(**residual))
+                    vocab_size=64, residual=dict(**residual))
     return build_model(m)
 
 
@@ -225,7 +225,7 @@ def test_rule_spec_contract(name):
     spec = residuals.get(name)
     assert spec.name == name and spec.summary
     d, n_sub = 16, 4
-    cfg = ResidualConfig()
+    cfg = spec.make_knobs()
     stream = spec.stream(StreamInfo(d, n_sub, 1e-6, cfg))
     sites = [spec.site(SiteInfo(d, i, n_sub, "attn" if i % 2 == 0 else "mlp", 1e-6, cfg)) for i in range(n_sub)]
     built = sum(p.numel() for p in stream.parameters()) + sum(p.numel() for s in sites for p in s.parameters())

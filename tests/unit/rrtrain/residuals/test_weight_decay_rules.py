@@ -19,7 +19,7 @@ from rrtrain import residuals
 from rrtrain.config import Config, ModelConfig
 from rrtrain.core.dist import DistInfo
 from rrtrain.core.errors import UsageError
-from rrtrain.model.transformer import build_model
+from rrtrain.resolve import build_model
 from rrtrain.parallel import build_training_engine
 from rrtrain.parallel.adamw import check_decay_groups, no_decay_names
 from rrtrain.residuals.gr import GRSite, GRStream

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model.transformer import build_model
+from rrtrain.config import ModelConfig
+from rrtrain.resolve import build_model
 from rrtrain.parallel.adamw import no_decay_names, param_groups
 from rrtrain.training.optim import lr_at
 
@@ -24,7 +24,7 @@ def test_warmup_then_cosine_to_floor():
 
 @pytest.mark.parametrize("variant", ["review", "rezero", "layerscale", "highway_convex"])
 def test_weight_decay_on_matrices_only(variant):
-    model = build_model(ModelConfig(size="tiny", variant=variant, vocab_size=64, residual=ResidualConfig(gate_rank=4)),
+    model = build_model(ModelConfig(size="tiny", variant=variant, vocab_size=64, residual=dict(gate_rank=4)),
                         device="meta")
     skip = no_decay_names(model)
     named = dict(model.named_parameters())

@@ -54,3 +54,18 @@ def test_layout_change_does_not_hide_a_change_that_needs_consent():
 def test_model_and_data_changes_are_refused_even_with_consent(change):
     with pytest.raises(UsageError, match="use a new run.dir"):
         check_resume(cfg(), cfg(**change), 1, 1, allow=True)
+
+
+def test_a_checkpoint_that_recorded_every_rules_knobs_resumes():
+    """rrtrain before per-rule knobs wrote every registered rule's knobs into a run's config: such a checkpoint
+    resumes, while a knob of the run's own rule that differs, or a key no rule has, is still a model change."""
+    from rrtrain.resolve import build_config, with_knobs
+
+    current = with_knobs(build_config({"model": {"size": "micro", "variant": "review"}})).to_dict()
+    old = {**current, "model": {**current["model"], "residual": {**current["model"]["residual"], "streams": 4,
+                                                                "fixup_variant": "tfixup"}}}
+    assert check_resume(old, current, 1, 1, allow=False) == []
+    for stray in ({"no_rule_has_this": 1}, {next(iter(current["model"]["residual"])): "changed"}):
+        bad = {**old, "model": {**old["model"], "residual": {**old["model"]["residual"], **stray}}}
+        with pytest.raises(UsageError, match="cannot resume"):
+            check_resume(bad, current, 1, 1, allow=False)

@@ -5,7 +5,11 @@ Counts are computed from the shape, never by allocating a model: sweeps size 1B 
 
 A rule is passed as its registry spec (a resolved run holds it: `rrtrain.resolve`), or by name for callers
 that hold only a name; the registry is imported only then, so the presets and the counts load without torch
-(`rrtrain status` reads a preset's sequence length).
+(`rrtrain status` reads a preset's sequence length). Its knobs are passed as the config's `model.residual`
+mapping (each rule takes its own keys from it: rrtrain.knobs) or as the rule's own `RuleKnobs`.
+
+This is the config's side of the model (presets, `model.*` keys): the model package (rrtrain/model/) knows
+no config, and holds the `ModelShape` this module resolves.
 """
 
 from __future__ import annotations
@@ -15,17 +19,20 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
 import yaml
 
-from rrtrain.config import ModelConfig, ResidualConfig
+from rrtrain.config import ModelConfig
 from rrtrain.core.errors import UsageError
+from rrtrain.knobs import rule_knobs
+from rrtrain.model.spec import ModelShape
 
 if TYPE_CHECKING:
-    from rrtrain.residuals import RuleSpec
+    from rrtrain.residuals import RuleKnobs, RuleSpec
 
 Rule = Union["RuleSpec", str]  # a registry spec, or a rule's name
+Knobs = Union[Mapping[str, Any], "RuleKnobs"]  # `model.residual` as configured, or one rule's own knobs
 
 DEFAULT_VOCAB = 50257
 
@@ -33,7 +40,7 @@ DEFAULT_VOCAB = 50257
 def configs_dir() -> Path:
     """The repository's `configs/` (or $RRTRAIN_CONFIGS)."""
     env = os.environ.get("RRTRAIN_CONFIGS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "configs"
 
 
 @dataclass(frozen=True)
@@ -55,27 +62,6 @@ def presets() -> dict[str, Preset]:
         data = yaml.safe_load(path.read_text())
         out[data["name"]] = Preset(**data)
     return dict(sorted(out.items(), key=lambda kv: (kv[1].nominal_params or 0, kv[0])))
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """Everything that fixes a model's parameter count, resolved from a preset plus overrides."""
-
-    d_model: int
-    n_layers: int  # blocks
-    n_heads: int
-    d_ff: int
-    seq_len: int
-    vocab_size: int
-    pos: str = "learned"
-
-    @property
-    def n_sublayers(self) -> int:
-        return 2 * self.n_layers
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
 
 
 def resolve_shape(m: ModelConfig, vocab_size: Optional[int] = None) -> ModelShape:
@@ -134,21 +120,29 @@ def spec_of(rule: Rule) -> "RuleSpec":
     return residuals.get(rule)
 
 
-def rule_params(s: ModelShape, rule: Rule, cfg: ResidualConfig) -> int:
+def knobs_of(spec: "RuleSpec", cfg: Knobs) -> "RuleKnobs":
+    """`spec`'s knobs: `cfg` itself when it is a RuleKnobs, else the rule's keys of the `model.residual` mapping
+    (typed and checked, the keys of other rules left alone)."""
+    return rule_knobs(spec, cfg) if isinstance(cfg, Mapping) else cfg
+
+
+def rule_params(s: ModelShape, rule: Rule, cfg: Knobs) -> int:
     """All parameters that belong to the residual rule: norms, gates, stream controllers."""
-    return spec_of(rule).params(s.d_model, s.n_sublayers, cfg)
+    spec = spec_of(rule)
+    return spec.params(s.d_model, s.n_sublayers, knobs_of(spec, cfg))
 
 
-def count_params(s: ModelShape, rule: Rule, cfg: ResidualConfig) -> int:
+def count_params(s: ModelShape, rule: Rule, cfg: Knobs) -> int:
     return backbone_params(s) + rule_params(s, rule, cfg)
 
 
-def gate_params(s: ModelShape, rule: Rule, cfg: ResidualConfig) -> int:
-    """What the rule adds over the standard pre-norm residual at the same shape."""
-    return rule_params(s, rule, cfg) - rule_params(s, "standard", cfg)
+def gate_params(s: ModelShape, rule: Rule, cfg: Knobs) -> int:
+    """What the rule adds over the standard pre-norm residual at the same shape (which has no knobs)."""
+    standard = spec_of("standard")
+    return rule_params(s, rule, cfg) - rule_params(s, standard, standard.make_knobs())
 
 
-def flops_per_token(s: ModelShape, rule: Rule, cfg: ResidualConfig) -> float:
+def flops_per_token(s: ModelShape, rule: Rule, cfg: Knobs) -> float:
     """Training FLOPs per token: 6 * (non-embedding matmul params + LM head) + attention scores.
 
     6N counts forward (2N) and backward (4N) for every weight matrix a token passes through
@@ -172,7 +166,7 @@ def _with(s: ModelShape, **changes: int) -> ModelShape:
     return dataclasses.replace(s, **changes)
 
 
-def match_shape(s: ModelShape, rule: Rule, cfg: ResidualConfig, target: int, widen: str = "mlp",
+def match_shape(s: ModelShape, rule: Rule, cfg: Knobs, target: int, widen: str = "mlp",
                 tolerance: float = 0.005) -> ModelShape:
     """Widen `rule` at shape `s` until its count is within `tolerance` of `target`.
 
@@ -182,9 +176,10 @@ def match_shape(s: ModelShape, rule: Rule, cfg: ResidualConfig, target: int, wid
     """
     spec = spec_of(rule)
     variant = spec.name
+    knobs = knobs_of(spec, cfg)
 
     def count(shape: ModelShape) -> int:
-        return count_params(shape, spec, cfg)
+        return count_params(shape, spec, knobs)
 
     if widen == "model":
         head = s.head_dim
@@ -227,8 +222,9 @@ def size_variants(m: ModelConfig, variants: list[str], reference: Optional[str] 
     out: dict[str, SizedModel] = {}
     for name in variants:
         spec = spec_of(name)  # once per rule
+        knobs = knobs_of(spec, cfg)
         shape = base
         if target is not None and name != reference:
-            shape = match_shape(base, spec, cfg, target, widen, tolerance)
-        out[name] = SizedModel(name, shape, count_params(shape, spec, cfg), gate_params(shape, spec, cfg))
+            shape = match_shape(base, spec, knobs, target, widen, tolerance)
+        out[name] = SizedModel(name, shape, count_params(shape, spec, knobs), gate_params(shape, spec, knobs))
     return out

@@ -1,0 +1,28 @@
+"""The built-in rules, in the order `rrtrain params` and the docs list them: single-stream (7 rules in one
+module), multi-stream (gr, hc, mhc), depth-aggregating (attnres), post-norm (deepnorm) and
+normalisation-free (fixup).
+
+Apart from the registry (`__init__.py`, which also finds other packages' rules): an exported model
+(rrtrain/export/) carries this module and finds its rule here, with no registry and no entry points.
+"""
+
+from __future__ import annotations
+
+from .attnres import SPEC as ATTNRES
+from .base import RuleSpec
+from .deepnorm import SPEC as DEEPNORM
+from .fixup import SPEC as FIXUP
+from .gr import SPEC as GR
+from .hc import SPEC as HC
+from .mhc import SPEC as MHC
+from .single import SPECS as SINGLE
+
+SPECS: tuple[RuleSpec, ...] = (*SINGLE, GR, HC, MHC, ATTNRES, DEEPNORM, FIXUP)
+
+
+def rule_named(name: str) -> RuleSpec:
+    """The built-in rule called `name`; KeyError naming the known ones otherwise."""
+    for spec in SPECS:
+        if spec.name == name:
+            return spec
+    raise KeyError(f"no built-in residual rule '{name}'; known: {', '.join(s.name for s in SPECS)}")
