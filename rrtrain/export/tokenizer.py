@@ -8,8 +8,10 @@
   since rrtrain encodes without them and the model never saw them.
 - `tiktoken:NAME`: converted by transformers' own tiktoken converter.
 
-Whatever the kind, the written tokenizer is checked against the run's on a sample text before anything is
-kept: one that would give other ids is refused (UsageError), never written.
+Whatever the kind, it returns `input_ids` and `attention_mask` only (no `token_type_ids`, so
+`model.generate(**tokenizer(text))` passes nothing the model does not take) and pads on the left (what batched
+generation needs; the model takes either side). The written tokenizer is checked against the run's on a sample
+text before anything is kept: one that would give other ids is refused (UsageError), never written.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from data_prep.tokenizer import EOS_TEXT, ByteTokenizer, HFTokenizer, TiktokenTo
 from rrtrain.core.errors import UsageError
 
 PAD_TEXT = "<|pad|>"
+#: what the exported tokenizer returns, and the model takes
+MODEL_INPUTS = ("input_ids", "attention_mask")
 #: what the round-trip check encodes: words, spaces, newlines, tabs, punctuation, digits, multi-byte characters
 SAMPLE = ("Once upon a time, a small fox said: \"Héllo — 世界!\"\n\n\tIt's 3.14159 ÷ 2;  double  spaces,"
           " ünïcödé, emoji 🦊, and <b>tags</b>.\nThe end ")
@@ -43,7 +47,9 @@ def hf_tokenizer(tok: Tokenizer, max_length: int) -> Any:
     """A transformers `PreTrainedTokenizerFast` that encodes as `tok` does."""
     from transformers import PreTrainedTokenizerFast
 
-    common = {"model_max_length": max_length, "clean_up_tokenization_spaces": False}
+    # no token_type_ids (the model has one segment); padding on the left, where generation needs it
+    common = {"model_max_length": max_length, "clean_up_tokenization_spaces": False,
+              "model_input_names": list(MODEL_INPUTS), "padding_side": "left"}
     if isinstance(tok, ByteTokenizer):
         fast = PreTrainedTokenizerFast(tokenizer_object=_byte_level(), eos_token=EOS_TEXT, pad_token=PAD_TEXT,
                                        split_special_tokens=True, **common)

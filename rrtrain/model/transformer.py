@@ -5,24 +5,30 @@ tied input/output embeddings, final RMSNorm, learned absolute positions (RoPE op
 initialisation with residual-projection scaling, fp32 next-token cross-entropy.
 
 Where the norms sit and how a sublayer's output is merged is the residual rule's business
-(`rrtrain.residuals`): the block below only calls read/write and never looks at the rule's name.
+(`rrtrain.residuals`): the block below only calls read/write and never looks at the rule's name. The model
+is built from a `ModelSpec` (rrtrain/model/spec.py), which carries the rule's spec and knobs, so this module
+imports neither the rules nor any config: with rrtrain/residuals/ it is what an export copies.
 This module is single-device: no distributed code lives here (see rrtrain/parallel/).
+
+Training calls `forward(idx, targets)`: causal attention over whole sequences (scaled_dot_product_attention with
+`is_causal=True`). Inference may also pass a padding mask, explicit positions and a key/value cache (`Attend`):
+padded keys are never attended to, positions count from each row's first real token, and only attention keys
+and values are cached, since every residual rule acts on each position alone (its state at a position depends
+on that position's embedding and the attention outputs there, never on another position directly).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rrtrain import residuals
-from rrtrain.config import ModelConfig, ResidualConfig
-from rrtrain.model.sizing import ModelShape, resolve_shape
-from rrtrain.residuals import RuleSpec, Site, SiteInfo, Stream, StreamInfo
+from .spec import ModelShape, ModelSpec
 
 
 class Rotary(nn.Module):
@@ -42,29 +48,57 @@ class Rotary(nn.Module):
             self.cos.copy_(angles.cos())
             self.sin.copy_(angles.sin())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, H, T, hd)
-        t = x.shape[-2]
-        cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
+    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (B, H, T, hd), rotated for positions 0..T-1, or for `positions` (B, T) where given."""
+        if positions is None:
+            t = x.shape[-2]
+            cos, sin = self.cos[:t].to(x.dtype), self.sin[:t].to(x.dtype)
+        else:  # (B, 1, T, hd/2): the same table entries, per row
+            cos, sin = self.cos[positions].unsqueeze(1).to(x.dtype), self.sin[positions].unsqueeze(1).to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
         return out.flatten(-2)
 
 
+@dataclass(frozen=True)
+class Attend:
+    """How attention runs outside training: for a padded batch, or a step of decoding against a cache.
+
+    `positions` (B, T): each query's position, counted from its row's first real token (RoPE and the learned
+    table use it). `mask` (B, 1, T, K) bool, True where a query may attend to a key: causal, no padded key, and a
+    padded query attends to itself alone (so its values stay finite and never reach a real token); None when
+    plain causal attention is exact (`is_causal`: T = K; or a single query, which sees every key). `cache`:
+    transformers' Cache API (`DynamicCache`), `update(k, v, layer) -> (all keys, all values)`; None: no cache.
+    """
+
+    positions: torch.Tensor
+    mask: Optional[torch.Tensor]
+    is_causal: bool
+    cache: Any = None
+
+
 class Attention(nn.Module):
-    def __init__(self, shape: ModelShape, rope_base: float) -> None:
+    def __init__(self, shape: ModelShape, rope_base: float, layer: int = 0) -> None:
         super().__init__()
-        self.n_heads = shape.n_heads
+        self.n_heads, self.layer = shape.n_heads, layer  # layer: this attention's index in a key/value cache
         self.qkv = nn.Linear(shape.d_model, 3 * shape.d_model, bias=False)
         self.proj = nn.Linear(shape.d_model, shape.d_model, bias=False)  # residual projection
         self.rotary = Rotary(shape.head_dim, shape.seq_len, rope_base) if shape.pos == "rope" else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attend: Optional[Attend] = None) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(x).split(d, dim=-1)
         q, k, v = (z.view(b, t, self.n_heads, -1).transpose(1, 2) for z in (q, k, v))  # (B, H, T, hd)
-        if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        if attend is None:  # training: whole sequences from position 0
+            if self.rotary is not None:
+                q, k = self.rotary(q), self.rotary(k)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        else:
+            if self.rotary is not None:
+                q, k = self.rotary(q, attend.positions), self.rotary(k, attend.positions)
+            if attend.cache is not None:
+                k, v = attend.cache.update(k, v, self.layer)  # (B, H, K, hd): the cached ones, then these
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attend.mask, is_causal=attend.is_causal)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -81,14 +115,15 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Attention then MLP, each wrapped by its residual site. Knows nothing about which rule it runs."""
 
-    def __init__(self, shape: ModelShape, attn_site: Site, mlp_site: Site, rope_base: float) -> None:
+    def __init__(self, shape: ModelShape, attn_site: nn.Module, mlp_site: nn.Module, rope_base: float,
+                 layer: int = 0) -> None:
         super().__init__()
-        self.attn_site, self.attn = attn_site, Attention(shape, rope_base)
+        self.attn_site, self.attn = attn_site, Attention(shape, rope_base, layer)
         self.mlp_site, self.mlp = mlp_site, MLP(shape)
 
-    def forward(self, state: Any) -> Any:
+    def forward(self, state: Any, attend: Optional[Attend] = None) -> Any:
         x, ctx = self.attn_site.read(state)  # x: (B, T, D)
-        state = self.attn_site.write(state, self.attn(x), ctx)
+        state = self.attn_site.write(state, self.attn(x) if attend is None else self.attn(x, attend), ctx)
         x, ctx = self.mlp_site.read(state)
         return self.mlp_site.write(state, self.mlp(x), ctx)
 
@@ -96,17 +131,18 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """Token (+ position) embedding -> rule.expand -> blocks -> rule.readout -> tied LM head."""
 
-    def __init__(self, shape: ModelShape, rule: RuleSpec, rcfg: ResidualConfig, norm_eps: float = 1e-6,
-                 init_std: float = 0.02, rope_base: float = 10000.0, seed: Optional[int] = 0) -> None:
-        """`rule` is the registry's spec, not a name: the run was resolved against the registry once
+    def __init__(self, spec: ModelSpec, seed: Optional[int] = 0) -> None:
+        """`spec.rule` is the registry's spec, not a name: the run was resolved against the registry once
         (rrtrain.resolve). Initialised from `seed`; `seed=None` (or a meta build) leaves that to the caller, who
         initialises the tensors where they end up (rrtrain.parallel.materialize, DeepSpeed's zero.Init)."""
         super().__init__()
-        self.shape, self.rule, self.variant, self.init_std = shape, rule, rule.name, init_std
-        self.rcfg, self.norm_eps, self.rope_base = rcfg, norm_eps, rope_base
+        self.spec = spec
+        self.shape, self.rule, self.variant, self.init_std = spec.shape, spec.rule, spec.rule.name, spec.init_std
+        self.knobs, self.norm_eps, self.rope_base = spec.knobs, spec.norm_eps, spec.rope_base
+        shape = self.shape
         self.tok_emb: nn.Embedding
         self.pos_emb: Optional[nn.Embedding]
-        self.stream: Stream
+        self.stream: Any  # the rule's Stream
         self.make_ends(self)
         self.blocks = nn.ModuleList(self.make_block(i) for i in range(shape.n_layers))
         if seed is not None and not self.tok_emb.weight.is_meta:
@@ -117,15 +153,15 @@ class Transformer(nn.Module):
         shape, d = self.shape, self.shape.d_model
         holder.tok_emb = nn.Embedding(shape.vocab_size, d)
         holder.pos_emb = nn.Embedding(shape.seq_len, d) if shape.pos == "learned" else None
-        holder.stream = self.rule.stream(StreamInfo(d, shape.n_sublayers, self.norm_eps, self.rcfg))
+        holder.stream = self.rule.make_stream(d, shape.n_sublayers, self.norm_eps, self.knobs)
         holder.stream.attach(holder.tok_emb, holder.pos_emb)  # for rules that reach inside (Fixup); no-op by default
 
     def make_block(self, i: int) -> Block:
         """Block `i` with its two residual sites attached (for this model, or as the template of unit i + 1)."""
-        shape, rcfg, eps = self.shape, self.rcfg, self.norm_eps
+        shape, knobs, eps = self.shape, self.knobs, self.norm_eps
         d, n_sub = shape.d_model, shape.n_sublayers
-        block = Block(shape, self.rule.site(SiteInfo(d, 2 * i, n_sub, "attn", eps, rcfg)),
-                      self.rule.site(SiteInfo(d, 2 * i + 1, n_sub, "mlp", eps, rcfg)), self.rope_base)
+        block = Block(shape, self.rule.make_site(d, 2 * i, n_sub, "attn", eps, knobs),
+                      self.rule.make_site(d, 2 * i + 1, n_sub, "mlp", eps, knobs), self.rope_base, layer=i)
         block.attn_site.attach(block.attn)
         block.mlp_site.attach(block.mlp)
         return block
@@ -191,27 +227,86 @@ class Transformer(nn.Module):
         for u in range(self.n_units):
             self.init_unit(u, self.unit(u), unit_generator(seed, u))
 
-    def sites(self) -> list[Site]:
+    def sites(self) -> list[Any]:
+        """The residual sites (rrtrain.residuals.Site), in sublayer order."""
         return [s for b in self.blocks for s in (b.attn_site, b.mlp_site)]
 
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) -> the tensor that enters the LM head (B, T, D)."""
-        t = idx.shape[1]
+    def hidden(self, idx: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+               position_ids: Optional[torch.Tensor] = None, cache: Any = None) -> torch.Tensor:
+        """Token ids (B, T) -> the tensor that enters the LM head (B, T, D). Without the optional arguments
+        (training): whole sequences, causal. `attention_mask` (B, K), 1 on real tokens and 0 on padding, covers
+        the cached tokens and these (K = cached + T); `position_ids` (B, T) default to counting each row's
+        real tokens; `cache` is transformers' Cache API (`get_seq_length`, `update`), extended here."""
+        past = cache.get_seq_length() if cache is not None else 0
+        check_length(past + idx.shape[1], self.shape.seq_len)
+        if attention_mask is None and position_ids is None and cache is None:
+            return self.readout_of(self.embed(idx, None), None)
+        attend = attend_for(idx, attention_mask, position_ids, cache, past, self.shape.seq_len)
+        return self.readout_of(self.embed(idx, attend.positions), attend)
+
+    def embed(self, idx: torch.Tensor, positions: Optional[torch.Tensor]) -> torch.Tensor:
+        """Token (+ learned position) embeddings (B, T, D); positions 0..T-1 unless `positions` (B, T)."""
         e = self.tok_emb(idx)  # (B, T, D)
         if self.pos_emb is not None:
-            e = e + self.pos_emb(torch.arange(t, device=idx.device))
+            e = e + self.pos_emb(torch.arange(idx.shape[1], device=idx.device) if positions is None else positions)
+        return e
+
+    def readout_of(self, e: torch.Tensor, attend: Optional[Attend]) -> torch.Tensor:
         state = self.stream.expand(e)
         for block in self.blocks:
-            state = block(state)
+            state = block(state) if attend is None else block(state, attend)
         return self.stream.readout(state)
 
-    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Logits (B, T, V), or the mean next-token cross-entropy in fp32 when `targets` is given."""
-        z = self.hidden(idx)
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                attention_mask: Optional[torch.Tensor] = None, position_ids: Optional[torch.Tensor] = None,
+                cache: Any = None) -> torch.Tensor:
+        """Logits (B, T, V), or the mean next-token cross-entropy in fp32 when `targets` is given; the mask,
+        positions and cache as in `hidden`."""
+        z = self.hidden(idx, attention_mask, position_ids, cache)
         logits = F.linear(z, self.tok_emb.weight)  # tied LM head
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+
+
+def check_length(length: int, max_length: int) -> None:
+    """A sequence longer than the model's positions is refused in words (it would fail on an index otherwise)."""
+    if length > max_length:
+        raise ValueError(f"a sequence of {length} tokens is longer than the model's maximum length of "
+                         f"{max_length} tokens (its seq_len, max_position_embeddings)")
+
+
+def attend_for(idx: torch.Tensor, attention_mask: Optional[torch.Tensor], position_ids: Optional[torch.Tensor],
+               cache: Any, past: int, max_length: int) -> Attend:
+    """The positions and mask of T new tokens after `past` cached ones (see `Attend`)."""
+    b, t = idx.shape
+    keys = past + t
+    device = idx.device
+    if attention_mask is not None:
+        if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (b, keys):
+            raise ValueError(f"attention_mask must be (batch, cached + new tokens) = ({b}, {keys}), "
+                             f"got {tuple(attention_mask.shape)}")
+        real = attention_mask.to(device=device, dtype=torch.bool)
+    if position_ids is not None:
+        if tuple(position_ids.shape) not in ((b, t), (1, t)):
+            raise ValueError(f"position_ids must be (batch, new tokens) = ({b}, {t}), got {tuple(position_ids.shape)}")
+        positions = position_ids.to(device=device, dtype=torch.long).expand(b, t)
+        if t and (int(positions.min()) < 0 or int(positions.max()) >= max_length):
+            raise ValueError(f"position_ids must lie in [0, {max_length}) (the model's maximum length), got "
+                             f"{int(positions.min())}..{int(positions.max())}")
+    elif attention_mask is not None:  # count each row's real tokens; a padded position takes any valid one
+        positions = (real.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
+    else:
+        positions = torch.arange(past, keys, device=device).expand(b, t)
+    padded = attention_mask is not None and not bool(real.all())
+    if not padded and (past == 0 or t == 1):  # plain causal attention is exact: keep the fused kernel
+        return Attend(positions=positions, mask=None, is_causal=t > 1, cache=cache)
+    query_at = torch.arange(past, keys, device=device)[:, None]  # (T, 1): each query's index among the keys
+    key_at = torch.arange(keys, device=device)[None, :]  # (1, K)
+    mask = (key_at <= query_at)[None]  # (1, T, K) causal
+    if attention_mask is not None:
+        mask = (mask & real[:, None, :]) | (key_at == query_at)[None]  # no padded key; a query sees itself
+    return Attend(positions=positions, mask=mask[:, None], is_causal=False, cache=cache)
 
 
 def unit_generator(seed: int, unit: int) -> torch.Generator:
@@ -221,13 +316,9 @@ def unit_generator(seed: int, unit: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
 
 
-def build_model(m: ModelConfig, vocab_size: Optional[int] = None, device: torch.device | str | None = None,
-                shape: Optional[ModelShape] = None, seed: Optional[int] = 0,
-                rule: Optional[RuleSpec] = None) -> Transformer:
-    """Build the model a config describes, initialised from `seed`. `device="meta"` builds without allocating
-    or initialising (training's path: rrtrain.parallel.materialize initialises each rank's shards).
-    A resolved run passes its `shape` and `rule`; without them they are worked out from `m` here."""
-    shape = shape or resolve_shape(m, vocab_size)
-    rule = rule or residuals.get(m.variant)
+def build_model(spec: ModelSpec, device: torch.device | str | None = None, seed: Optional[int] = 0) -> Transformer:
+    """The model `spec` describes, initialised from `seed`. `device="meta"` builds without allocating or
+    initialising (training's path: rrtrain.parallel.materialize initialises each rank's shards). A run's
+    config becomes a spec in rrtrain.resolve (`model_spec`, and `build_model` there from a config section)."""
     with torch.device(device or "cpu"):
-        return Transformer(shape, rule, m.residual, m.norm_eps, m.init_std, m.rope_base, seed)
+        return Transformer(spec, seed)

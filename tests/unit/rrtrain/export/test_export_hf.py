@@ -35,8 +35,8 @@ from rrtrain.export import bundle  # noqa: E402
 from rrtrain.export.hf import write_into  # noqa: E402
 from rrtrain.export.tokenizer import SAMPLE, hf_tokenizer  # noqa: E402
 from rrtrain.model.from_run import LoadedRun, checkpoint_steps, load_run  # noqa: E402
-from rrtrain.model.sizing import resolve_shape  # noqa: E402
-from rrtrain.model.transformer import build_model  # noqa: E402
+from rrtrain.sizing import resolve_shape  # noqa: E402
+from rrtrain.resolve import build_model  # noqa: E402
 from trainutil import train  # noqa: E402
 
 RULES = {"standard": ["model.pos=rope"], "review": [], "mhc": [], "attnres": []}
@@ -69,11 +69,6 @@ for name, (path, remote) in jobs.items():
 model = AutoModelForCausalLM.from_pretrained(jobs["review"][0], trust_remote_code=True)
 prompt = torch.tensor([AutoTokenizer.from_pretrained(jobs["review"][0])(text)["input_ids"][:8]])
 found["generated"] = model.generate(prompt, max_new_tokens=4, do_sample=False).tolist()
-try:
-    model(prompt, attention_mask=torch.tensor([[0] + [1] * 7]))
-    found["left_padding"] = "accepted"
-except ValueError as err:
-    found["left_padding"] = str(err)
 found["rrtrain_modules"] = sorted(m for m in sys.modules if m.split(".")[0] in ("rrtrain", "data_prep"))
 torch.save(found, out)
 '''
@@ -108,22 +103,32 @@ def every_rule(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path
     """Every registered rule, untrained but with every parameter moved off its initial value (ReZero's zeros,
     the gates' 0.5), written as an export would write it: the directory and rrtrain's logits on TEXT."""
     root = tmp_path_factory.mktemp("every_rule")
+    return {rule: write_untrained(root / f"rule_{rule}", rule) for rule in residuals.names()}
+
+
+def write_untrained(out: Path, rule: str, pos: str = "learned") -> tuple[Path, torch.Tensor]:
+    """An untrained `rule` (d_model 32, 2 blocks, seq_len 64) with every parameter moved off its initial value,
+    written into `out` as an export writes it: the directory and rrtrain's logits on TEXT."""
     ids = torch.from_numpy(ByteTokenizer().encode_batch([TEXT])[0].astype(np.int64))[None]
-    out = {}
-    for rule in residuals.names():
-        cfg = Config(model=ModelConfig(variant=rule, d_model=32, n_layers=2, n_heads=2, seq_len=64))
-        model = build_model(cfg.model, 258, seed=0).eval()
-        g = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
-            logits = model(ids)
-        run = LoadedRun(model=model, config=cfg, step=0, tokenizer=ByteTokenizer(), checkpoint=root,
-                        shape=resolve_shape(cfg.model, 258))
-        (root / f"rule_{rule}").mkdir()
-        write_into(root / f"rule_{rule}", run, torch.float32, stock=False)
-        out[rule] = (root / f"rule_{rule}", logits)
-    return out
+    cfg = Config(model=ModelConfig(variant=rule, d_model=32, n_layers=2, n_heads=2, seq_len=64, pos=pos))
+    model = build_model(cfg.model, 258, seed=0).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+        logits = model(ids)
+    run = LoadedRun(model=model, config=cfg, step=0, tokenizer=ByteTokenizer(), checkpoint=out.parent,
+                    shape=resolve_shape(cfg.model, 258))
+    out.mkdir()
+    write_into(out, run, torch.float32, stock=False)
+    return out, logits
+
+
+def transformers_env(work: Path) -> dict[str, str]:
+    """A process environment for loading exports: its own empty transformers cache, offline, one thread."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_", "TRANSFORMERS_"))}
+    env.update(HF_HOME=str(work / "hf_home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -133,11 +138,9 @@ def loaded(exports: dict[str, Path], every_rule: dict[str, tuple[Path, torch.Ten
     work = tmp_path_factory.mktemp("elsewhere")
     jobs = {name: (str(path), not name.endswith("_stock")) for name, path in exports.items()}
     jobs.update({f"rule_{rule}": (str(path), True) for rule, (path, _) in every_rule.items()})
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HF_", "TRANSFORMERS_"))}
-    env.update(HF_HOME=str(work / "hf_home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     result = work / "found.pt"
     proc = subprocess.run([sys.executable, "-I", "-c", LOADER, json.dumps(jobs), TEXT, str(result)], cwd=work,
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=transformers_env(work), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(result, weights_only=False)
 
@@ -205,15 +208,14 @@ def test_every_rule_loads_without_rrtrain(rule: str, every_rule: dict, loaded: d
 
 
 @pytest.mark.slow  # trains tiny runs (rrtrain.train in a subprocess)
-def test_generate_and_padding(runs: dict[str, Path], loaded: dict) -> None:
-    """`generate` (no cache: the sequence is recomputed) gives rrtrain's greedy tokens; left padding is refused."""
+def test_generate_gives_rrtrains_greedy_tokens(runs: dict[str, Path], loaded: dict) -> None:
+    """`generate` (with its key/value cache) of a trained export gives rrtrain's own greedy tokens."""
     r = load_run(runs["review"])
     x = torch.from_numpy(r.tokenizer.encode_batch([TEXT])[0][:8].astype(np.int64))[None]
     with torch.no_grad():
         for _ in range(4):
             x = torch.cat([x, r.model(x)[:, -1:].argmax(-1)], dim=1)
     assert loaded["generated"] == x.tolist()
-    assert "right padding only" in loaded["left_padding"]
 
 
 @pytest.mark.slow  # trains tiny runs (rrtrain.train in a subprocess)
@@ -261,18 +263,206 @@ def test_export_writes_the_usual_files(exports: dict[str, Path]) -> None:
     assert not [p for p in exports["mhc"].parent.iterdir() if p.name.startswith(".")]  # no staging left
 
 
+# -- generation: padding, the key/value cache, the length (untrained exports: fast) ------------
+
+#: run in a subprocess where rrtrain cannot be imported: generation with every export, written to a file
+GENERATOR = r"""
+import importlib.abc, json, sys
+class NoRrtrain(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("rrtrain", "data_prep", "launchers"):
+            raise ImportError(f"{name}: rrtrain is not installed here")
+sys.meta_path.insert(0, NoRrtrain())
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+jobs, prompts, new, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+greedy = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False)  # min: no row stops early at EOS
+
+def without_cache(model, ids, eos):
+    # greedy decoding by whole forwards, no generate: what the cached decode must equal
+    for _ in range(new):
+        with torch.no_grad():
+            logits = model(ids).logits[:, -1]
+        logits[:, eos] = float("-inf")
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], dim=1)
+    return ids
+
+def refusal(call):
+    try:
+        call()
+    except Exception as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+found = {}
+for name, path in jobs.items():
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    eos = tok.eos_token_id
+    f = found[name] = {"tokenizer_keys": sorted(tok(prompts[0]).keys()), "padding_side": tok.padding_side}
+    batch = tok(prompts, padding=True, return_tensors="pt")  # left-padded (the tokenizer's side)
+    res = model.generate(**batch, **greedy, output_logits=True, return_dict_in_generate=True)
+    f["batched"] = {"mask": batch["attention_mask"], "tokens": res.sequences, "logits": torch.stack(res.logits, 1)}
+    f["single"], f["no_cache"], f["no_cache_generate"] = [], [], []
+    for p in prompts:
+        one = tok(p, return_tensors="pt")  # generate(**tokenizer(text)): input_ids and attention_mask
+        r = model.generate(**one, **greedy, output_logits=True, return_dict_in_generate=True)
+        f["single"].append({"tokens": r.sequences[0], "logits": torch.stack(r.logits, 1)[0],
+                            "cache": (type(r.past_key_values).__name__, int(r.past_key_values.get_seq_length()))
+                            if r.past_key_values is not None else None})
+        f["no_cache"].append(without_cache(model, one["input_ids"], eos)[0])
+        f["no_cache_generate"].append(model.generate(**one, **greedy, use_cache=False)[0])
+    with torch.no_grad():
+        f["padded_logits"] = {}
+        for side in ("left", "right"):
+            tok.padding_side = side
+            b = tok(prompts, padding=True, return_tensors="pt")
+            f["padded_logits"][side] = (b["attention_mask"], model(**b).logits)
+        f["unpadded_logits"] = [model(**tok(p, return_tensors="pt")).logits[0] for p in prompts]
+        one = tok(prompts[0], return_tensors="pt")
+        one = {**one, "token_type_ids": torch.zeros_like(one["input_ids"])}
+        f["with_token_type_ids"] = model(**one).logits[0]
+    f["generate_with_token_type_ids"] = refusal(lambda: model.generate(**one, max_new_tokens=2, do_sample=False))
+    tok.padding_side = "left"
+    text = pipeline("text-generation", model=model, tokenizer=tok)(prompts[1], max_new_tokens=new,
+                                                                   min_new_tokens=new, do_sample=False)
+    f["pipeline"] = text[0]["generated_text"]
+    f["decoded_single"] = tok.decode(f["single"][1]["tokens"])
+    n = model.config.max_position_embeddings
+    long = torch.randint(0, eos, (1, n - 4))
+    f["max_len"] = n
+    f["too_long_generate"] = refusal(lambda: model.generate(long, max_new_tokens=8, do_sample=False))
+    f["too_long_no_cache"] = refusal(lambda: model.generate(long, max_new_tokens=8, do_sample=False, use_cache=False))
+    f["too_long_forward"] = refusal(lambda: model(torch.randint(0, eos, (1, n + 1))))
+    f["full_length"] = model(torch.randint(0, eos, (1, n))).logits.shape[1]
+torch.save(found, out)
+"""
+
+PROMPTS = [TEXT[:21], TEXT[:6], TEXT[:14]]  # three lengths: two rows of each batch are padded
+NEW_TOKENS = 5
+ROPE_RULES = ("standard", "mhc")  # RoPE's positions, with a single-stream state and a multi-stream one
+#: every rule with learned positions (every_rule's exports), and ROPE_RULES with RoPE
+GENERATION = [*residuals.names(), *(f"{rule}_rope" for rule in ROPE_RULES)]
+
+
+@pytest.fixture(scope="module")
+def generated(every_rule: dict[str, tuple[Path, torch.Tensor]], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """What generation with each of GENERATION's exports gives, in a process where rrtrain cannot be imported."""
+    root = tmp_path_factory.mktemp("generation")
+    jobs = {rule: str(path) for rule, (path, _) in every_rule.items()}
+    jobs.update({f"{rule}_rope": str(write_untrained(root / f"rope_{rule}", rule, "rope")[0]) for rule in ROPE_RULES})
+    work = tmp_path_factory.mktemp("generate_elsewhere")
+    result = work / "generated.pt"
+    proc = subprocess.run([sys.executable, "-I", "-c", GENERATOR, json.dumps(jobs), json.dumps(PROMPTS),
+                           str(NEW_TOKENS), str(result)], cwd=work, env=transformers_env(work),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(result, weights_only=False)
+
+
+@pytest.mark.parametrize("name", GENERATION)
+def test_left_padded_batch_generates_as_each_prompt_alone(name: str, generated: dict) -> None:
+    """Batched greedy generation over left-padded prompts gives each prompt's own tokens, and its logits at every
+    step within 1e-5: padding is not attended to and positions start at each row's first real token."""
+    got = generated[name]
+    assert got["padding_side"] == "left"
+    mask, tokens, logits = got["batched"]["mask"], got["batched"]["tokens"], got["batched"]["logits"]
+    assert not bool(mask.all())  # the batch is padded
+    for row, single in enumerate(got["single"]):
+        pads = int((mask[row] == 0).sum())
+        assert pads == mask.shape[1] - len(single["tokens"]) + NEW_TOKENS
+        assert tokens[row, pads:].tolist() == single["tokens"].tolist(), row
+        diff = (logits[row] - single["logits"]).abs().max()
+        assert diff <= 1e-5, (row, float(diff))
+
+
+@pytest.mark.parametrize("name", GENERATION)
+def test_padded_forward_gives_the_unpadded_logits(name: str, generated: dict) -> None:
+    """Left and right padding alike: the real tokens' logits are those of the prompt alone."""
+    got = generated[name]
+    for side, (mask, logits) in got["padded_logits"].items():
+        for row, want in enumerate(got["unpadded_logits"]):
+            real = logits[row][mask[row].bool()]
+            assert real.shape == want.shape, (side, row)
+            diff = (real - want).abs().max()
+            assert diff <= 1e-5, (side, row, float(diff))
+            assert torch.isfinite(logits[row]).all(), (side, row)  # padded positions stay finite too
+
+
+@pytest.mark.parametrize("name", GENERATION)
+def test_cached_generation_equals_decoding_without_cache(name: str, generated: dict) -> None:
+    """`generate` (a DynamicCache by default) gives the tokens of greedy decoding by whole forwards, for every
+    rule: attention's keys and values are all the state a rule carries across positions."""
+    got = generated[name]
+    for row, single in enumerate(got["single"]):
+        # the cache was used: it holds every token but the last generated one
+        assert single["cache"] == ("DynamicCache", len(single["tokens"]) - 1), row
+        assert single["tokens"].tolist() == got["no_cache"][row].tolist(), row
+        assert got["no_cache_generate"][row].tolist() == got["no_cache"][row].tolist(), row
+
+
+def test_tokenizer_output_goes_straight_into_generate(generated: dict) -> None:
+    """`model.generate(**tokenizer(text))` works (the single-prompt generations above are made so): the
+    tokenizer returns no token_type_ids, and the model ignores them when given."""
+    for got in generated.values():
+        assert got["tokenizer_keys"] == ["attention_mask", "input_ids"]
+        torch.testing.assert_close(got["with_token_type_ids"], got["unpadded_logits"][0], rtol=0, atol=0)
+        assert got["generate_with_token_type_ids"] is None  # generate passes them on, the model takes them
+
+
+def test_text_generation_pipeline(generated: dict) -> None:
+    for name, got in generated.items():
+        assert got["pipeline"] == got["decoded_single"], name
+        assert got["pipeline"].startswith(PROMPTS[1]) and len(got["pipeline"]) > len(PROMPTS[1]), name
+
+
+def test_generating_past_the_length_is_a_clear_error(generated: dict) -> None:
+    """The first forward past max_position_embeddings (64) is a ValueError naming both lengths; 64 is fine."""
+    for name, got in generated.items():
+        assert got["max_len"] == 64 and got["full_length"] == 64, name
+        for key in ("too_long_generate", "too_long_no_cache"):
+            assert got[key] == ("ValueError: a sequence of 65 tokens is longer than the model's maximum length of "
+                                "64 tokens (its seq_len, max_position_embeddings)"), (name, key, got[key])
+        assert (got["too_long_forward"] or "").startswith("ValueError: a sequence of 65 tokens is longer"), name
+
+
 # -- the pieces, for every rule and tokenizer ----------------------------------------------
 
 
-@pytest.mark.parametrize("rule", residuals.names())
-def test_every_builtin_rule_bundles_without_rrtrain(rule: str) -> None:
-    files = bundle.source_files(residuals.get(rule))
+def test_the_model_package_is_copied_as_it_is() -> None:
+    """rrtrain/model/ and rrtrain/residuals/ file by file, unchanged, less the registry and from_run.py; every
+    relative import names a copied file, none reaches rrtrain; the modeling file names each copied file."""
+    files = bundle.package_files()
+    root = Path(bundle.__file__).resolve().parents[1]
+    expected = {p.name for d in ("model", "residuals") for p in (root / d).glob("*.py")}
+    expected -= {"__init__.py", "from_run.py"}
+    assert set(files) == expected and {"transformer.py", "spec.py", "builtin.py", "base.py", "mhc.py"} <= expected
     for name, text in files.items():
-        compile(text, name, "exec")
+        assert text == next((root / d / name) for d in ("model", "residuals") if (root / d / name).exists()).read_text()
         for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.ImportFrom) and node.level == 0:
-                assert not (node.module or "").startswith("rrtrain"), f"{name}: from {node.module}"
-    assert "transformer.py" in files and "exported_rule.py" in files
+            if isinstance(node, ast.ImportFrom):
+                assert node.level in (0, 1), f"{name}: from {'.' * node.level}{node.module}"
+                if node.level == 0:
+                    assert not (node.module or "").startswith(("rrtrain", "data_prep")), f"{name}: {node.module}"
+                else:
+                    assert f"{node.module}.py" in files, f"{name}: from .{node.module}"
+    modeling = bundle.template_files(sorted(f[:-3] for f in files))["modeling_rrtrain.py"]
+    assert bundle.MARKER not in modeling
+    assert all(f"from .{f[:-3]} import __name__ as" in modeling for f in files)
+    assert {spec.name for spec in residuals.BUILTIN} == set(residuals.names())  # every built-in rule travels
+
+
+def test_a_rule_from_another_package_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its module imports rrtrain, which an export does not carry: one line, nothing written."""
+    from rrtrain.residuals import RuleSpec
+    from rrtrain.residuals.single import PreNormSite, SingleStream
+
+    monkeypatch.setattr(residuals, "_RULES", dict(residuals._RULES))
+    outside = residuals.register(RuleSpec(name="_outside", site=PreNormSite, stream=SingleStream, summary="x"))
+    with pytest.raises(UsageError, match="residual rule '_outside' comes from another package"):
+        bundle.write(tmp_path, outside)
+    assert not list(tmp_path.iterdir())
+    bundle.check_exportable(residuals.get("review"))  # a built-in rule is rrtrain's own
 
 
 @pytest.mark.parametrize("kind", ["byte", "bpe"])
@@ -357,3 +547,31 @@ def test_tokenizer_that_does_not_match_the_checkpoint(capsys: pytest.CaptureFixt
     (data / "manifest.json").write_text(json.dumps(manifest))
     _refused(capsys, [str(runs["review"]), "--data", str(data)], tmp_path / "out",
              "does not match the checkpoint's embedding (258 rows)")
+
+
+def test_an_output_others_can_write_is_refused(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """The trust_remote_code module would go where a co-tenant can replace it: refused before the run is read."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    assert cli(["export", str(tmp_path / "no-run"), "--hf", str(shared / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "' can be written by its group (mode 0775)" in err and err.count("\n") == 1
+    assert not (shared / "hf").exists()
+
+
+@pytest.mark.slow  # trains tiny runs (rrtrain.train in a subprocess)
+def test_an_export_is_the_users_alone_under_a_shared_umask(runs: dict[str, Path], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from rrtrain.core import files
+    from rrtrain.export.hf import export_hf
+
+    monkeypatch.delenv(files.GROUP_READ_ENV, raising=False)
+    old = os.umask(0o002)
+    try:
+        export_hf(runs["review"], tmp_path / "hf")  # in-process, not under a command's umask
+    finally:
+        os.umask(old)
+    made = [tmp_path / "hf", *(tmp_path / "hf").rglob("*")]
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in made if p.stat().st_mode & 0o777 not in (0o700, 0o600)} == {}
+    assert (tmp_path / "hf" / "modeling_rrtrain.py").is_file()
