@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = CommandParser(prog=PROG,
                       description="Tokenize and pack a corpus into MDS shards (train/, val/) plus manifest.json.")
     p.add_argument("--source", required=True,
-                   help="synthetic:stories | FILE.txt|.jsonl|.parquet | DIR (files, or a datasets.save_to_disk dir) | hf:NAME[:SPLIT]")
+                   help="synthetic:stories | FILE.txt|.jsonl|.parquet (.txt/.jsonl also as .gz|.zst|.bz2|.xz) | DIR (files, "
+                        "or a datasets.save_to_disk dir) | hf:NAME[:SPLIT]")
     p.add_argument("--tokenizer", default=d("tokenizer"), help=f"byte | bpe:VOCAB | hf:PATH_OR_NAME | tiktoken:NAME (default: {d('tokenizer')})")
     p.add_argument("--seq-len", type=int, default=d("seq_len"), help=f"tokens per training sequence; rows hold seq_len+1 ids (default: {d('seq_len')})")
     p.add_argument("--out", required=True, help="output directory (written atomically)")

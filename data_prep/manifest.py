@@ -22,12 +22,20 @@ def build_manifest(*, source: str, source_fingerprint: str, tokenizer: str, toke
                    tokenizer_file: str | None, vocab_size: int, eos_id: int, seq_len: int, dtype: str,
                    compression: str | None, splits: dict[str, dict[str, int]], unigram_entropy: float,
                    seed: int, val_fraction: float, min_val_samples: int, fingerprint: str,
-                   documents_skipped_empty: int) -> dict[str, Any]:
-    """The manifest as a plain dict; key order is fixed so the file is byte-identical for a seed."""
-    return {
+                   documents_skipped_empty: int, source_compression: list[str] | None = None) -> dict[str, Any]:
+    """The manifest as a plain dict; key order is fixed so the file is byte-identical for a seed.
+
+    `source_compression` (the compressions of the source's files, e.g. ["gzip", "zstd"]) is recorded only when
+    there is one, so a plain source's manifest is what it always was; `source_fingerprint` is over the
+    decompressed documents, the same for a corpus compressed any way or not at all."""
+    head: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "source": source,
         "source_fingerprint": source_fingerprint,
+    }
+    if source_compression:
+        head["source_compression"] = list(source_compression)
+    return head | {
         "tokenizer": tokenizer,
         "tokenizer_hash": tokenizer_hash,
         "tokenizer_file": tokenizer_file,

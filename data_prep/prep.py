@@ -21,7 +21,7 @@ from data_prep.options import PrepOptions
 from data_prep.encode import encode_chunks
 from data_prep.manifest import build_manifest, dataset_fingerprint, write_manifest
 from data_prep.pack import Packer
-from data_prep.sources import open_source
+from data_prep.sources import open_source, source_compressions
 from data_prep.writer import SplitWriter, token_dtype, unigram_entropy
 from rrtrain.core.errors import UsageError
 
@@ -84,7 +84,7 @@ def run_prep(opts: PrepOptions) -> dict[str, Any]:
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         with staged_output(opts.out, opts.overwrite, local_inputs(opts)) as stage:
-            return _prepare(opts, documents, stage)
+            return _prepare(opts, documents, stage, source_compressions(source))
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, old_term)
@@ -120,7 +120,8 @@ def _empty(opts: PrepOptions) -> UsageError:
     return UsageError(f"source '{opts.source}' is empty or every document in it is empty")
 
 
-def _prepare(opts: PrepOptions, documents, stage: str) -> dict[str, Any]:  # noqa: ANN001
+def _prepare(opts: PrepOptions, documents, stage: str,  # noqa: ANN001 - documents: a callable
+             source_compression: list[str]) -> dict[str, Any]:
     source_hash = hashlib.sha256()
     skipped = 0
 
@@ -191,6 +192,7 @@ def _prepare(opts: PrepOptions, documents, stage: str) -> dict[str, Any]:  # noq
         seq_len=opts.seq_len, dtype=dtype.name, compression=opts.compression, splits=splits,
         unigram_entropy=round(entropy, 6), seed=opts.seed, val_fraction=opts.val_fraction,
         min_val_samples=opts.min_val_samples, fingerprint=fingerprint, documents_skipped_empty=skipped,
+        source_compression=source_compression,
     )
     write_manifest(stage, manifest)
     return manifest
