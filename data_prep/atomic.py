@@ -1,11 +1,12 @@
 """Atomic output directories: build beside OUT, publish with a rename, never leave OUT half-written.
 
 An interrupted prep (SIGINT, SIGTERM, an error) removes its staging directory; a killed one
-(SIGKILL) leaves only a hidden `.NAME.tmp-HOST-PID-*` sibling, which the next prep removes once that
-process is gone. With `--overwrite` the old OUT is swapped out in one `renameat2(RENAME_EXCHANGE)`
-where the OS has it, else moved aside first, and deleted only after the new OUT is in place; `--overwrite`
+(SIGKILL) leaves only a hidden `.NAME.tmp-HOST-PID-*` sibling, which the next prep names in a one-line
+warning once that process is gone and leaves: nothing proves this invocation made it (`files.made_here`).
+With `--overwrite` the old OUT is swapped out in one `renameat2(RENAME_EXCHANGE)` where the OS has it, else moved aside first, and deleted only after the new OUT is in place; `--overwrite`
 replaces only an empty directory or one holding an rrtrain dataset, never the working directory, a parent of
-it or a home directory. The published directory has the user's umask, like any directory they create.
+it or a home directory. OUT must be the user's alone (`files.check_private_path`), and the published
+directory is too: 0700 and its files 0600 (0750 / 0640 under RRTRAIN_GROUP_READ=1), whatever the umask.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 from typing import Iterable, Iterator
 
 from rrtrain.core import files
@@ -36,7 +38,8 @@ def _host() -> str:
 
 
 def remove_stale_staging(parent: str, name: str) -> None:
-    """Delete staging dirs left by killed preps of the same OUT on this host."""
+    """Staging dirs left by killed preps of the same OUT on this host: deleted only when this invocation can
+    prove it made them (`files.discard_made_dir`), else named on stderr in one line and left."""
     prefix = f".{name}.tmp-{_host()}-"
     for entry in os.listdir(parent):
         if not entry.startswith(prefix):
@@ -46,7 +49,10 @@ def remove_stale_staging(parent: str, name: str) -> None:
         except ValueError:
             continue
         if not _pid_alive(pid):
-            files.discard_made_dir(os.path.join(parent, entry))  # only one a prep made (its marker names it)
+            why = files.discard_made_dir(os.path.join(parent, entry))  # only what this invocation proves it made
+            if why is not None:
+                print(f"rrtrain prep: warning: kept the staging directory of a prep that is gone, {why}; delete "
+                      "it yourself when it is not needed", file=sys.stderr, flush=True)
 
 
 def _homes() -> set[str]:
@@ -110,17 +116,19 @@ def staged_output(out: str, overwrite: bool, inputs: Iterable[str] = ()) -> Iter
     check_inputs_outside(out, inputs)
     check_target(out, overwrite)
     parent, name = os.path.split(out)
+    files.check_private_path(out, f"output '{out}'")
     try:
-        os.makedirs(parent, exist_ok=True)
+        files.make_dirs(parent)
     except OSError as err:
         raise UsageError(f"cannot create '{parent}': {err.strerror or err}") from err
     if not os.access(parent, os.W_OK):
         raise UsageError(f"cannot write in '{parent}': permission denied")
     remove_stale_staging(parent, name)
-    staging = files.make_temp_dir(f".{name}.tmp-{_host()}-{os.getpid()}-", parent)  # marked: rrtrain made it
-    os.chmod(staging, 0o777 & ~files.umask())  # mkdtemp's 0700 would hide the dataset from everyone else
+    files.check_private_path(out, f"output '{out}'")  # again, now that its parent is made
+    staging = files.make_temp_dir(f".{name}.tmp-{_host()}-{os.getpid()}-", parent)  # marked: made here
     try:
         yield staging
+        files.set_private_modes(staging)  # whatever modes the writers chose: the user's alone
         check_target(out, overwrite)  # someone may have filled OUT meanwhile
         files.unmark(staging)  # a dataset's bytes are the same from any prep: no marker naming an inode in it
         # the old OUT is deleted only when it holds a dataset (checked through its own descriptor) and no input

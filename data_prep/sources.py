@@ -2,32 +2,64 @@
 
 Sources are iterated twice when a BPE tokenizer is trained (a sample pass, then the full pass), so
 every reader re-opens its input on each `iter()`. Bad input raises `UsageError` naming the file and,
-for jsonl, the line.
+for jsonl, the line. A .txt or .jsonl may be compressed (`decompress.COMPRESSIONS`); it is decompressed as
+it is read, and every line (and .txt document) is bounded by `MAX_LINE_CHARS`, so neither a line that never
+ends nor a decompression bomb is ever held whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Callable, Iterator, TextIO
 
+from data_prep.decompress import COMPRESSIONS, compression_of, open_decompressed, read_errors, without_compression
 from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
-FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
+TEXT_SUFFIXES = (".txt", ".jsonl")
+#: what a directory source reads: plain files, and text/jsonl under any compression
+FILE_SUFFIXES = (*TEXT_SUFFIXES, ".parquet", *(s + c for s in TEXT_SUFFIXES for c in COMPRESSIONS))
+#: the longest line of a .txt or .jsonl (after decompression), and the longest .txt document, in characters:
+#: longer is not a corpus document (or is a file that is not text) and is refused before it is held whole
+MAX_LINE_CHARS = files.MAX_LINE_BYTES
 
 
-def _open_text(path: str):  # noqa: ANN202 - a text file object
-    """A source file as text, only when it is a regular file (a FIFO would hang prep): the file the user named,
-    or one found in the directory they named, links followed as they chose."""
+@contextlib.contextmanager
+def _open_text(path: str) -> Iterator[TextIO]:
+    """A source file as text (`_open_binary`: the file the user named, or one found in the directory they named),
+    decompressed as it is read when its name says so."""
+    with _open_binary(path) as fh:
+        compression = compression_of(path)
+        stream = fh if compression is None else open_decompressed(fh, compression)
+        with io.TextIOWrapper(stream, encoding="utf-8", errors="strict", newline="") as text:
+            yield text
+
+
+def _text_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a .txt or .jsonl, newline kept; a line over `MAX_LINE_CHARS` is refused once that
+    many are read, and a damaged compressed file or a read error is one line naming the file."""
+    limit = MAX_LINE_CHARS
+    compression = compression_of(path)
+    errors = read_errors()
     try:
-        return io.TextIOWrapper(files.open_named(path), encoding="utf-8", errors="strict", newline="")
-    except FileNotFoundError as err:
-        raise UsageError(f"source '{path}' does not exist") from err
-    except OSError as err:
-        raise UsageError(f"cannot read '{path}': {err.strerror or err}") from err
+        with _open_text(path) as f:
+            lineno = 0
+            while line := f.readline(limit + 2):  # room for "\r\n" after a line of exactly `limit`
+                lineno += 1
+                if len(line) > limit and len(line.rstrip("\r\n")) > limit:
+                    raise UsageError(f"{path}:{lineno}: a line longer than {limit:,} characters (not a text corpus?)")
+                yield lineno, line
+    except UnicodeDecodeError as err:
+        raise UsageError(f"'{path}' is not valid UTF-8 (byte {err.start})") from err
+    except errors as err:
+        if compression is None:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else _first_line(err)
+            raise UsageError(f"cannot read '{path}': {reason}") from None
+        raise UsageError(f"cannot decompress '{path}' ({compression}): {_first_line(err)}") from None
 
 
 def _check_readable(path: str) -> None:
@@ -35,6 +67,23 @@ def _check_readable(path: str) -> None:
         raise UsageError(f"source '{path}' does not exist")
     if not os.access(path, os.R_OK):
         raise UsageError(f"cannot read '{path}': permission denied")
+
+
+def _open_binary(path: str):  # noqa: ANN202 - a binary file object
+    """A source file opened by the layer, only when it is a regular file (a FIFO would hang prep), links followed
+    as the user chose; pyarrow or a decompressor then reads this open file, never the path."""
+    try:
+        return files.open_named(path)
+    except FileNotFoundError as err:
+        raise UsageError(f"source '{path}' does not exist") from err
+    except OSError as err:
+        raise UsageError(f"cannot read '{path}': {err.strerror or err}") from err
+
+
+def _first_line(err: BaseException) -> str:
+    """A library's error in one line: the first line of its message, or its type when it has none."""
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
 
 
 @dataclass(frozen=True)
@@ -45,25 +94,27 @@ class TextFile:
     doc_sep: str = "blank"
 
     def __iter__(self) -> Iterator[str]:
-        try:
-            with _open_text(self.path) as f:
-                if self.doc_sep == "line":
-                    for line in f:
-                        text = line.rstrip("\r\n")
-                        if text.strip():
-                            yield text
-                    return
-                para: list[str] = []
-                for line in f:
-                    if line.strip():
-                        para.append(line)
-                    elif para:
-                        yield "".join(para).rstrip("\r\n")
-                        para = []
-                if para:
-                    yield "".join(para).rstrip("\r\n")
-        except UnicodeDecodeError as err:
-            raise UsageError(f"'{self.path}' is not valid UTF-8 (byte {err.start})") from err
+        if self.doc_sep == "line":
+            for _, line in _text_lines(self.path):
+                text = line.rstrip("\r\n")
+                if text.strip():
+                    yield text
+            return
+        para: list[str] = []
+        size = start = 0
+        for lineno, line in _text_lines(self.path):
+            if line.strip():
+                para.append(line)
+                size += len(line)
+                start = start or lineno
+                if size > MAX_LINE_CHARS:
+                    raise UsageError(f"{self.path}:{start}: a document longer than {MAX_LINE_CHARS:,} characters "
+                                     "(separate documents by blank lines, or use --doc-sep line)")
+            elif para:
+                yield "".join(para).rstrip("\r\n")
+                para, size, start = [], 0, 0
+        if para:
+            yield "".join(para).rstrip("\r\n")
 
 
 @dataclass(frozen=True)
@@ -74,28 +125,25 @@ class JsonlFile:
     text_field: str = "text"
 
     def __iter__(self) -> Iterator[str]:
-        try:
-            with _open_text(self.path) as f:
-                for lineno, line in enumerate(f, start=1):
-                    if not line.strip():
-                        continue
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as err:
-                        raise UsageError(f"{self.path}:{lineno}: not valid JSON ({err.msg})") from err
-                    if not isinstance(obj, dict) or self.text_field not in obj:
-                        raise UsageError(f"{self.path}:{lineno}: no field '{self.text_field}' (set --text-field)")
-                    text = obj[self.text_field]
-                    if not isinstance(text, str):
-                        raise UsageError(f"{self.path}:{lineno}: field '{self.text_field}' is not a string")
-                    yield text
-        except UnicodeDecodeError as err:
-            raise UsageError(f"'{self.path}' is not valid UTF-8 (byte {err.start})") from err
+        for lineno, line in _text_lines(self.path):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UsageError(f"{self.path}:{lineno}: not valid JSON ({err.msg})") from err
+            if not isinstance(obj, dict) or self.text_field not in obj:
+                raise UsageError(f"{self.path}:{lineno}: no field '{self.text_field}' (set --text-field)")
+            text = obj[self.text_field]
+            if not isinstance(text, str):
+                raise UsageError(f"{self.path}:{lineno}: field '{self.text_field}' is not a string")
+            yield text
 
 
 @dataclass(frozen=True)
 class ParquetFile:
-    """A parquet file, read one record batch at a time."""
+    """A parquet file, read one record batch at a time from a file the layer opened (pyarrow never opens the
+    path itself: a FIFO or a device there is one line, not a hang); pyarrow's errors are one line naming it."""
 
     path: str
     text_field: str = "text"
@@ -103,18 +151,25 @@ class ParquetFile:
     def __iter__(self) -> Iterator[str]:
         import pyarrow.parquet as pq
 
-        _check_readable(self.path)
+        with _open_binary(self.path) as fh:
+            pf = self._library(lambda: pq.ParquetFile(fh))  # the open file, never the path
+            if self.text_field not in pf.schema_arrow.names:
+                raise UsageError(f"{self.path}: no column '{self.text_field}' (set --text-field)")
+            batches = pf.iter_batches(columns=[self.text_field], batch_size=1024)
+            while (batch := self._library(lambda: next(batches, None))) is not None:
+                for text in batch.column(0).to_pylist():
+                    if text is not None and not isinstance(text, str):
+                        raise UsageError(f"{self.path}: column '{self.text_field}' is not a string column")
+                    yield text or ""
+
+    def _library(self, call: Callable[[], Any]) -> Any:
+        """`call()` into pyarrow, its errors (a file that is not parquet, a damaged page) one line."""
+        import pyarrow
+
         try:
-            pf = pq.ParquetFile(self.path)
-        except Exception as err:
-            raise UsageError(f"cannot read parquet '{self.path}': {str(err).splitlines()[0]}") from err
-        if self.text_field not in pf.schema_arrow.names:
-            raise UsageError(f"{self.path}: no column '{self.text_field}' (set --text-field)")
-        for batch in pf.iter_batches(columns=[self.text_field], batch_size=1024):
-            for text in batch.column(0).to_pylist():
-                if text is not None and not isinstance(text, str):
-                    raise UsageError(f"{self.path}: column '{self.text_field}' is not a string column")
-                yield text or ""
+            return call()
+        except (pyarrow.ArrowException, OSError) as err:
+            raise UsageError(f"cannot read parquet '{self.path}': {_first_line(err)}") from None
 
 
 @dataclass(frozen=True)
@@ -127,6 +182,7 @@ class HFDataset:
     from_disk: bool = False
 
     def _load(self):  # noqa: ANN202 - a datasets.Dataset
+        self._check_local()
         import datasets
 
         try:
@@ -146,6 +202,20 @@ class HFDataset:
             raise UsageError(f"dataset '{self.name_or_path}' has no column '{self.text_field}' (set --text-field)")
         return ds
 
+    def _check_local(self) -> None:
+        """A saved dataset's directory (or a local path `hf:` names) is opened by `datasets` itself, file by file:
+        every file below it must be a regular file and none a link (a FIFO would hang it). A Hub name is not
+        a path here and is left to `datasets`."""
+        if not os.path.lexists(self.name_or_path):
+            return
+        try:
+            if os.path.isdir(self.name_or_path):
+                files.regular_tree(self.name_or_path)
+            else:
+                files.open_named(self.name_or_path).close()
+        except OSError as err:
+            raise UsageError(f"cannot load dataset '{self.name_or_path}': {files.said(err)}") from None
+
     def __iter__(self) -> Iterator[str]:
         ds = self._load()
         for batch in ds.select_columns([self.text_field]).iter(batch_size=1024):
@@ -155,7 +225,8 @@ class HFDataset:
 
 @dataclass(frozen=True)
 class Directory:
-    """Every .txt/.jsonl/.parquet file below a directory, in sorted path order."""
+    """Every .txt/.jsonl/.parquet file below a directory (.txt and .jsonl compressed or not), in sorted path
+    order: the same files give the same documents in the same order, whatever mix of compressions they use."""
 
     path: str
     doc_sep: str = "blank"
@@ -167,7 +238,8 @@ class Directory:
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             found += [os.path.join(root, n) for n in names if n.endswith(FILE_SUFFIXES) and not n.startswith(".")]
         if not found:
-            raise UsageError(f"directory '{self.path}' holds no .txt, .jsonl or .parquet files")
+            raise UsageError(f"directory '{self.path}' holds no .txt, .jsonl or .parquet files "
+                             f"(nor .txt or .jsonl compressed as {_COMPRESSED})")
         return sorted(found)
 
     def __iter__(self) -> Iterator[str]:
@@ -175,14 +247,32 @@ class Directory:
             yield from file_source(f, self.doc_sep, self.text_field)
 
 
+_COMPRESSED = ", ".join(COMPRESSIONS)
+
+
 def file_source(path: str, doc_sep: str, text_field: str):  # noqa: ANN201 - one of the readers above
-    if path.endswith(".txt"):
+    """The reader of one file, chosen by its name: `.txt`/`.jsonl`, either maybe compressed, or `.parquet`."""
+    inner = without_compression(path)
+    if inner.endswith(".txt"):
         return TextFile(path, doc_sep)
-    if path.endswith(".jsonl"):
+    if inner.endswith(".jsonl"):
         return JsonlFile(path, text_field)
     if path.endswith(".parquet"):
         return ParquetFile(path, text_field)
-    raise UsageError(f"unsupported source file '{path}' (expected .txt, .jsonl or .parquet)")
+    raise UsageError(f"unsupported source file '{path}' (expected .txt, .jsonl or .parquet; "
+                     f".txt and .jsonl may be compressed: {_COMPRESSED})")
+
+
+def source_compressions(source: object) -> list[str]:
+    """The compressions of a source's files, sorted (empty for plain files and for non-file sources): what the
+    manifest records beside the source, which its fingerprint (over the decompressed text) does not show."""
+    if isinstance(source, Directory):
+        paths = source.files()
+    elif isinstance(source, (TextFile, JsonlFile)):
+        paths = [source.path]
+    else:
+        return []
+    return sorted({c for p in paths if (c := compression_of(p)) is not None})
 
 
 def _is_saved_dataset(path: str) -> bool:

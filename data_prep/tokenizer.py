@@ -7,9 +7,8 @@ data, so a worker never needs the parent's objects (and a trained BPE travels as
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-from typing import Iterable, Iterator, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -174,22 +173,48 @@ def _find_eos(tok: "object", eos_token: str | None, spec: str) -> int:
     raise UsageError(f"tokenizer '{spec}' has none of {', '.join(EOS_CANDIDATES)}; name its end-of-document token with --eos-token")
 
 
-def load_hf(arg: str, eos_token: str | None = None, spec: str | None = None) -> HFTokenizer:
-    """Load a tokenizer.json (file, or a directory holding one) or a pretrained name from the Hub."""
+def from_json(spec: str, data: bytes, eos_id: int | None, where: str, eos_token: str | None = None) -> HFTokenizer:
+    """A tokenizer.json's bytes, read by the file layer, as a tokenizer (the tokenizers library never opens a
+    path itself: a FIFO there would hang it); bytes it cannot parse are one line naming `where`. `eos_id`
+    None: found by name (`eos_token`, else EOS_CANDIDATES)."""
     from tokenizers import Tokenizer as RustTokenizer
 
-    spec = spec or f"hf:{arg}"
-    path = os.path.join(arg, "tokenizer.json") if os.path.isdir(arg) else arg
     try:
-        if os.path.isfile(path):
-            tok = RustTokenizer.from_file(path)
-        elif os.path.exists(arg) or arg.endswith(".json"):
+        tok = RustTokenizer.from_str(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{where} is not a tokenizer (not UTF-8 text, byte {err.start})") from None
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises plain Exception for what it cannot parse
+        why = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise UsageError(f"{where} is not a tokenizer ({why})") from None
+    return HFTokenizer(spec, tok, _find_eos(tok, eos_token, spec) if eos_id is None else eos_id)
+
+
+def _read(read: Callable[[], bytes], where: str) -> bytes:
+    """`read()` (a bounded read of the file layer); what the layer refuses is one line naming `where`."""
+    try:
+        return read()
+    except OSError as err:
+        raise UsageError(f"cannot read tokenizer '{where}': {err.strerror or type(err).__name__}") from None
+
+
+def load_hf(arg: str, eos_token: str | None = None, spec: str | None = None) -> HFTokenizer:
+    """Load a tokenizer.json (file, or a directory holding one) or a pretrained name from the Hub."""
+    spec = spec or f"hf:{arg}"
+    if os.path.isdir(arg):
+        where = os.path.join(arg, "tokenizer.json")
+        if not os.path.lexists(where):
             raise UsageError(f"no tokenizer.json at '{arg}'")
-        else:
-            tok = RustTokenizer.from_pretrained(arg)
-    except UsageError:
-        raise
-    except Exception as err:
+        data = _read(lambda: files.read_beneath(arg, "tokenizer.json", "tokenizer"), where)
+        return from_json(spec, data, None, where, eos_token)
+    if os.path.lexists(arg) or arg.endswith(".json"):
+        if not os.path.exists(arg) and not os.path.islink(arg):
+            raise UsageError(f"no tokenizer.json at '{arg}'")
+        return from_json(spec, _read(lambda: files.read_named(arg, "tokenizer"), arg), None, arg, eos_token)
+    from tokenizers import Tokenizer as RustTokenizer
+
+    try:
+        tok = RustTokenizer.from_pretrained(arg)  # a name on the Hub (arg is no path here)
+    except Exception as err:  # noqa: BLE001 - the Hub's and the library's errors: one line
         raise UsageError(f"cannot load tokenizer '{arg}': {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
     return HFTokenizer(spec, tok, _find_eos(tok, eos_token, spec))
 
@@ -214,21 +239,32 @@ def build(spec: str, *, eos_token: str | None = None, texts: Iterator[str] | Non
 
 
 def reload(spec: str, saved_file: str | None, eos_id: int) -> Tokenizer:
-    """Rebuild a tokenizer in a worker process (or a reader) from its spec and saved file."""
+    """Rebuild a tokenizer in a worker process (or a reader) from its spec and saved file (read by the layer:
+    a regular file, not a link, of bounded size)."""
     kind, arg = parse_spec(spec)
     if kind == "byte":
         return ByteTokenizer()
     if kind == "tiktoken":
         return TiktokenTokenizer(arg)
-    from tokenizers import Tokenizer as RustTokenizer
-
     if saved_file is None:
         raise ValueError(f"tokenizer '{spec}' needs its saved tokenizer.json")
-    return HFTokenizer(spec, RustTokenizer.from_file(saved_file), eos_id)
+    return from_json(spec, _read(lambda: files.read_bytes(saved_file, "tokenizer"), saved_file), eos_id, saved_file)
 
 
 def load_from_dataset(data_dir: str) -> Tokenizer:
-    """The tokenizer a prepared dataset was written with (for decoding samples)."""
-    man = json.loads(files.read_beneath(data_dir, "manifest.json", "manifest"))
-    saved = man.get("tokenizer_file")
-    return reload(man["tokenizer"], os.path.join(data_dir, saved) if saved else None, man["eos_id"])
+    """The tokenizer a prepared dataset was written with (for decoding samples, and in-loop evaluation): its
+    manifest checked field by field (rrtrain.data.manifest), its saved file a plain name inside the dataset,
+    read beneath it (no link, no FIFO, bounded)."""
+    from rrtrain.data.manifest import read_manifest
+
+    man = read_manifest(data_dir)
+    spec, saved = man.get("tokenizer") or "byte", man.get("tokenizer_file")
+    if not isinstance(spec, str) or not isinstance(man.get("eos_id"), int):
+        raise UsageError(f"the manifest of {data_dir} records no usable tokenizer")
+    kind, _ = parse_spec(spec)
+    if kind in ("byte", "tiktoken"):
+        return reload(spec, None, man["eos_id"])
+    if not isinstance(saved, str) or not saved or "/" in saved or saved in (".", ".."):
+        raise UsageError(f"the manifest of {data_dir} names no tokenizer file for '{spec}'")
+    where = os.path.join(data_dir, saved)
+    return from_json(spec, _read(lambda: files.read_beneath(data_dir, saved, "tokenizer"), where), man["eos_id"], where)

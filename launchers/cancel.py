@@ -9,8 +9,8 @@ those flags:
    that nothing requeues the run — the job entry point and `slurm/array.sbatch` look for it before
    requeueing — and a resubmission leaves it alone;
 2. stops its job: `scancel` for a Slurm job — only a job id that is one in full (`JOB_ID`), recorded by this
-   sweep's submission, and that Slurm reports as this user's job under the name the sweep gave it
-   (`slurm_job_confirmed`) — (the run gets TERM, checkpoints at the next step boundary, reads
+   sweep's submission, and that Slurm reports as this user's job with this sweep directory's mark as its
+   comment (`slurm_job_confirmed`, `launchers.sweep.job_token`) — (the run gets TERM, checkpoints at the next step boundary, reads
    the marker and writes a final.json that says stalled or diverged and why: `rrtrain.rundir.outcome`), TERM
    to the lock holder for a run of the local executor, only when the holder proves itself (its pid, start
    time and command line match the lock and it holds the lock open: `rrtrain.rundir.lock.signallable_pid`);
@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 from launchers.state.flags import CANCEL_FLAGS, judge_sweep, monitor_config, to_cancel
 from launchers.sweep import record
+from launchers.sweep.job_token import carries_mark
 from launchers.sweep.record import SweepRecord
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.points import point_label, read_point
@@ -61,45 +62,42 @@ def _user() -> str:
         return str(os.getuid())
 
 
-def is_sweep_job_name(name: str, sweep: str, size: str) -> bool:
-    """Whether `name` is one the sweep gives a job of a run of `size`: SWEEP-GROUP, the group being the sizes
-    of one resource shape joined with "+" (`launchers.executors.render.group_runs`)."""
-    prefix = f"{sweep}-"
-    return bool(sweep) and name.startswith(prefix) and size in name[len(prefix):].split("+")
-
-
-def slurm_job_confirmed(job: str, sweep: str, size: str, timeout_s: float = 10.0) -> Optional[str]:
-    """None when Slurm reports `job` as this user's job under a name the sweep gives it (`is_sweep_job_name`);
+def slurm_job_confirmed(job: str, sweep_dir: Path, timeout_s: float = 10.0) -> Optional[str]:
+    """None when Slurm reports `job` as this user's job carrying `sweep_dir`'s mark as its comment
+    (`launchers.sweep.job_token`: an HMAC under the user's key, set at submission, which no record can forge);
     else why it is not to be cancelled, in words. `job` must be a job id in full already (`JOB_ID`)."""
     if shutil.which("squeue") is None:
         return "squeue is not on PATH, so the job cannot be confirmed as this sweep's"
     try:
-        proc = subprocess.run(["squeue", "-h", "-r", "-u", _user(), "-j", job, "-o", "%i %j"],
+        proc = subprocess.run(["squeue", "-h", "-r", "-u", _user(), "-j", job, "-o", "%i %k"],
                               capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"squeue failed ({type(err).__name__})"
-    names = [line.split(None, 1) for line in proc.stdout.splitlines()] if proc.returncode == 0 else []
-    if not any(len(p) == 2 and p[0] == job and is_sweep_job_name(p[1].strip(), sweep, size) for p in names):
-        return f"Slurm lists no job {job} of user {_user()} named as this sweep names its jobs ({sweep}-...)"
+    rows = [line.split(None, 1) for line in proc.stdout.splitlines()] if proc.returncode == 0 else []
+    if not any(len(row) == 2 and row[0] == job and carries_mark(row[1], sweep_dir) for row in rows):
+        return (f"Slurm lists no job {job} of user {_user()} that this sweep directory submitted (its comment is "
+                "not the sweep's mark)")
     return None
 
 
-def _stop_slurm_job(job: object, sweep: str, size: str) -> str:
+def _stop_slurm_job(job: object, sweep_dir: Path) -> str:
     """scancel one recorded Slurm job once it proved itself (`slurm_job_confirmed`); returns what was done."""
     if not isinstance(job, str) or not JOB_ID.fullmatch(job):
         return f"job not stopped: the recorded job id {str(job)[:40]!r} is not a Slurm job id"
-    why = slurm_job_confirmed(job, sweep, size)
+    why = slurm_job_confirmed(job, sweep_dir)
     if why is not None:
         return f"job not stopped: {why}"
     proc = subprocess.run(["scancel", job], capture_output=True, text=True)
     return f"scancel {job}" + ("" if proc.returncode == 0 else f" failed: {proc.stderr.strip()}")
 
 
-def _stop_job(executor: str, job: Optional[str], run_dir: Path, sweep: str = "", size: str = "") -> str:
-    """Stop one run's job (`sweep`, `size`: the sweep's name and the run's size, which name its Slurm job);
-    returns what was done."""
+def _stop_job(executor: str, job: Optional[str], run_dir: Path, sweep_dir: Optional[Path] = None) -> str:
+    """Stop one run's job (a Slurm job of the sweep in `sweep_dir`, or the local run's lock holder); returns what
+    was done."""
     if executor == "slurm" and job:
-        return _stop_slurm_job(job, sweep, size)
+        if sweep_dir is None:
+            return "job not stopped: no sweep directory to confirm it by"
+        return _stop_slurm_job(job, sweep_dir)
     pid = runlock.signallable_pid(run_dir)  # pid, start time, command line and the open lock all match
     if pid is None:
         lock = runlock.read(run_dir)
@@ -132,7 +130,7 @@ def cancel_flagged(sweep_dir: Path) -> dict[str, str]:
         reason = "; ".join(f"{name}: {why}" for name, why in sorted(flags.items()))
         write_cancelled(run_dir, reason, sorted(flags))
         executor, job = last.get(rid, ("", None))
-        action = _stop_job(executor, job, run_dir, rec.name, entry.size)
+        action = _stop_job(executor, job, run_dir, sweep_dir)
         done[rid] = reason
         point = read_point(entry.config)
         at = f" at {point_label(point)}" if point else ""

@@ -20,6 +20,19 @@ import xdist_groups  # noqa: E402
 from trainutil import prep_stories, stop_server  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_config_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The user's key for marking Slurm jobs (launchers.sweep.job_token) in a directory of the test session's,
+    not in the home directory of whoever runs the suite."""
+    saved = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config"))
+    yield
+    if saved is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = saved
+
+
 @pytest.fixture(scope="session")
 def stories_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A byte-level synthetic-stories dataset (seq_len 64), prepared once per test session."""

@@ -40,9 +40,11 @@ def can_mount() -> bool:
 
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str, *options: str) -> Iterator[Path]:
-    """A tmpfs of `size` mounted at `path` (created), unmounted at the end whatever happens."""
+    """A tmpfs of `size` mounted at `path` (created), unmounted at the end whatever happens. Mode 0700, as the
+    user's own scratch space is (a tmpfs root is 1777 by default, which rrtrain refuses to write into)."""
     path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
+    subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", "mode=0700", *options]), "tmpfs",
+                    str(path)],
                    check=True, capture_output=True)
     try:
         yield path

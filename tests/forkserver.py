@@ -45,6 +45,8 @@ STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH", "CUDA"
 PRELOAD = ("torch", "torch.distributed.checkpoint", "torch._dynamo", "numpy", "yaml",
            "streaming.base.dataset", "streaming.base.shuffle", "streaming.base.constant", "streaming.base.util",
            "tensorboard.compat.proto.event_pb2", "tensorboard.compat.proto.summary_pb2",
+           "tensorboard.compat.proto.tensor_pb2", "tensorboard.summary.writer.record_writer",
+           "tensorboard.plugins.hparams.plugin_data_pb2",
            "rrtrain.resolve", "rrtrain.core.command", "rrtrain.training.trainer", "rrtrain.training.callbacks",
            "rrtrain.training.console", "rrtrain.training.pause", "rrtrain.monitoring.callback",
            "rrtrain.monitoring.watchdog", "rrtrain.rundir.outcome", "rrtrain.rundir.ranks",

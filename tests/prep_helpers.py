@@ -61,14 +61,11 @@ def tree(path: str | os.PathLike) -> dict[str, bytes]:
 
 def read_split(path: str | os.PathLike, split: str) -> np.ndarray:
     """All rows of a split in storage order, through streaming's own StreamingDataset."""
-    from streaming import StreamingDataset
+    from rrtrain.data.shm import open_streaming_dataset
 
-    from rrtrain.data.shm import clean_stale_shm, shm_guard, unlink_at_exit_under_lock
-
-    with shm_guard():  # as the trainer opens one: other tests' runs may be probing for a free prefix
-        clean_stale_shm()  # nor may this search keep a dead run's names alive (see clean_stale_shm)
-        ds = StreamingDataset(local=str(path), split=split, shuffle=False, batch_size=1)
-        unlink_at_exit_under_lock()
+    # as the trainer opens one: other tests' runs may be probing for a free prefix, and this search must not
+    # keep a dead run's names alive (see clean_stale_shm)
+    ds = open_streaming_dataset(local=str(path), split=split, shuffle=False, batch_size=1)
     rows = np.stack([ds[i]["tokens"] for i in range(ds.num_samples)])
     del ds
     return rows

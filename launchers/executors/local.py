@@ -100,7 +100,7 @@ def open_logs_dir(logs: Path) -> int:
         raise UsageError(f"{logs.parent if logs.parent.is_symlink() else logs} is a symbolic link: the runs' logs "
                          "are written only in a directory of the sweep's own; remove the link")
     try:
-        logs.mkdir(parents=True, exist_ok=True)
+        files.make_dirs(logs)
         return files.open_dir(logs)
     except OSError as err:
         raise UsageError(f"cannot open the logs directory {logs}: {err.strerror or type(err).__name__}") from None
@@ -111,7 +111,8 @@ def open_log(logs_fd: int, path: Path) -> IO:
     regular file (a FIFO would block the sweep); otherwise the run's output is discarded, said in one line, and
     what is at that name is left as it is."""
     try:
-        return os.fdopen(files.open_beneath(logs_fd, path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a")
+        return os.fdopen(files.open_beneath(logs_fd, path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                                            files.file_mode()), "a")
     except files.LinkRefused:
         what = "a symbolic link"
     except files.NotRegular:

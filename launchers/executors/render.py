@@ -14,6 +14,7 @@ from launchers.sweep.expand import Run, check_safe
 from launchers.sweep.snapshot import NO_BYTECODE
 from launchers.sweep.spec import Resources
 from launchers.torchrun import rendezvous
+from rrtrain.core import files
 from rrtrain.core.io import atomic_write_text
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "slurm"
@@ -107,7 +108,7 @@ def render(out: Path, name: str, runs: list[Run], python: str, code: str, config
         for m in members:
             header = sbatch_lines(r, f"{name}-{m.id}", str(slurm_dir / "logs" / f"{m.id}-%j.out"), None)
             rdzv = slurm_dir / f"multinode-{m.id}.rendezvous"
-            rdzv.parent.mkdir(parents=True, exist_ok=True)
+            files.make_dirs(rdzv.parent)
             rendezvous.write(rdzv, rendezvous.draw())  # drawn at submission, readable by the user only
             variables = [f"PYTHON={q(python)}", f"CODE={q(code)}", f"RUN_DIR={q(str(m.dir))}",
                          f"GPUS_PER_NODE={max(1, r.tasks)}", f'RDZV_FILE="${{RRTRAIN_RDZV_FILE:-{q(str(rdzv))}}}"',

@@ -18,10 +18,12 @@ from typing import Any, Optional
 from launchers.executors.base import SubmitError, Submitted
 from launchers.executors.entry import RunJob, rendezvous_path
 from launchers.sweep.expand import Run
+from launchers.sweep.job_token import job_mark
 from launchers.executors.render import group_runs
 from launchers.sweep.snapshot import NO_BYTECODE
 from launchers.sweep.spec import Resources
 from launchers.torchrun import rendezvous
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
 
@@ -60,15 +62,16 @@ def submit(runs: list[Run], out: Path, name: str, code: str) -> dict[str, Option
         raise UsageError(f"--executor slurm: {' and '.join(missing)} not on PATH (no Slurm here); "
                          "try --executor local")
     jobs: dict[str, Optional[str]] = {}
+    mark = job_mark(out)  # what --cancel-flagged later asks Slurm for before it cancels a job of this sweep
     for group, members in group_runs(runs).items():
         r = members[0].resources
         executor = submitit.AutoExecutor(folder=str(out / "slurm" / "submitit" / "%j"), cluster="slurm",
                                          slurm_max_num_timeout=r.max_requeues)
-        executor.update_parameters(**parameters(r, f"{name}-{group}", code))
+        executor.update_parameters(**parameters(r, f"{name}-{group}", code), slurm_comment=mark)
         if r.world_size > 1:  # the ranks' store: a port drawn now, not submitit's (derived from the job id)
             for m in members:
                 path = rendezvous_path(out, m.id)
-                path.parent.mkdir(parents=True, exist_ok=True)
+                files.make_dirs(path.parent)
                 rendezvous.write(path, rendezvous.draw())
         try:
             submitted = executor.map_array(RunJob(str(out)), [m.id for m in members])

@@ -33,10 +33,11 @@ _SKIPPED_IN_SOURCE = ("__pycache__", ".pyc")  # a checkout's own byte code is ne
 
 
 def _copied_mode(mode: int) -> int:
-    """The permissions an entry gets in a snapshot: nobody but the owner may write it."""
-    if stat.S_ISDIR(mode):
-        return 0o755
-    return 0o755 if mode & stat.S_IXUSR else 0o644
+    """The permissions an entry gets in a snapshot: the user's alone (`files.dir_mode()` for a directory or an
+    executable, `files.file_mode()` for a file); under RRTRAIN_GROUP_READ=1 the group may read, never write."""
+    if stat.S_ISDIR(mode) or mode & stat.S_IXUSR:
+        return files.dir_mode()
+    return files.file_mode()
 
 
 def _entries(root: Path, source: bool) -> Iterator[tuple[str, int, Optional[Path]]]:
@@ -87,6 +88,9 @@ def _real_dir(path: Path) -> bool:
 
 
 def _entry(target: Path, digest: str) -> dict[str, Any]:
+    """The record of the snapshot at `target`, once no one else can write it or the way to it (its runs
+    import from it)."""
+    files.check_private_path(target, "the sweep's code snapshot")
     return {"path": str(target.resolve()), "sha256": digest, "hash": HASH_KIND, "source": str(REPO)}
 
 
@@ -158,7 +162,7 @@ def take(out: Path, recorded: Optional[dict[str, Any]]) -> dict[str, Any]:
                              "refusing to run code from it; move it aside and submit again")
     # a `.code.tmp-*` that a submission killed while copying left is not removed: nothing proves rrtrain made it
     tmp = Path(tempfile.mkdtemp(prefix=".code.tmp-", dir=out))
-    tmp.chmod(0o755)
+    tmp.chmod(files.dir_mode())
     for pkg in PACKAGES:
         shutil.copytree(REPO / pkg, tmp / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for path in [tmp] + list(tmp.rglob("*")):  # nobody but the owner may add to it or change it

@@ -145,9 +145,12 @@ def flat_overrides(data: Any, where: str) -> dict[str, Any]:
 def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
     """Read and validate a sweep file, with `key.sub=value` overrides of its own keys (e.g.
     `resources.partition=debug`); raises UsageError with a one-line reason."""
-    from rrtrain.model import sizing
+    from rrtrain import sizing
 
-    path = Path(path).resolve()
+    try:
+        path = Path(path).resolve()
+    except (OSError, RuntimeError):  # a loop of symbolic links (RuntimeError on Python 3.11, OSError later)
+        raise UsageError(f"cannot read sweep file {path}: a loop of symbolic links") from None
     raw = apply_overrides(read_yaml(path), overrides or [])
     sha = hashlib.sha256(files.read_named(path) + "".join(f"\n{o}" for o in overrides or []).encode()).hexdigest()
     raw_prune = raw.pop("prune", None) if isinstance(raw, dict) else None
@@ -252,7 +255,7 @@ def check_variants(names: list, where: str) -> None:
 
 
 def _find_config(sweep_path: Path, name: str) -> Path:
-    from rrtrain.model.sizing import configs_dir
+    from rrtrain.sizing import configs_dir
 
     for cand in (sweep_path.parent / name, configs_dir() / "train" / name):
         if cand.is_file():

@@ -62,7 +62,11 @@ def sweep_dir(sweep: spec.Sweep, out: Optional[str]) -> Path:
     p = Path(out) if out is not None else Path(sweep.spec.out).expanduser()
     if out is None and not p.is_absolute():
         p = sweep.path.parent / p
-    return Path(check_safe(str(p.resolve()), "sweep directory"))
+    try:
+        resolved = p.resolve()
+    except (OSError, RuntimeError):  # a loop of symbolic links (RuntimeError on Python 3.11, OSError later)
+        raise UsageError(f"sweep directory {p}: a loop of symbolic links") from None
+    return Path(check_safe(str(resolved), "sweep directory"))
 
 
 def check_writable(out: Path) -> None:

@@ -11,13 +11,15 @@ import signal
 import sys
 from typing import Callable
 
+from rrtrain.core import files
 from rrtrain.core.errors import RUN_ERROR_EXIT, RunError, UsageError, fail
 
 
 def run_command(prog: str, entry: Callable[[list[str]], int], argv: list[str]) -> int:
     """`entry(argv)`'s exit status, with bad input and run errors said in one line under `prog`."""
     try:
-        code = int(entry(argv) or 0)
+        with files.private_umask():  # what any library writes for the command is the user's alone too
+            code = int(entry(argv) or 0)
         sys.stdout.flush()  # a gone reader shows here, not as "Exception ignored" at interpreter exit
     except BrokenPipeError:
         if not _stdout_reader_gone():

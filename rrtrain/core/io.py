@@ -22,15 +22,16 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside `target`; rename it onto `target` if the block succeeds.
 
     The temporary name keeps the target's suffix (matplotlib picks a format from it) and starts with a
-    dot, so a crash leaves at most a hidden `.name.*.tmp<suffix>` file and never a partial `target`.
+    dot, so a crash leaves at most a hidden `.name.*.tmp<suffix>` file and never a partial `target`. The file
+    published is `files.file_mode()` (the user's alone), whatever mode the library that wrote it chose.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    files.make_dirs(target.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=target.parent)
     os.close(fd)
     try:
         yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~files.umask())  # mkstemp makes 0600; outputs should read like any other file
+        files.chmod_here(tmp, files.file_mode())  # a writer may have replaced mkstemp's file
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -90,41 +91,41 @@ def _exchange(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
 
 def replace_dir(staging: str | os.PathLike[str], target: str | os.PathLike[str],
                 inputs: Iterable[str | os.PathLike[str]] = (), mark: bool = True,
-                accept: Optional[Callable[[int], bool]] = None) -> None:
+                accept: Optional[Callable[[int], bool]] = None, key: Optional[bytes] = None) -> None:
     """Move the finished directory `staging` (made by the caller) to `target`. An existing `target` stays whole
     until the new one is in its place (swapped in one renameat2 where the OS has it, else moved aside first)
     and is deleted only then, so an interruption leaves the old directory or the new one under `target`, never
-    neither. `staging` is marked as made by rrtrain (`files.mark_made`) before it moves in, unless `mark` is
-    False; the old `target` is deleted only when it carries that marker (or `accept`, given its descriptor,
-    proves it the command's own) and holds none of `inputs` (the command's own inputs), else it is left beside
-    `target` and said on stderr in one line."""
+    neither. `staging` is marked as made (`files.mark_made` under `key`, for its own place and `target`) before
+    it moves in, unless `mark` is False; the old `target` is deleted only when its marker proves it made for
+    `target` under `key` (or `accept`, given its descriptor, proves it the command's own) and it holds none of
+    `inputs` (the command's own inputs), else it is left beside `target` and said on stderr in one line."""
     staging, target = os.fspath(staging), os.fspath(target)
     inputs = list(inputs)
     held = files.holds_input(target, inputs)  # checked before the swap moves the old target to another name
     if held is not None:
         raise files.NotMade(errno.EPERM, f"not replaced: it holds '{held}', an input of this command", target)
     if mark:
-        files.mark_made(staging)
+        files.mark_made(staging, key, [staging, target])  # proven where it is and where it goes, nowhere else
     if not os.path.exists(target) or (os.path.isdir(target) and not os.listdir(target)):
         os.rename(staging, target)  # rename(2) replaces an empty directory atomically
         return
-    if _exchange(staging, target):
-        _discard_old(staging, inputs, accept)  # staging now holds the old target
-        return
-    old = staging + ".old"
-    os.rename(target, old)
-    try:
-        os.rename(staging, target)
-    except BaseException:
-        os.rename(old, target)
-        raise
-    _discard_old(old, inputs, accept)
+    old = staging  # after the swap, staging's name holds the old target
+    if not _exchange(staging, target):
+        old = staging + ".old"
+        os.rename(target, old)
+        try:
+            os.rename(staging, target)
+        except BaseException:
+            os.rename(old, target)
+            raise
+    _discard_old(old, inputs, accept, key, target)
 
 
-def _discard_old(path: str, inputs: list[str | os.PathLike[str]],
-                 accept: Optional[Callable[[int], bool]]) -> None:
-    """Delete a replaced directory when rrtrain made it; otherwise leave it and say so."""
-    why = files.discard_made_dir(path, inputs, accept)
+def _discard_old(path: str, inputs: list[str | os.PathLike[str]], accept: Optional[Callable[[int], bool]],
+                 key: Optional[bytes], was_at: str) -> None:
+    """Delete a replaced directory, just moved here from `was_at`, when its marker proves it made for that
+    place (or `accept` does); otherwise leave it and say so."""
+    why = files.discard_made_dir(path, inputs, accept, key, at=was_at)
     if why is not None:
         print(f"rrtrain: the replaced directory was kept as {why}; delete it yourself when it is not needed",
               file=sys.stderr)
@@ -133,11 +134,17 @@ def _discard_old(path: str, inputs: list[str | os.PathLike[str]],
 def unwritable_reason(directory: str | os.PathLike[str]) -> str | None:
     """Why files cannot be written in `directory` (created when missing), or None when they can.
 
-    Tries what a run does: create the directory, then create, write and remove a hidden file in it. As root,
+    First rrtrain's own rule: nothing is written (nor resumed, nor run) where someone other than the user or
+    root can write, on the way included (`files.private_path_problem`, checked again once the directory is
+    made, so one slipped in meanwhile is caught). Then tries what a run does: create the directory
+    (`files.make_dirs`: the user's alone), then create, write and remove a hidden file in it. As root,
     permission bits do not stop writes, so this catches what does: read-only mounts and files in the way."""
+    unsafe = files.private_path_problem(directory)
+    if unsafe is not None:
+        return f"{unsafe}: {files.PRIVATE_RULE}"
     path = Path(directory)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        files.make_dirs(path)
         fd, probe = tempfile.mkstemp(prefix=".write_probe.", dir=path)
         try:
             os.write(fd, b"ok")
@@ -150,4 +157,5 @@ def unwritable_reason(directory: str | os.PathLike[str]) -> str | None:
     except OSError as err:
         where = f" ({err.filename})" if err.filename and str(err.filename) != str(path) else ""
         return f"{err.strerror or type(err).__name__}{where}"
-    return None
+    unsafe = files.private_path_problem(directory)
+    return None if unsafe is None else f"{unsafe}: {files.PRIVATE_RULE}"

@@ -133,7 +133,8 @@ def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLog
     if home.is_symlink() or (home.exists() and not home.is_dir()):
         raise UsageError(f"{home} is not a directory of its own (a link or a file): move it away")
     home.mkdir(exist_ok=True)
-    build = Path(files.make_temp_dir("build-", home))  # marked: a later start may delete it
+    key = files.directory_key(home)  # the dashboard's own: a later start proves, and deletes, this build
+    build = Path(files.make_temp_dir("build-", home, key=key))
     build.chmod(0o755)
     kept = LiveLogdir(sweep, build, summary)
     for run, ident in zip(runs, idents):
@@ -151,7 +152,7 @@ def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLog
         old = None
     files.link_atomically(link, build.name)
     if old is not None and old != build and old.parent == home:
-        files.discard_made_dir(old)  # only a build rrtrain made (its marker names it), never what a link names
+        files.discard_made_dir(old, key=key)  # only a build a start made here, never what a link names
     return link, names
 
 

@@ -34,7 +34,7 @@ from rrtrain.core.errors import UsageError
 from rrtrain.core.lazy_import import streaming_module
 from rrtrain.core.signals import ignore_stop_signals
 from rrtrain.data.manifest import is_remote, read_manifest
-from rrtrain.data.shm import clean_stale_shm, shm_guard, unlink_at_exit_under_lock
+from rrtrain.data.shm import open_streaming_dataset
 from rrtrain.data.verify import read_index, shard_name_problem
 
 STATE_VERSION = 1
@@ -84,16 +84,15 @@ class _Split:
 
 
 def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str, *, batch_size: int,
-                num_canonical_nodes: int, seed: int) -> _Split:
-    """A StreamingDataset used for random access only (its own iteration is never used).
+                num_canonical_nodes: int, seed: int, local_rank: int = 0) -> _Split:
+    """A StreamingDataset used for random access only (its own iteration is never used), opened through
+    `open_streaming_dataset` (the machine's lock, stale names cleaned, a prefix registered safely).
 
     A local uncompressed dataset is read in place. Remote or compressed datasets go through a
     local cache under `cache_dir`, which must be unique to the run (streaming refuses a cache dir
     another live dataset uses, and decompressing into a shared dataset dir would race) and the same
     for the ranks of one node. All ranks must open splits in the same order (streaming synchronises).
     """
-    StreamingDataset = streaming_module("streaming.base.dataset").StreamingDataset
-
     remote_mode = is_remote(path) or bool(manifest.get("compression"))
     if remote_mode:
         remote, local = (path if is_remote(path) else os.path.abspath(path)), os.path.abspath(cache_dir)
@@ -107,8 +106,8 @@ def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str,
         if not is_remote(path):  # bounded, typed, plain shard names: before streaming reads it unchecked
             read_index(os.path.join(path, split), split)
         try:
-            ds = StreamingDataset(
-                remote=remote, local=local, split=split, shuffle=False, shuffle_seed=seed,
+            ds = open_streaming_dataset(
+                local_rank, remote=remote, local=local, split=split, shuffle=False, shuffle_seed=seed,
                 num_canonical_nodes=num_canonical_nodes, batch_size=batch_size,
                 validate_hash="xxh64" if remote_mode else None,
             )
@@ -116,7 +115,6 @@ def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str,
             raise UsageError(f"cannot open '{path}' split '{split}': {str(err).splitlines()[0]}") from err
         except FileNotFoundError as err:
             raise UsageError(f"'{path}' has no '{split}' split ({err.filename})") from err
-        unlink_at_exit_under_lock()
         _check_shard_names(ds, path, split)
         opened = _SPLITS[key] = _Split(ds, manifest["dtype"], int(manifest["seq_len"]) + 1)
         return opened
@@ -286,10 +284,8 @@ class TrainLoader:
         self.shuffle = shuffle
         self.block_size = default_block_size(num_canonical_nodes)
         self.manifest = manifest if manifest is not None else read_manifest(path)  # the resolved run holds it
-        with shm_guard(local_rank):
-            clean_stale_shm(local_rank)
-            opened = _open_split(path, self.manifest, split, os.path.join(cache_dir, "loader"),
-                                 batch_size=micro_batch, num_canonical_nodes=num_canonical_nodes, seed=seed)
+        opened = _open_split(path, self.manifest, split, os.path.join(cache_dir, "loader"), batch_size=micro_batch,
+                             num_canonical_nodes=num_canonical_nodes, seed=seed, local_rank=local_rank)
         expected = self.manifest["splits"].get(split, {}).get("samples")
         if expected is not None and expected != opened.num_samples:
             raise UsageError(f"'{path}' split '{split}' holds {opened.num_samples} samples but its manifest says {expected}")
@@ -412,10 +408,8 @@ def eval_batches(path: str, *, micro_batch: int, n_batches: int, rank: int, worl
     if micro_batch < 1 or n_batches < 0 or world_size < 1 or not 0 <= rank < world_size:
         raise UsageError("eval_batches needs micro_batch >= 1, n_batches >= 0 and 0 <= rank < world_size")
     manifest = manifest if manifest is not None else read_manifest(path)
-    with shm_guard():
-        clean_stale_shm()
-        opened = _open_split(path, manifest, "val", os.path.join(cache_dir, "eval"), batch_size=micro_batch,
-                             num_canonical_nodes=1, seed=0)
+    opened = _open_split(path, manifest, "val", os.path.join(cache_dir, "eval"), batch_size=micro_batch,
+                         num_canonical_nodes=1, seed=0)
     n, e = opened.num_samples, micro_batch * world_size
     return [opened.rows((b * e + rank * micro_batch + np.arange(micro_batch, dtype=np.int64)) % n)
             for b in range(n_batches)]

@@ -44,11 +44,15 @@ def result_key(tasks: Sequence[str], num_fewshot: Optional[int], limit: Optional
 
 
 def check_include(include: Optional[str | Path], where: str = "--include") -> Optional[Path]:
+    """`include` as a path, once every file lm-eval will open for it is checked (rrtrain.eval.task_files)."""
     if include is None:
         return None
     path = Path(include)
     if not (path.is_dir() or (path.is_file() and path.suffix in (".yaml", ".yml"))):
         raise UsageError(f"{where}: {str(path)!r} is neither a directory nor a .yaml file")
+    from rrtrain.eval import task_files
+
+    task_files.check(path, where)
     return path
 
 

@@ -1,8 +1,9 @@
 """`rrtrain export RUN_DIR --hf OUT`: a run's checkpoint as a Hugging Face model directory.
 
 OUT holds `model.safetensors`, `config.json`, `generation_config.json`, the tokenizer (tokenizer.json and its
-config) and, unless `stock`, the model's own source (rrtrain/export/bundle.py) with the transformers classes
-that load it (`trust_remote_code=True`), so that any residual rule loads where rrtrain is not installed. With
+config) and, unless `stock`, rrtrain's model package as it is (rrtrain/export/bundle.py) with the transformers
+classes that load it (`trust_remote_code=True`), so that any of rrtrain's residual rules loads where rrtrain is
+not installed. With
 `stock` (the `standard` rule with RoPE only, rrtrain/export/stock.py) it is a stock `ArceeForCausalLM` instead.
 
 Everything is written into a hidden directory beside OUT and renamed into place at the end: an OUT that exists
@@ -11,8 +12,6 @@ and is not empty is refused, and on any failure nothing is left behind.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -55,12 +54,9 @@ def check_out(out: Path) -> None:
 
 
 def rrtrain_section(run: LoadedRun) -> dict[str, Any]:
-    """config.json's `rrtrain`: what the copied source needs to rebuild the model, and where it came from."""
-    m = run.config.model
-    assert run.shape is not None
-    return {"variant": m.variant, "shape": dataclasses.asdict(run.shape), "residual": m.residual.values(),
-            "norm_eps": m.norm_eps, "init_std": m.init_std, "rope_base": m.rope_base,
-            "step": run.step, "tokenizer": run.tokenizer.spec}
+    """config.json's `rrtrain`: what the copied package needs to rebuild the model (`ModelSpec.to_dict`), and
+    where it came from."""
+    return {**run.model.spec.to_dict(), "step": run.step, "tokenizer": run.tokenizer.spec}
 
 
 def remote_config(run: LoadedRun, dtype: torch.dtype, pad_id: Optional[int]) -> Any:
@@ -105,16 +101,7 @@ def write_into(tmp: Path, run: LoadedRun, dtype: torch.dtype, stock: bool) -> No
         bundle.write(tmp, run.model.rule)
     cfg.save_pretrained(str(tmp))
     GenerationConfig(eos_token_id=tok.eos_id, pad_token_id=pad_id if pad_id is not None else tok.eos_id,
-                     bos_token_id=None, use_cache=stock).save_pretrained(str(tmp))
-
-
-def _usual_modes(tmp: Path) -> None:
-    """The modes a plain mkdir and open would have given (mkdtemp makes 0700, safetensors writes 0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    tmp.chmod(0o777 & ~mask)
-    for p in tmp.iterdir():
-        p.chmod(0o666 & ~mask)
+                     bos_token_id=None, use_cache=True).save_pretrained(str(tmp))
 
 
 def export_hf(run_dir: str | Path, out: str | Path, step: Optional[int] = None, dtype: str = "fp32",
@@ -123,16 +110,19 @@ def export_hf(run_dir: str | Path, out: str | Path, step: Optional[int] = None, 
     out = Path(out)
     torch_dtype = parse_dtype(dtype)
     check_out(out)
+    rrfiles.check_private_path(out, f"export output '{out}'")  # the trust_remote_code module goes there
     run = load_run(run_dir, step, data_path=data_path)
     if stock:
         assert run.shape is not None
-        problem = stock_mod.stock_problem(run.config.model.variant, run.shape, run.config.model.residual.values())
+        problem = stock_mod.stock_problem(run.config.model.variant, run.shape, run.model.knobs.values())
         if problem:
             raise UsageError(f"--stock: {problem}")
+    else:
+        bundle.check_exportable(run.model.rule)
     tmp = Path(rrfiles.make_temp_dir(f".{out.name}.tmp_", out.parent))  # marked: deleted below only if made here
     try:
         write_into(tmp, run, torch_dtype, stock)
-        _usual_modes(tmp)
+        rrfiles.set_private_modes(tmp)  # the user's alone, whatever the writers chose
         check_out(out)  # still absent or empty: nobody wrote there meanwhile
         replace_dir(tmp, out)
     except BaseException:

@@ -34,11 +34,12 @@ from rrtrain import config as config_mod
 from rrtrain.config import Config
 from rrtrain.core import files
 from rrtrain.core.dist import DistInfo
-from rrtrain.core.errors import UsageError
+from rrtrain.core.errors import RunError, UsageError
 from rrtrain.data.manifest import read_manifest
-from rrtrain.model.sizing import ModelShape
+from rrtrain.sizing import ModelShape
 from rrtrain.model.transformer import Transformer
-from rrtrain.resolve import check_model, resolve, rule_named
+from rrtrain.knobs import drop_other_rules_knobs
+from rrtrain.resolve import check_model, model_spec, resolve, rules_in_play, with_knobs
 from rrtrain.rundir import layout, readers
 from rrtrain.training.checkpoint import CheckpointManager
 
@@ -92,10 +93,11 @@ def read_run_config(run_dir: str | Path) -> Config:
     try:
         cfg = config_mod.build(Config, data)
         config_mod.validate(cfg)
+        cfg = drop_other_rules_knobs(cfg, rules_in_play(cfg))
         check_model(cfg)
     except UsageError as err:
         raise UsageError(f"{run_dir / layout.CONFIG} does not validate: {err}") from None
-    return cfg
+    return with_knobs(cfg)
 
 
 def require_run_dir(run_dir: str | Path) -> Path:
@@ -194,8 +196,7 @@ def build_empty(shape: ModelShape, cfg: Config) -> Transformer:
     tensor). Torch's global RNG, which nn's default initialisers draw from, is left as it was."""
     m = cfg.model
     with torch.random.fork_rng(devices=[]), torch.device("cpu"):
-        return Transformer(shape, rule_named(m.variant, "model.variant"), m.residual, m.norm_eps, m.init_std,
-                           m.rope_base, seed=None)
+        return Transformer(model_spec(m, shape=shape), seed=None)
 
 
 def load_dcp(model: Transformer, state_dir: Path) -> None:
@@ -217,10 +218,27 @@ def load_dcp(model: Transformer, state_dir: Path) -> None:
             raise UsageError(f"checkpoint {state_dir.parent}: {name} is {tuple(size)}, this config's model has "
                              f"{tuple(tensor.shape)}")
     state = {"model": own}
+    from torch.distributed.checkpoint.api import CheckpointException
+
     with warnings.catch_warnings():  # DCP says it assumes one process: it is one process
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        dcp.load(state, storage_reader=RestrictedFileSystemReader(state_dir), planner=WeightsOnlyLoadPlanner())
+        try:
+            dcp.load(state, storage_reader=RestrictedFileSystemReader(state_dir), planner=WeightsOnlyLoadPlanner())
+        except CheckpointException as err:  # the reader's one-line refusal, or DCP's own, wrapped by DCP
+            raise _checkpoint_failure(err, state_dir) from None
     model.load_state_dict(state["model"], strict=True)
+
+
+def _checkpoint_failure(err: BaseException, state_dir: Path) -> Exception:
+    """What failed inside DCP's CheckpointException on this one process, as one line: the reader's own
+    UsageError or RunError (a file refused or damaged; an I/O error), else DCP's first error naming the checkpoint."""
+    failures = [f[0] if isinstance(f, tuple) and f else f for f in (getattr(err, "failures", None) or {}).values()]
+    refusal = next((f for f in failures if isinstance(f, (UsageError, RunError))), None)
+    if refusal is not None:
+        return refusal
+    first = next((f for f in failures if isinstance(f, BaseException)), err)
+    why = (str(first).strip().splitlines() or [type(first).__name__])[0][:200]
+    return UsageError(f"checkpoint {state_dir.parent} cannot be loaded ({why})")
 
 
 class _WeightsOnlyTorch(types.ModuleType):
@@ -250,11 +268,17 @@ def load_deepspeed(model: Transformer, state_dir: Path) -> None:
     except ImportError:
         raise UsageError(f"checkpoint {state_dir.parent} was written by DeepSpeed: reading it needs the deepspeed "
                          "package") from None
+    from rrtrain.parallel.safe_load import check_tree
+
+    check_tree(state_dir)  # zero_to_fp32 opens its files by path itself: every one regular, no link
     saved = zero_to_fp32.torch
     zero_to_fp32.torch = _WeightsOnlyTorch()
     try:
         with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
             state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(state_dir), tag=DEEPSPEED_TAG)
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as err:  # its own checks of what it read
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise UsageError(f"checkpoint {state_dir.parent} cannot be loaded ({why})") from None
     finally:
         zero_to_fp32.torch = saved
     missing, unexpected = model.load_state_dict(dict(state), strict=False)

@@ -159,7 +159,7 @@ def build_partitioned(deepspeed: Any, meta: Transformer, cfg: Config, config: di
 
     deepspeed.init_distributed(dist_backend=dist.get_backend(), verbose=False)  # zero.Init asks deepspeed.comm
     with deepspeed.zero.Init(config_dict_or_path=config):
-        model = build_model(cfg.model, shape=meta.shape, device=device, seed=None, rule=meta.rule)
+        model = build_model(meta.spec, device=device, seed=None)
 
     def write(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         params = [target for target, _ in pairs if hasattr(target, "ds_id")]
@@ -266,8 +266,9 @@ class DeepSpeedEngine(Engine):
             raise UsageError(f"cannot resume: the DeepSpeed checkpoint {path.parent.name} was written by {written} "
                              f"ranks and this run has {dist.get_world_size()}; DeepSpeed ZeRO checkpoints load only "
                              "at the world size that wrote them (use that world size, or a new run.dir)")
-        from rrtrain.parallel.safe_load import weights_only_deepspeed_engine
+        from rrtrain.parallel.safe_load import check_tree, weights_only_deepspeed_engine
 
+        check_tree(Path(path))  # DeepSpeed opens its files by path itself: every one a regular file, no link
         saved = saved_groups(Path(path) / TAG / "mp_rank_00_model_states.pt")
         if saved is not None:
             check_decay_groups(saved, self.decay_groups, Path(path).parent.name)
@@ -311,15 +312,19 @@ def saved_groups(model_states: Path) -> list[set[str]] | None:
     read weights-only and memory-mapped (the weights beside them are not read); None when it records none."""
     import pickle
 
-    from rrtrain.parallel.safe_load import deepspeed_globals, refused
+    from rrtrain.core import files
+    from rrtrain.parallel.safe_load import DAMAGE, damaged, deepspeed_globals, refused
 
     if not model_states.is_file():
         return None  # DeepSpeed's own load says what is missing
     try:
+        files.open_regular(model_states).close()  # memory-mapped by path: a regular file, not a link
         with torch.serialization.safe_globals(deepspeed_globals()):
             state = torch.load(model_states, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as err:
         raise refused(model_states, err) from None
+    except (OSError, *DAMAGE) as err:
+        raise damaged(model_states, err) from None
     shapes = state.get("param_shapes") if isinstance(state, dict) else None
     if not isinstance(shapes, list) or not all(isinstance(g, dict) for g in shapes):
         return None

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from rrtrain.config import Config
-from rrtrain.core.errors import UsageError
+from rrtrain.core.errors import RunError, UsageError
 from rrtrain.model.transformer import Transformer
 from rrtrain.parallel.adamw import build_optimizer, check_decay_groups, set_lr
 from rrtrain.parallel.engine import Engine
@@ -89,8 +89,8 @@ class NativeEngine(Engine):
         groups = [set(g["params"]) for g in state["optim"]["param_groups"]]  # dcp.load puts the saved ones here
         try:
             dcp.load(state, storage_reader=RestrictedFileSystemReader(path), planner=WeightsOnlyLoadPlanner())
-        except CheckpointException as err:  # a rank's refusal (safe_load.refused), wrapped by DCP's collectives
-            refusal = next((f for f in _failures(err) if isinstance(f, UsageError)), None)
+        except CheckpointException as err:  # a rank's refusal (safe_load.refused, .damaged), wrapped by DCP's collectives
+            refusal = next((f for f in _failures(err) if isinstance(f, (UsageError, RunError))), None)
             if refusal is not None:
                 raise refusal from None
             raise

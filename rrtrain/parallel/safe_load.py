@@ -13,21 +13,30 @@ whatever callables a pickle names. Every pickled byte rrtrain reads back goes th
   by exactly the three DeepSpeed classes those files hold (`DEEPSPEED_GLOBALS`).
 
 A refused file ends the run with one line (UsageError) naming the file and the class it asked for.
+
+Every checkpoint file is opened by rrtrain's file layer, never by the library from a path: DCP's reader opens
+each file its metadata names beneath the checkpoint directory (`BeneathFileSystem`: no '..', no absolute name,
+no link, only a regular file, so a FIFO is one line rather than a hang), and `torch.load` is handed the open
+file. A file that is there but damaged (truncated, overwritten) is one line too (`damaged`), exit 2.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
+import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from rrtrain.core import files
-from rrtrain.core.errors import UsageError
+from rrtrain.core.errors import RunError, UsageError
 
 METADATA_FILE = ".metadata"
 
@@ -60,6 +69,40 @@ def refused(path: Path | str, err: BaseException) -> UsageError:
     return UsageError(f"checkpoint file {path} was refused: {why}; it was not loaded (nothing in it ran)")
 
 
+#: what torch raises reading a checkpoint file that is there but damaged (a truncated zip, a slice past its end,
+#: a tensor of another size than the metadata says): the file's fault, said in one line
+DAMAGE = (RuntimeError, ValueError, EOFError, AssertionError, KeyError, IndexError, pickle.UnpicklingError)
+
+
+#: errnos of a file that is the input's fault (missing, a link, not a regular file, not readable, too large);
+#: any other (EIO, ENOMEM, ESTALE...) is the machine's, a run failure
+INPUT_ERRNOS = frozenset({0, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EACCES, errno.EPERM,
+                          errno.EFBIG, errno.EINVAL, errno.ENXIO, errno.E2BIG, errno.ENAMETOOLONG})
+
+
+def damaged(path: Path | str, err: BaseException) -> Exception:
+    """The one-line error for a checkpoint file that cannot be read: UsageError (exit 2) when the file is at
+    fault (not a regular file, a link, damaged), RunError (exit 1, the run `failed`) when the machine is (an
+    I/O error)."""
+    if isinstance(err, OSError) and err.strerror:
+        why = err.strerror  # the layer's refusal ("not a regular file", ...): the path is named already
+    else:
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    message = f"checkpoint file {path} cannot be read ({why[:200]}); nothing was loaded from it"
+    if isinstance(err, OSError) and (err.errno or 0) not in INPUT_ERRNOS:
+        return RunError(message)
+    return UsageError(message)
+
+
+def check_tree(path: Path | str) -> None:
+    """For a library that opens a checkpoint's files by path itself (DeepSpeed): every file below `path` a
+    regular file and no link anywhere (`files.regular_tree`); UsageError, one line, naming the first that is not."""
+    try:
+        files.regular_tree(path)
+    except OSError as err:
+        raise damaged(err.filename or path, err) from None
+
+
 def read_metadata(path: Path | str) -> Any:
     """DCP's `.metadata` of a checkpoint directory, unpickled by `MetadataUnpickler`; UsageError when the file
     names anything else or is not DCP metadata."""
@@ -78,8 +121,51 @@ def read_metadata(path: Path | str) -> Any:
     return metadata
 
 
+class BeneathFileSystem(FileSystem):
+    """DCP's file access for reading, every file opened by the file layer beneath the checkpoint directory: a
+    name the (untrusted) metadata gives that leads out of it, or is a link, a FIFO or a device, is refused."""
+
+    def __init__(self, root: Path | str) -> None:
+        super().__init__()
+        self.root = Path(root)
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[io.IOBase]:
+        if mode != "rb":
+            raise ValueError(f"the checkpoint reader opens files for reading only, not {mode!r}")
+        try:
+            rel = Path(path).relative_to(self.root)
+            fd = files.open_beneath(self.root, rel)
+        except ValueError:
+            raise damaged(path, files.BadPath(0, "not inside the checkpoint directory")) from None
+        except OSError as err:
+            raise damaged(path, err) from None
+        with os.fdopen(fd, "rb") as stream:
+            try:
+                yield stream  # DCP reads its items from it (torch.load of each slice) inside this block
+            except (OSError, *DAMAGE) as err:
+                raise damaged(path, err) from None
+
+
 class RestrictedFileSystemReader(FileSystemReader):
-    """torch's FileSystemReader with its metadata read by `read_metadata` instead of `pickle.load`."""
+    """torch's FileSystemReader with its metadata read by `read_metadata` instead of `pickle.load` and every
+    data file opened by the file layer (`BeneathFileSystem`); a damaged file is one line (`damaged`)."""
+
+    def __init__(self, path: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        super().__init__(path, *args, **kwargs)
+        self.fs = BeneathFileSystem(self.path)
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        super().reset(checkpoint_id)
+        self.fs = BeneathFileSystem(self.path)
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        try:
+            return super().read_data(plan, planner)
+        except (UsageError, RunError):
+            raise
+        except DAMAGE as err:
+            raise damaged(self.path, err) from None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         from torch.distributed.checkpoint.metadata import StorageMeta
@@ -96,19 +182,28 @@ def _read_rank_metadata(file: Path) -> Any:
     try:
         with files.open_regular(file) as f:  # not a link, not a FIFO
             return MetadataUnpickler(f).load()
-    except OSError:
-        raise
+    except OSError as err:
+        raise damaged(file, err) from None
     except Exception as err:
         raise refused(file, err) from None
 
 
-def weights_only(value: io.BytesIO | str | Path, what: str, safe_globals: list[Any] | tuple = ()) -> Any:
-    """`torch.load(weights_only=True)` (with `safe_globals` admitted); UsageError naming `what` when refused."""
+def weights_only(value: io.BytesIO | str | Path, what: str, safe_globals: list[Any] | tuple = (),
+                 map_location: Any = "cpu") -> Any:
+    """`torch.load(weights_only=True)` (with `safe_globals` admitted) of bytes in hand or of a file the layer
+    opens (`files.open_regular`: a regular file, never a link, so torch never opens a FIFO); UsageError naming
+    `what` when refused, unreadable or damaged."""
     try:
-        with torch.serialization.safe_globals(list(safe_globals)):
-            return torch.load(value, map_location="cpu", weights_only=True)
+        with contextlib.ExitStack() as stack:
+            source = value if isinstance(value, io.BytesIO) else stack.enter_context(files.open_regular(value))
+            with torch.serialization.safe_globals(list(safe_globals)):
+                return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
         raise refused(what, err) from None
+    except OSError as err:
+        raise damaged(what, err) from None
+    except DAMAGE as err:
+        raise damaged(what, err) from None
 
 
 class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
@@ -142,11 +237,7 @@ def weights_only_deepspeed_engine(base: Any) -> Any:
 
     class WeightsOnlyCheckpointEngine(type(base)):  # type: ignore[misc]
         def load(self, path: str, map_location: Any = None) -> Any:
-            try:
-                with torch.serialization.safe_globals(allowed):
-                    return torch.load(path, map_location=map_location, weights_only=True)
-            except pickle.UnpicklingError as err:
-                raise refused(path, err) from None
+            return weights_only(path, path, allowed, map_location)  # opened by the layer, weights only
 
     engine = WeightsOnlyCheckpointEngine.__new__(WeightsOnlyCheckpointEngine)
     engine.__dict__.update(base.__dict__)

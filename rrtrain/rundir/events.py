@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from rrtrain.core import files
+
 FILE_VERSION = "brain.Event:2"
 _names = itertools.count()  # tells apart two files opened by one process within one second
 
@@ -110,7 +112,7 @@ class EventFile:
     def _write(self, events: list[Any]) -> None:
         data = frame(e.SerializeToString() for e in events)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open(self.path, flags, 0o666)
+        fd = os.open(self.path, flags, files.file_mode())
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO put at the name would block every write
                 raise OSError(errno.EINVAL, "not a regular file", str(self.path))

@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 from rrtrain.core import files
 from rrtrain.core.errors import UsageError
+from rrtrain.core.host_locks import flock_within
 from rrtrain.rundir import fields, layout, own_files
 
 LOCK_NAME = layout.LOCK
@@ -325,7 +326,8 @@ class RunLock:
         """Create the lock with this process's content and keep it open and flock-ed (the proof that this
         process holds it); a lock file whose write failed is removed again."""
         try:
-            fd = files.open_beneath(self.run_dir, LOCK_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = files.open_beneath(self.run_dir, LOCK_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                     files.file_mode())
         except FileExistsError:
             return False
         try:
@@ -349,7 +351,7 @@ class RunLock:
         """Remove a lock whose holder is gone (`seen`) or that names none (`seen_stat`: unreadable), under a
         guard so two contenders cannot both remove one another's; says so on stderr."""
         with _open_guard(self.run_dir / f".{LOCK_NAME}.guard") as guard:
-            fcntl.flock(guard, fcntl.LOCK_EX)
+            flock_within(guard, f"{self.run_dir / f'.{LOCK_NAME}.guard'} (the lock's take-over guard)")
             now = read(self.run_dir)
             if seen is not None:
                 gone = now is not None and now.get("nonce") == seen.get("nonce") and not holder_alive(now)

@@ -35,7 +35,7 @@ class MetricsLogger:
             # replaced, not unlinked: a reader (status, the monitor, a test) never finds the file missing
             atomic_write_text(self.path, "")
         tb_dir = Path(run_dir) / layout.TENSORBOARD
-        tb_dir.mkdir(exist_ok=True)
+        files.make_dirs(tb_dir)
         self.tb = events.EventFile(tb_dir / events.new_name())
         if resume_step is not None:
             self.tb.append([events.restart(resume_step + 1)])

@@ -39,7 +39,7 @@ def record(run_dir: str | os.PathLike[str], rank: int, local_rank: int, world_si
         return
     path = Path(run_dir) / RANKS / f"rank{rank}.json"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        files.make_dirs(path.parent)
         atomic_write_text(path, json.dumps(describe(rank, local_rank, world_size)) + "\n")
     except OSError as err:
         print(f"rrtrain: warning: cannot record rank {rank}'s host in {path} ({err})", file=sys.stderr, flush=True)

@@ -35,7 +35,7 @@ def write_cancelled(run_dir: str | os.PathLike[str], reason: str, flags: list[st
 
 def write_pause(run_dir: str | os.PathLike[str], step: int, reason: str) -> None:
     """pause.json, before the run starts: it checkpoints and ends `paused` after optimizer step `step`."""
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    files.make_dirs(run_dir)
     atomic_write_json(Path(run_dir) / layout.PAUSE, {"step": int(step), "reason": reason, "time": time.time()})
 
 

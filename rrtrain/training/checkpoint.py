@@ -4,6 +4,13 @@ Layout: RUN/checkpoints/step_00000100/{state/, train_state.json, rng_rank{r}.pt}
 `.tmp_*` directory and renamed when complete; `RUN/checkpoints/latest` names the newest one and is updated
 last, so a crash at any point leaves the previous checkpoint usable. The last `keep` are kept.
 
+Where: `RUN/checkpoints` is resolved once, when the manager is made (a link the user made to scratch space is
+followed then, and only then): every later save, and the pruning of old checkpoints, uses that directory even
+when the link is changed meanwhile. It must be the user's alone (`files.check_private_path`). A directory a
+save made is marked under the durable key in `checkpoints/.rrtrain-key` (`files.directory_key`), so a later
+invocation of the same run may prune it; a directory whose marker does not prove that is kept and named in a
+one-line warning, never deleted.
+
 Integrity: `train_state.json` records the length and xxh64 of every other file of its checkpoint (hashed by
 the ranks in turn before the rename). Resume takes the newest checkpoint whose files all match, and warns,
 naming the file and the fault, for each newer one it passes over; it never starts afresh while checkpoints
@@ -179,7 +186,10 @@ class InFlight:
 class CheckpointManager:
     def __init__(self, run_dir: Path, keep: int, info: DistInfo, asynchronous: bool = False,
                  timeout_s: int = 600, allow_unverified: bool = False) -> None:
-        self.root = Path(run_dir) / "checkpoints"
+        self.root = _resolved_once(Path(run_dir) / "checkpoints")
+        dist.raise_together(rrfiles.private_path_refusal(self.root) if info.is_main else None)
+        self._key: Optional[bytes] = None  # the durable key of `root` (rank 0, once it is needed)
+        self._reported: set[str] = set()  # directories already said to be kept (one warning each)
         self.allow_unverified = allow_unverified  # train.allow_unverified_checkpoint: accept one without a manifest
         self.keep, self.info = keep, info
         self.passed_over: list[str] = []  # warnings of the last latest(): newer checkpoints not usable
@@ -248,7 +258,7 @@ class CheckpointManager:
         self._idle()
         started = time.perf_counter()
         tmp, final = self._paths(step)
-        failure = self._prepare(tmp)
+        failure = self._prepare(tmp, final)
         if failure is None:
             failure = _first(_space_failure(lambda: engine.save(tmp / "state"), tmp))
         files = checksum_files(tmp, self.info.rank, self.info.world_size) if failure is None else {}
@@ -265,7 +275,7 @@ class CheckpointManager:
             raise RuntimeError("this CheckpointManager was made for synchronous saves only")
         started = time.perf_counter()
         tmp, final = self._paths(step)
-        failure = self._prepare(tmp)
+        failure = self._prepare(tmp, final)
         if failure is not None:
             self._give_up(tmp, final, failure)
         write = engine.save_async(tmp / "state", self._pg)  # returns once the state is copied
@@ -310,10 +320,31 @@ class CheckpointManager:
         name = f"step_{step:08d}"
         return self.root / f".tmp_{name}", self.root / name
 
-    def _prepare(self, tmp: Path) -> Optional[str]:
+    def key(self) -> bytes:
+        """Rank 0: the durable key of the checkpoint directory (made, `files.dir_mode()`, when missing)."""
+        if self._key is None:
+            rrfiles.make_dirs(self.root)
+            self._key = rrfiles.directory_key(self.root)
+        return self._key
+
+    def _discard(self, path: Path) -> None:
+        """Rank 0: delete a directory of the checkpoint directory when its marker proves a save of this run
+        made it there; otherwise keep it and say so, once."""
+        try:
+            key = self.key()
+        except OSError:  # no key to be had (a full disk): nothing was made under it, nothing is proven
+            return
+        why = rrfiles.discard_made_dir(path, key=key)
+        if why is not None and os.path.lexists(path) and str(path) not in self._reported:
+            self._reported.add(str(path))
+            print(f"rrtrain: warning: kept {why}; delete it yourself when it is not needed", file=sys.stderr,
+                  flush=True)
+
+    def _prepare(self, tmp: Path, final: Path) -> Optional[str]:
         """Collective: rank 0 makes the hidden directory, then every rank writes its RNG state into it; the
         failure (lack of space) of the lowest rank that had one, on every rank."""
-        failure = _first(_space_failure(lambda: _fresh_dir(tmp), tmp) if self.info.is_main else None)
+        made = _space_failure(lambda: _fresh_dir(tmp, self.key(), final), tmp) if self.info.is_main else None
+        failure = _first(made)
         if failure is None:
             rng_file = tmp / f"rng_rank{self.info.rank}.pt"
             failure = _first(_space_failure(lambda: torch.save(rng_state(), rng_file), tmp))
@@ -335,7 +366,7 @@ class CheckpointManager:
 
     def _give_up(self, tmp: Path, final: Path, failure: str) -> NoReturn:
         if self.info.is_main:
-            rrfiles.discard_made_dir(tmp)  # made by _fresh_dir, marked
+            self._discard(tmp)  # made by _fresh_dir, marked
         previous = next((p.name for p in self.complete() if p != final), None)
         raise RunError(f"no space left on the device while writing checkpoint {final.name} under {self.root} "
                        f"({failure}); its partial files were removed"
@@ -344,17 +375,18 @@ class CheckpointManager:
 
     def _publish(self, tmp: Path, final: Path, train_state: dict) -> None:
         """Rank 0: the train state (with the checksums) into the hidden directory, then the rename, then `latest`."""
+        rrfiles.set_private_modes(tmp)  # DCP, DeepSpeed and torch.save chose their own modes: the user's alone
         atomic_write_json(tmp / TRAIN_STATE, train_state_file.encode(train_state))
-        replace_dir(tmp, final)  # a checkpoint of this step already there is deleted only once this one is in
+        replace_dir(tmp, final, key=self.key())  # one of this step already there: deleted once this one is in
         atomic_write_text(self.root / "latest", final.name + "\n")
         self._prune()
 
     def _prune(self) -> None:
         done = sorted(p for p in self.root.glob("step_*") if p.is_dir())
         for old in done[: max(0, len(done) - self.keep)]:
-            rrfiles.discard_made_dir(old)  # only a checkpoint rrtrain made (its marker names it): never a planted one
+            self._discard(old)  # only a checkpoint a save of this run made there: never a planted or moved one
         for stale in self.root.glob(".tmp_*"):
-            rrfiles.discard_made_dir(stale)
+            self._discard(stale)
 
     @staticmethod
     def read_train_state(path: Path) -> dict:
@@ -366,21 +398,33 @@ class CheckpointManager:
         engine.load(path / "state")
         rng_file = path / f"rng_rank{self.info.rank}.pt"
         if rng_file.exists():
+            from rrtrain.parallel.safe_load import DAMAGE, damaged
+
             try:
-                state = torch.load(rng_file, weights_only=True)
+                with rrfiles.open_regular(rng_file) as fh:  # by the layer: a FIFO or a link there is one line
+                    state = torch.load(fh, weights_only=True)
             except pickle.UnpicklingError as err:
                 raise UsageError(f"checkpoint {path.name}: {rng_file.name} is not plain tensors and numbers (written by "
                                  "an older rrtrain, which pickled its RNG state); refusing to unpickle it") from err
+            except (OSError, *DAMAGE) as err:
+                raise damaged(rng_file, err) from None
             set_rng_state(state)
 
 
-def _fresh_dir(path: Path) -> None:
-    """The hidden directory a save writes into, new and marked as made by rrtrain (so that pruning may delete
-    it later); a leftover of a killed save is deleted first when rrtrain made it, else refused in one line."""
-    why = rrfiles.discard_made_dir(path)
+def _resolved_once(root: Path) -> Path:
+    """`root` with a link at its own name followed now, once: the directory every later save and prune uses."""
+    return Path(os.path.realpath(root)) if root.is_symlink() else root
+
+
+def _fresh_dir(path: Path, key: bytes, final: Path) -> None:
+    """The hidden directory a save writes into, new and marked under the run's durable `key` for its own place
+    and `final`, where it is renamed to (so that pruning may delete it later; marked before its files are
+    hashed, the marker among them); a leftover of a killed save is deleted first when its marker proves a save
+    of this run made it, else refused in one line."""
+    why = rrfiles.discard_made_dir(path, key=key)
     if why is not None:
         raise UsageError(f"{why}: move it out of the checkpoint directory and start the run again")
-    rrfiles.make_dir(path)
+    rrfiles.make_dir(path, key=key, places=[final])
 
 
 def _space_failure(action, where: Path) -> Optional[str]:  # noqa: ANN001 - a thunk
@@ -422,11 +466,25 @@ def _rule(key: str) -> str:
     return "layout" if key == WORLD_SIZE else resume_rule(key)
 
 
+def _without_other_rules_knobs(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's keys less the `model.residual` knobs of rules this run does not use: a checkpoint written
+    before each rule owned its knobs recorded every registered rule's, and the run resumes as it was. The current
+    config holds every knob of its own rules (`resolve`), so a knob missing there is another rule's; a key that no
+    rule has stays, and is refused as a change of the model."""
+    from rrtrain import residuals
+
+    knobs = {name for rule in residuals.names() for name in residuals.get(rule).knob_names()}
+    prefix = "model.residual."
+    return {k: v for k, v in old.items()
+            if not (k.startswith(prefix) and k not in new and k[len(prefix):] in knobs)}
+
+
 def check_resume(saved: dict, current: dict, saved_world: int, world: int, allow: bool) -> list[str]:
     """Compare the checkpoint's config with the current one; raise UsageError listing refused differences.
 
     Returns the differences that were accepted (to be logged), layout changes included."""
-    old, new = dotted_keys(saved), dotted_keys(current)
+    new = dotted_keys(current)
+    old = _without_other_rules_knobs(dotted_keys(saved), new)
     diffs = [(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     if saved_world != world:
         diffs.append((WORLD_SIZE, saved_world, world))

@@ -25,7 +25,7 @@ from rrtrain.core import dist
 from rrtrain.core.errors import UsageError
 from rrtrain.core.hardware import peak_flops
 from rrtrain.core.io import atomic_write_text, unwritable_reason
-from rrtrain.model import sizing
+from rrtrain import sizing
 from rrtrain.parallel import build_training_engine
 from rrtrain.parallel.compile_policy import resolve_compile
 from rrtrain.parallel.float8 import require_hardware as require_float8
@@ -290,7 +290,10 @@ class Trainer:
                         warmup_steps=self.warmup, flops_per_token=self.flops_per_token, peak_flops=self.peak)
 
     def emit(self, hook: str, *args: Any) -> None:
-        """Call `hook` on every callback, highest priority first."""
+        """Call `hook` on every callback, highest priority first; none before the loop exists (a requeue's
+        SystemExit or an error can end `fit` between attaching the callbacks and making the loop they read)."""
+        if self.loop is None:
+            return
         for callback in self.callbacks:
             getattr(callback, hook)(self.loop, *args)
 

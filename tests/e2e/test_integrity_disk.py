@@ -32,7 +32,7 @@ def run_out_of_space_at_step_6_then_resume(run: Path, data: Path, args: tuple[st
         assert "step_00000004 is intact" in proc.stderr, proc.stderr
         fin = final(run)
         assert fin["status"] == "failed" and fin["step"] == failed_at and "no space left" in fin["reason"]
-        assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000002", "step_00000004"]
+        assert sorted(p.name for p in ckpts.iterdir()) == [".rrtrain-key", "latest", "step_00000002", "step_00000004"]
         assert (ckpts / "latest").read_text().strip() == "step_00000004"
         resize(ckpts, str(size * 4))  # space freed
         proc = train(run, data, *args)

@@ -224,13 +224,13 @@ def test_sigterm_while_an_async_checkpoint_is_in_flight(tmp_path, stories_data, 
     seen = wait_for_step(run, 13, proc)
     in_flight = sorted(p.name for p in (run / "checkpoints").iterdir())
     kill_group(proc, signal.SIGTERM)
-    assert seen < 20 and in_flight == [".tmp_step_00000010"]  # started, not published: no `latest` yet
+    assert seen < 20 and in_flight == [".rrtrain-key", ".tmp_step_00000010"]  # started, not published: no `latest` yet
     assert proc.wait(timeout=120) == 75
     fin = final(run)
     assert fin["status"] == "preempted" and fin["signal"] == "SIGTERM" and fin["step"] == 20
     assert latest_name(run) == "step_00000020"
     root = run / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000010", "step_00000020"]
+    assert sorted(p.name for p in root.iterdir()) == [".rrtrain-key", "latest", "step_00000010", "step_00000020"]
     for name in ("step_00000010", "step_00000020"):
         assert file_problems(root / name, json.loads((root / name / TRAIN_STATE).read_text())["files"], 0, 1) == []
     ckpts = checkpoint_records(run)

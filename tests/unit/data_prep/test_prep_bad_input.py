@@ -162,7 +162,7 @@ def test_sigkill_then_sigint_leave_out_as_it_was(tmp_path, out_before):
 
     interrupted = _start(out_before, tmp_path)
     mine = _wait_for_shards(interrupted, out_before, exclude=stale)
-    assert stale not in _staging_dirs(out_before)  # the dead run's staging dir was cleaned up
+    assert stale in _staging_dirs(out_before)  # the dead run's staging dir: nothing proves this prep made it
     interrupted.send_signal(signal.SIGINT)
     try:
         _, err = interrupted.communicate(timeout=60)
@@ -172,5 +172,6 @@ def test_sigkill_then_sigint_leave_out_as_it_was(tmp_path, out_before):
             interrupted.wait()
     assert interrupted.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
+    assert f"warning: kept the staging directory of a prep that is gone, {out_before.parent / stale}: " in err
     assert tree(out_before) == before
-    assert mine not in _staging_dirs(out_before) and not _staging_dirs(out_before)
+    assert _staging_dirs(out_before) == [stale]  # its own removed, the dead one's only named

@@ -1,5 +1,6 @@
 """Who may stop a run: `rrtrain status` never does (whatever sweep.json says); `rrtrain sweep --cancel-flagged`
-passes to `scancel` only a Slurm job id in full that Slurm lists as this user's job under the sweep's job name,
+passes to `scancel` only a Slurm job id in full that Slurm lists as this user's job carrying the sweep directory's
+mark as its comment (an HMAC under the user's key: `launchers.sweep.job_token`),
 and signals only the process that provably holds the run's own lock file (never through a link). Stand-ins
 for `scancel` and `squeue` first on PATH record every call; the runs are real processes holding their locks."""
 
@@ -16,6 +17,7 @@ import pytest
 
 from launchers import cancel
 from launchers.sweep import record
+from launchers.sweep.job_token import job_mark
 from rrtrain.cli import status as status_cli, sweep as sweep_cli
 from rrtrain.rundir import lock as runlock
 from unit.launchers.test_sweep_cancel import hold_lock, make_sweep
@@ -36,10 +38,10 @@ args = sys.argv[1:]
 with open(os.environ["STANDIN_LOG"], "a") as fh:
     fh.write(json.dumps(["squeue"] + args) + "\\n")
 opt = lambda flag: args[args.index(flag) + 1] if flag in args else None
-for jid, name, owner, state in json.load(open(os.environ["STANDIN_JOBS"])):
+for jid, name, owner, state, comment in json.load(open(os.environ["STANDIN_JOBS"])):
     if opt("-u") not in (None, owner) or opt("-j") not in (None, jid):
         continue
-    print(opt("-o").replace("%i", jid).replace("%j", name).replace("%T", state))
+    print(opt("-o").replace("%i", jid).replace("%j", name).replace("%T", state).replace("%k", comment))
 """
 
 
@@ -91,7 +93,7 @@ def test_status_never_cancels_whatever_sweep_json_says(tmp_path, slurm_standins,
         rec = json.loads((sweep / "sweep.json").read_text())
         _set_record(sweep, cancel_flagged=True,
                     submissions=rec["submissions"] + [{"executor": "slurm", "jobs": {FLAGGED: "41_0"}}])
-        jobs.write_text(json.dumps([["41_0", "cancel-tiny", USER, "RUNNING"]]))
+        jobs.write_text(json.dumps([["41_0", "cancel-tiny", USER, "RUNNING", job_mark(sweep)]]))
         assert status_cli.main([str(sweep)]) == 0
         assert status_cli.main([str(sweep), "--json"]) == 0
         assert FLAGGED in capsys.readouterr().out
@@ -107,30 +109,57 @@ def test_status_never_cancels_whatever_sweep_json_says(tmp_path, slurm_standins,
         _stop(procs.values())
 
 
-@pytest.mark.parametrize("job,listed", [
-    ("--me", []),                                               # an option, not a job id
-    ("123 --user=x", [["123", "cancel-tiny", USER, "RUNNING"]]),  # a job id and more
-    ("123\n", [["123", "cancel-tiny", USER, "RUNNING"]]),
-    ("123_", [["123_", "cancel-tiny", USER, "RUNNING"]]),
-    ("77", []),                                                 # not in the queue (another user's, or gone)
-    ("78", [["78", "cancel-tiny", "someone-else", "RUNNING"]]),   # another user's job
-    ("79", [["79", "other-tiny", USER, "RUNNING"]]),             # this user's, but not this sweep's
-    ("80_2", [["80_2", "cancel-small", USER, "RUNNING"]]),       # this sweep's name, but not this run's size
-])
-def test_a_job_id_that_does_not_prove_itself_is_never_passed_to_scancel(tmp_path, slurm_standins, job, listed):
+def _listed(job: str, sweep: Path, tmp_path: Path) -> list:
+    """What squeue lists for each case of the test below (the sweep is `sweep`; `tmp_path/other` another)."""
+    ours, other = job_mark(sweep), job_mark(tmp_path / "other")
+    return {
+        "--me": [],                                                     # an option, not a job id
+        "123 --user=x": [["123", "cancel-tiny", USER, "RUNNING", ours]],  # a job id and more
+        "123\n": [["123", "cancel-tiny", USER, "RUNNING", ours]],
+        "123_": [["123_", "cancel-tiny", USER, "RUNNING", ours]],
+        "77": [],                                                       # not in the queue (another user's, or gone)
+        "78": [["78", "cancel-tiny", "someone-else", "RUNNING", ours]],   # another user's job
+        "79": [["79", "cancel-tiny", USER, "RUNNING", ""]],             # the sweep's name, no mark: not submitted by it
+        "80_2": [["80_2", "cancel-tiny", USER, "RUNNING", other]],       # another sweep's job (its mark, read from squeue)
+        "81": [["81", "cancel-tiny", USER, "RUNNING", "rrtrain:" + "0" * 40]],  # a forged mark
+    }[job]
+
+
+@pytest.mark.parametrize("job", ["--me", "123 --user=x", "123\n", "123_", "77", "78", "79", "80_2", "81"])
+def test_a_job_id_that_does_not_prove_itself_is_never_passed_to_scancel(tmp_path, slurm_standins, job):
     jobs, log = slurm_standins
-    jobs.write_text(json.dumps(listed))
-    action = cancel._stop_job("slurm", job, tmp_path, "cancel", "tiny")  # sweep "cancel", a run of size tiny
+    sweep = tmp_path / "sweep"
+    jobs.write_text(json.dumps(_listed(job, sweep, tmp_path)))
+    action = cancel._stop_job("slurm", job, tmp_path, sweep)
     assert action.startswith("job not stopped"), action
     assert calls(log, "scancel") == []
 
 
 def test_a_confirmed_job_of_this_sweep_is_cancelled(tmp_path, slurm_standins):
     jobs, log = slurm_standins
-    jobs.write_text(json.dumps([["55_0", "cancel-small+tiny", USER, "RUNNING"]]))
-    assert cancel._stop_job("slurm", "55_0", tmp_path, "cancel", "tiny") == "scancel 55_0"
+    sweep = tmp_path / "sweep"
+    jobs.write_text(json.dumps([["55_0", "cancel-small+tiny", USER, "RUNNING", job_mark(sweep)]]))
+    assert cancel._stop_job("slurm", "55_0", tmp_path, sweep) == "scancel 55_0"
     assert calls(log, "scancel") == [["55_0"]]
-    assert ["-h", "-r", "-u", USER, "-j", "55_0", "-o", "%i %j"] in calls(log, "squeue")
+    assert ["-h", "-r", "-u", USER, "-j", "55_0", "-o", "%i %k"] in calls(log, "squeue")
+
+
+def test_the_mark_is_the_users_alone(tmp_path, monkeypatch):
+    """The key behind the mark: made 0600 in a 0700 directory; a key directory others may read is refused in one
+    line, and another key (another user's) gives another mark."""
+    from rrtrain.core.errors import UsageError
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    mark = job_mark(tmp_path / "sweep")
+    key_file = next((tmp_path / "config" / "rrtrain").iterdir())
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+    assert oct((tmp_path / "config" / "rrtrain").stat().st_mode & 0o777) == "0o700"
+    assert job_mark(tmp_path / "sweep") == mark and job_mark(tmp_path / "other") != mark
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config2"))
+    assert job_mark(tmp_path / "sweep") != mark
+    (tmp_path / "config2" / "rrtrain").chmod(0o755)
+    with pytest.raises(UsageError, match="cannot hold the key"):
+        job_mark(tmp_path / "sweep")
 
 
 @pytest.fixture

@@ -29,18 +29,19 @@ LAYER_MODULES = ("rrtrain.core.files", "rrtrain.core.io")
 ALLOWLIST: dict[tuple[str, str, str], str] = {
     ("rrtrain/core/command.py", "_quiet_stdout", "os.open"):
         "/dev/null, opened to silence stdout after a broken pipe: no one's file",
-    ("rrtrain/export/bundle.py", "source_files", "Path.read_text"):
-        "rrtrain's own installed source modules (inspect.getsourcefile), copied into an export",
+    ("rrtrain/export/bundle.py", "package_files", "Path.read_text"):
+        "rrtrain's own installed model package (rrtrain/model/, rrtrain/residuals/), copied into an export",
     ("rrtrain/export/bundle.py", "template_files", "Path.read_text"):
         "the export templates shipped in the package (rrtrain/export/remote/)",
-    ("rrtrain/model/sizing.py", "presets", "Path.read_text"):
+    ("rrtrain/sizing.py", "presets", "Path.read_text"):
         "the size presets shipped with the project (configs/sizes/*.yaml)",
     ("rrtrain/rundir/events.py", "EventFile._write", "os.open"):
         "the event file appended with O_APPEND | O_NOFOLLOW | O_NONBLOCK and an fstat check (the layer's rules), "
         "the records TensorBoard's RecordWriter framed written in one os.write",
     ("launchers/cancel.py", "_stop_slurm_job", "scancel"):
         "the one place that cancels a job: an id that is a Slurm job id in full, recorded by this sweep, that "
-        "squeue shows as this user's under the sweep's name (docs/reliability.md, trust rules)",
+        "squeue shows as this user's with the sweep directory's mark as its comment (docs/reliability.md, trust "
+        "rules)",
     ("launchers/cancel.py", "_stop_job", "os.kill"):
         "the one place that signals a run: a pid proven by its start time, command line and the lock file's "
         "device and inode (trust rules)",
@@ -251,7 +252,7 @@ def test_only_a_directory_rrtrain_made_is_removed(tmp_path: Path):
     made = Path(files.make_dir(tmp_path / "made"))
     (made / "x").write_text("x")
     (plain / files.MARKER).write_bytes((made / files.MARKER).read_bytes())  # a marker copied from `made`
-    with pytest.raises(files.NotMade, match="names another directory"):
+    with pytest.raises(files.NotMade, match="does not prove this invocation made it"):
         files.remove_made_dir(plain)
     (tmp_path / "link").symlink_to(made)
     with pytest.raises(files.NotMade, match="symbolic link"):
@@ -266,13 +267,13 @@ def test_only_a_directory_rrtrain_made_is_removed(tmp_path: Path):
 def test_a_made_directory_appears_marked_or_not_at_all(tmp_path: Path, monkeypatch):
     """A process killed between making a directory and marking it must not leave an unmarked one in place."""
     made = Path(files.make_dir(tmp_path / "a" / "step_10"))
-    assert (made / files.MARKER).is_file() and oct(made.stat().st_mode & 0o777) == oct(0o777 & ~files.umask())
+    assert (made / files.MARKER).is_file() and oct(made.stat().st_mode & 0o777) == oct(files.dir_mode())
     assert sorted(p.name for p in made.parent.iterdir()) == ["step_10"]
     with pytest.raises(FileExistsError):
         files.make_dir(made)
     assert files.make_dir(made, exist_ok=True) == str(made)
 
-    def killed(path):
+    def killed(path, *args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(files, "mark_made", killed)

@@ -72,4 +72,4 @@ def test_a_step_saved_again_keeps_the_old_checkpoint_until_the_new_one_is_in(tmp
     assert mgr.read_train_state(kept)["mark"] == "first" and mgr.problem(kept) is None
     mgr.save(engine, 1, train_state(1, mark="second"))  # and without the failure, the new one replaces it
     assert mgr.read_train_state(mgr.latest())["mark"] == "second"
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000001"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [".rrtrain-key", "latest", "step_00000001"]

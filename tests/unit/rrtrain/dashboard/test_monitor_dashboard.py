@@ -4,6 +4,7 @@ tests/e2e/test_dashboard.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -37,7 +38,20 @@ def test_the_logdir_names_runs_and_is_swapped_in_whole(tmp_path):
     assert len(list((logdir / "tiny" / "review" / "seed0").glob("*.rrtrain-dashboard"))) == 1
     logdir2, _ = build_logdir(sweep)
     assert logdir2 == logdir and logdir.resolve() != first and not first.exists()  # the old build is gone
-    assert sorted(p.name for p in (sweep / ".dashboard").iterdir()) == sorted(["logdir", logdir.resolve().name])
+    assert sorted(p.name for p in (sweep / ".dashboard").iterdir()) == \
+        sorted([".rrtrain-key", "logdir", logdir.resolve().name])
+
+
+def test_a_later_start_deletes_the_build_an_earlier_one_made(tmp_path, monkeypatch):
+    """Each start is a process with a key of its own: the dashboard's directory key proves the old build."""
+    from rrtrain.core import files
+
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "tiny-review-s0", "tiny", "review", 0)
+    first = build_logdir(sweep)[0].resolve()
+    monkeypatch.setattr(files, "_PROCESS_KEY", os.urandom(32))
+    second = build_logdir(sweep)[0].resolve()
+    assert second != first and not first.exists()
 
 
 def test_one_chart_per_quantity_and_size_matching_only_that_size():

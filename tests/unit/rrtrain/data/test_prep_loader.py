@@ -82,16 +82,11 @@ def test_seed_changes_the_order_and_shuffle_false_reads_in_order(ids_data, tmp_p
 @pytest.mark.filterwarnings("ignore:Shuffle block size was smaller")
 def test_epoch_order_is_streamings_own_single_rank_order(ids_data, tmp_path):
     """We keep streaming's shuffle (py1e, canonical nodes) and only change how positions map to ranks."""
-    from streaming import StreamingDataset
-
-    from rrtrain.data.shm import clean_stale_shm, shm_guard, unlink_at_exit_under_lock
+    from rrtrain.data.shm import open_streaming_dataset
 
     for ncn, block in ((1, 1 << 18), (2, 60), (4, 50)):
-        with shm_guard():  # as the trainer opens one: other tests' runs may be probing for a free prefix
-            clean_stale_shm()
-            ds = StreamingDataset(local=ids_data, split="train", shuffle=True, shuffle_seed=7,
-                                  num_canonical_nodes=ncn, batch_size=1, shuffle_block_size=block)
-            unlink_at_exit_under_lock()
+        ds = open_streaming_dataset(local=ids_data, split="train", shuffle=True, shuffle_seed=7,
+                                    num_canonical_nodes=ncn, batch_size=1, shuffle_block_size=block)
         for epoch in range(2):
             theirs = [int(s["tokens"][0]) for s in ds]
             ours = epoch_order(np.asarray(ds.samples_per_shard), num_canonical_nodes=ncn, seed=7, epoch=epoch,
@@ -209,7 +204,7 @@ def test_dataloader_workers_ignore_the_trainers_signals(ids_data, tmp_path):
 _CRASH = """
 import os, signal, sys
 from streaming import StreamingDataset
-ds = StreamingDataset(remote=sys.argv[1], local=sys.argv[2], split="train", batch_size=1)  # the test holds the lock
+ds = StreamingDataset(remote=sys.argv[1], local=sys.argv[2], split="train", batch_size=1)  # not through rrtrain: the test holds the lock
 ds[0]
 os.killpg(0, signal.SIGKILL)  # the whole job dies, multiprocessing's resource tracker included
 """
@@ -222,7 +217,7 @@ def make():
     return D.TrainLoader(sys.argv[1], micro_batch=2, global_batch=2, rank=0, world_size=1, local_rank=0, seed=0,
                          cache_dir=sys.argv[2])
 machine_lock, S.SHM_LOCK = S.SHM_LOCK, sys.argv[3]  # the test holds the machine's lock until the control is done
-unlink_stale, S.unlink_stale = S.unlink_stale, lambda: 0  # control: without the clean-up, streaming refuses
+unlink_stale, S.unlink_stale = S.unlink_stale, lambda **_: 0  # control: without the clean-up, streaming refuses
 try:
     make()
     control = "opened"
@@ -316,9 +311,9 @@ def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
     successor (same cache dir, fresh TMPDIR as on Slurm) must start, and the leaked segments must go.
 
     Only the segments registered to this test's cache dir count. The test holds the machine's streaming
-    lock (`SHM_LOCK`) from the crash to the control, so no other rrtrain process on the machine cleans the
+    lock (`open_machine_lock`) from the crash to the control, so no other rrtrain process on the machine cleans the
     leak (or registers a prefix) in between; the control takes a private lock."""
-    from rrtrain.data.shm import SHM_LOCK
+    from rrtrain.data.shm import open_machine_lock
 
     data = tmp_path / "zdata"
     write_id_dataset(data, 64, compression="zstd")  # compressed: read through a local cache, like a remote
@@ -326,7 +321,7 @@ def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
     tmp_a, tmp_b = tmp_path / "tmp_a", tmp_path / "tmp_b"
     tmp_a.mkdir()
     tmp_b.mkdir()
-    with open(SHM_LOCK, "a") as lock:
+    with open_machine_lock() as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         crash = subprocess.run([sys.executable, "-c", _CRASH, str(data), str(cache / "loader")], cwd=REPO,
                                capture_output=True, text=True, timeout=300, start_new_session=True,
@@ -362,7 +357,7 @@ def test_a_dataset_opened_after_a_run_died_does_not_keep_its_memory_alive(tmp_pa
     cleans the dead run's segments first: had it searched past them, they would look alive to every later
     clean-up, and the dead run's successor would be refused its cache dir for as long as that process lives.
     The test holds the machine's streaming lock throughout; its processes take a private one."""
-    from rrtrain.data.shm import SHM_LOCK
+    from rrtrain.data.shm import open_machine_lock
 
     data = tmp_path / "zdata"
     write_id_dataset(data, 64, compression="zstd")
@@ -370,7 +365,7 @@ def test_a_dataset_opened_after_a_run_died_does_not_keep_its_memory_alive(tmp_pa
     tmp = {name: tmp_path / f"tmp_{name}" for name in ("other", "crash", "successor")}  # one per job, as on Slurm
     for path in tmp.values():
         path.mkdir()
-    with open(SHM_LOCK, "a") as lock:
+    with open_machine_lock() as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         other = subprocess.Popen([sys.executable, "-c", _LIVES_ON, str(data), str(tmp_path / "other"), own_lock],
                                  cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

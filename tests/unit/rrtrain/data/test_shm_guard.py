@@ -1,6 +1,7 @@
-"""Runs that open their datasets at the same moment on one machine (a sweep's parallel runs, a job array) do not
-collide in streaming's shared-memory names (`rrtrain.data.shm.shm_guard`). Without the guard, 2-3 of 6 such
-processes failed with `FileExistsError: '/0001xx_locals'` on this machine."""
+"""Streaming's shared-memory names on a machine that runs several trainings at once (`rrtrain.data.shm`): dead
+runs' names cleaned and live ones kept, exits under the lock, a prefix another program takes first searched
+again. Runs started together end to end: tests/e2e/test_concurrent_starts.py (without the guard, 2-3 of 6
+processes opening their data at once failed with `FileExistsError: '/0001xx_locals'` on this machine)."""
 
 from __future__ import annotations
 
@@ -13,25 +14,6 @@ import subprocess
 import pytest
 
 from trainutil import PY, REPO, env
-
-OPEN_BOTH = """
-import sys, rrtrain.data.loader as D
-D.TrainLoader(sys.argv[1], micro_batch=2, global_batch=2, rank=0, world_size=1, local_rank=0, seed=0,
-              cache_dir=sys.argv[2])
-D.eval_batches(sys.argv[1], micro_batch=2, n_batches=1, rank=0, world_size=1, cache_dir=sys.argv[2])
-"""
-
-
-def test_loaders_started_together_do_not_collide(stories_data, tmp_path):
-    procs = [subprocess.Popen([PY, "-c", OPEN_BOTH, str(stories_data), str(tmp_path / f"cache{i}")], cwd=REPO,
-                              env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(6)]
-    failures = []
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        if proc.returncode != 0:
-            failures.append(err.strip().splitlines()[-1])
-    assert not failures, failures
 
 
 def test_stale_names_beyond_a_gap_are_unlinked(tmp_path):
@@ -69,6 +51,50 @@ def test_a_live_runs_segments_are_kept(tmp_path):
     finally:
         for m in mapped:
             m.close()
+
+
+def test_the_file_locks_of_dead_prefixes_go_with_their_names(tmp_path):
+    """Streaming leaves a file lock pair per prefix behind, and its search skips a prefix whose file lock exists:
+    a dead prefix's go with its shared memory, a live one's stay, and nothing but streaming's file locks goes."""
+    import mmap
+
+    from rrtrain.data.shm import unlink_stale
+
+    shm_dir, lock_dir = tmp_path / "shm", tmp_path / "locks"
+    shm_dir.mkdir()
+    lock_dir.mkdir()
+    mapped = []
+    for name in ("000061_locals", "000061_barrier"):
+        with open(shm_dir / name, "w+b") as f:
+            f.write(b"x" * 64)
+            f.flush()
+            mapped.append(mmap.mmap(f.fileno(), 64))
+    for name in ("000061_barrier_filelock", "000061_cache_filelock", "000062_barrier_filelock",
+                 "000063_cache_filelock", "000064_other", "notes"):
+        (lock_dir / name).write_bytes(b"")
+    try:
+        assert unlink_stale(str(shm_dir), lock_dir=str(lock_dir)) == 2
+        assert sorted(p.name for p in lock_dir.iterdir()) == ["000061_barrier_filelock", "000061_cache_filelock",
+                                                              "000064_other", "notes"]
+    finally:
+        for m in mapped:
+            m.close()
+
+
+def test_a_dataset_keeps_its_file_locks_in_the_users_own_directory(tmp_path):
+    """Not in the temp directory every user writes to, where another user could plant the lock file of the
+    prefix a run is about to take (a file of theirs the run cannot open)."""
+    from rrtrain.core.host_locks import private_runtime_dir
+    from rrtrain.data.shm import file_lock_dir, open_streaming_dataset
+    from prep_helpers import write_id_dataset
+
+    data = tmp_path / "data"
+    write_id_dataset(data, 8)
+    ds = open_streaming_dataset(local=str(data), split="train", batch_size=1)
+    assert file_lock_dir() == os.path.join(private_runtime_dir(), "streaming")
+    assert os.path.dirname(ds._shared_barrier.filelock_path) == file_lock_dir()
+    assert os.path.dirname(ds._cache_filelock_path) == file_lock_dir()
+    del ds
 
 
 def test_a_prefix_without_its_locals_is_dead_however_mapped(tmp_path):
@@ -264,7 +290,7 @@ def test_a_run_unlinks_its_names_at_exit_only_under_the_lock(stories_data, tmp_p
     import fcntl
     import time
 
-    from rrtrain.data.shm import SHM_LOCK
+    from rrtrain.data.shm import open_machine_lock
 
     def files(paths: list[str]) -> set[tuple[str, int]]:
         found = set()
@@ -280,7 +306,7 @@ def test_a_run_unlinks_its_names_at_exit_only_under_the_lock(stories_data, tmp_p
         prefixes = proc.stdout.readline().split()
         assert prefixes, proc.stderr.read()
         names = [f"/dev/shm/{p}_locals" for p in prefixes]
-        with open(SHM_LOCK, "a") as lock:
+        with open_machine_lock() as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             own = files(names)  # no other run takes or frees a name while the lock is held
             assert len(own) == len(names)
@@ -302,14 +328,14 @@ def _names_stay_whole(stories_data, tmp_path, script: str, end) -> None:
     stays a while)."""
     import fcntl
 
-    from rrtrain.data.shm import SHM_LOCK, unlink_stale
+    from rrtrain.data.shm import open_machine_lock, unlink_stale
 
     proc = subprocess.Popen([PY, "-c", script, str(stories_data), str(tmp_path / "cache")], cwd=REPO, env=env(),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         prefixes = proc.stdout.readline().split()
         assert prefixes, proc.stderr.read()
-        with open(SHM_LOCK, "a") as lock:
+        with open_machine_lock() as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             names = {n for n in os.listdir("/dev/shm") if n[:6] in prefixes}
             assert {f"{p}_locals" for p in prefixes} <= names
@@ -363,3 +389,54 @@ def test_a_planted_machine_lock_is_refused_in_one_line(tmp_path, monkeypatch, ki
         with shm.shm_guard():
             pytest.fail("the guard was entered")
     assert "\n" not in str(err.value) and not (tmp_path / "elsewhere").exists()
+
+
+def _taking_first(prefix, constant, taken: list):  # noqa: ANN001 - streaming's modules
+    """streaming's SharedMemory, but before this process's first exclusive creation of a `_locals`, another
+    "process" creates that very name (what a program that takes no lock of ours does between our search and our
+    registration)."""
+    from multiprocessing import shared_memory
+
+    real = prefix.SharedMemory
+
+    def shared_memory_(name=None, create=None, size=0, auto_cleanup=True):  # noqa: ANN001, ANN202
+        if create is True and name.endswith(f"_{constant.LOCALS}") and not taken:
+            data = prefix._pack_locals(["/another/program"], int(name[:6]))
+            other = shared_memory.SharedMemory(name, create=True, size=len(data))
+            other.buf[:len(data)] = data
+            taken.append(other)
+        return real(name, create, size, auto_cleanup)
+
+    return shared_memory_
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["register_prefix", "streamings_own"])
+def test_a_prefix_another_program_takes_first_is_searched_again(tmp_path, monkeypatch, ours):
+    """A prefix that another program registers between our search and our registration is a retry, not a crash;
+    streaming's own registration (the control) fails there with `FileExistsError: '/0000NN_locals'`."""
+    from rrtrain.core.lazy_import import streaming_module
+    from rrtrain.data import shm
+
+    prefix = streaming_module("streaming.base.shared.prefix")
+    constant = streaming_module("streaming.base.constant")
+    world = streaming_module("streaming.base.world").World.detect()
+    taken: list = []
+    shm.let_go_of_other_runs_names()  # what shm_guard installs, before the test wraps it
+    monkeypatch.setattr(prefix, "SharedMemory", _taking_first(prefix, constant, taken))
+    register = shm.register_prefix if ours else prefix.get_shm_prefix
+    local = [str(tmp_path / "data" / "train")]
+    try:
+        with shm.shm_guard():  # no other run of ours registers meanwhile
+            if not ours:
+                with pytest.raises(FileExistsError):
+                    register(local, [None], world)
+                return
+            found, locals_shm = register(local, [None], world)
+        assert taken, "nothing was taken first: the test would prove nothing"
+        assert found != int(taken[0].name.lstrip("/")[:6])
+        assert prefix._unpack_locals(bytes(locals_shm.buf)) == (local, found)
+        locals_shm.cleanup()
+    finally:
+        for other in taken:
+            other.close()
+            other.unlink()

@@ -19,7 +19,7 @@ from rrtrain.eval import harness
 from rrtrain.eval.callback import DownstreamEval
 from rrtrain.eval.lm import RRTrainLM, Share
 from rrtrain.eval.tasks import parse_tasks, result_key
-from rrtrain.model.transformer import build_model
+from rrtrain.resolve import build_model
 
 SEQ = 16
 

@@ -1,5 +1,5 @@
 """Nothing already written is lost: `rrtrain prep --overwrite` replaces only an empty directory or a dataset,
-never the working directory, a parent of it or a home; new datasets get the user's umask; a resume refused
+never the working directory, a parent of it or a home; new datasets are the user's alone; a resume refused
 before training never rewrites final.json, an ending for good is never replaced by a later failure, and a
 garbage line in metrics.jsonl neither fails a finished run nor blocks its resumes.
 Budget: a few tiny preps in this process and one 2-step run with three short restarts."""
@@ -67,12 +67,13 @@ def test_overwrite_never_replaces_the_working_directory_its_parents_or_a_home(tm
     assert _tree(tmp_path) == {**before, **{f"home/{k}": v for k, v in _tree(home).items()}}
 
 
-def test_new_dataset_gets_the_users_umask(tmp_path):
+def test_new_dataset_is_the_users_alone_or_the_groups_to_read(tmp_path, monkeypatch):
+    monkeypatch.delenv("RRTRAIN_GROUP_READ", raising=False)
     old = os.umask(0o022)
     try:
         assert prep(*PREP, "--out", str(tmp_path / "a")) == 0
-        assert (tmp_path / "a").stat().st_mode & 0o777 == 0o755  # mkdtemp alone would leave 0700
-        os.umask(0o027)
+        assert (tmp_path / "a").stat().st_mode & 0o777 == 0o700  # not the umask's 0755
+        monkeypatch.setenv("RRTRAIN_GROUP_READ", "1")
         assert prep(*PREP, "--out", str(tmp_path / "b")) == 0
         assert (tmp_path / "b").stat().st_mode & 0o777 == 0o750
     finally:

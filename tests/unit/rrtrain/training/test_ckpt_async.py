@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.filesystem import _FileSystemWriter
 from rrtrain.training.checkpoint import CheckpointManager
 from rrtrain.config import Config, ModelConfig
 from rrtrain.core.dist import DistInfo
-from rrtrain.model.transformer import build_model
+from rrtrain.resolve import build_model
 from rrtrain.parallel import build_engine
 from trainutil import train_state
 
@@ -73,7 +73,7 @@ def test_async_save_writes_its_step_and_publishes_only_when_finished(tmp_path, h
 
     root = tmp_path / "checkpoints"
     assert mgr.writing() and mgr.in_flight.step == 1
-    assert sorted(p.name for p in root.iterdir()) == [".tmp_step_00000001"]  # nothing published, no latest
+    assert sorted(p.name for p in root.iterdir()) == [".rrtrain-key", ".tmp_step_00000001"]  # nothing published, no latest
     assert mgr.latest() is None  # what a resume would see now: no checkpoint
     with pytest.raises(RuntimeError, match="step 1 is still in flight"):
         mgr.start(engine, 2, train_state(2))  # at most one save in flight
@@ -85,7 +85,7 @@ def test_async_save_writes_its_step_and_publishes_only_when_finished(tmp_path, h
     assert done is not None and done.step == 1 and done.path == root / "step_00000001"
     assert not mgr.writing() and mgr.in_flight is None and mgr.finish() is None
     assert (root / "latest").read_text() == "step_00000001\n"
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000001"]
+    assert sorted(p.name for p in root.iterdir()) == [".rrtrain-key", "latest", "step_00000001"]
     assert mgr.latest() == done.path  # every file matches the checksums hashed after the write
     assert mgr.read_train_state(done.path)["step"] == 1
 
