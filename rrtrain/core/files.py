@@ -807,7 +807,12 @@ def load_yaml(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_Y
     ValueError (one line) for a document that expands to more than `max_nodes` values, nests deeper than
     `max_depth`, or holds an alias inside its own anchor (a structure that contains itself); yaml.YAMLError for
     one that is not YAML."""
-    loader = _bounded_yaml_loader()(text)
+    return _load_with(_bounded_yaml_loader(), text, max_nodes, max_depth)
+
+
+def _load_with(loader_class: type, text: str, max_nodes: int, max_depth: int) -> Any:
+    """One document through a loader of `_bounded_yaml_loader`'s family, with its bounds set."""
+    loader = loader_class(text)
     loader.max_nodes, loader.max_depth = max_nodes, max_depth
     try:
         return loader.get_single_data()
@@ -933,12 +938,7 @@ def load_yaml_tagged(text: str, tags: Iterable[str], max_nodes: int = MAX_YAML_N
     """`load_yaml` of a document that also uses local tags (lm-eval's `!function`): a scalar written with one
     of `tags` is read as a `Tagged` (tag, text), never acted on; every other tag is refused as `load_yaml`
     refuses it (yaml.YAMLError)."""
-    loader = _tagged_yaml_loader(tuple(sorted(tags)))(text)
-    loader.max_nodes, loader.max_depth = max_nodes, max_depth
-    try:
-        return loader.get_single_data()
-    finally:
-        loader.dispose()
+    return _load_with(_tagged_yaml_loader(tuple(sorted(tags))), text, max_nodes, max_depth)
 
 
 @functools.lru_cache(maxsize=None)
