@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any, Callable
 
 from data_prep import options
 from data_prep.options import PrepOptions
@@ -46,7 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", default=str(d("shard_size")), help=f"shard size limit before compression (default: {d('shard_size') >> 20}mb)")
     p.add_argument("--bpe-sample-docs", type=int, default=d("bpe_sample_docs"), help=f"documents a bpe tokenizer is trained on (default: {d('bpe_sample_docs')})")
     p.add_argument("--eos-token", default=d("eos_token"), help="end-of-document token of an hf tokenizer, when not one of the usual names")
+    p.add_argument("--bos", action="store_true",
+                   help="a beginning-of-document token before each document (hf tokenizers that have one; bpe:VOCAB "
+                        "reserves <|startoftext|>; byte and tiktoken have none and are refused)")
+    p.add_argument("--bos-token", default=d("bos_token"), help="with --bos: the token's name, when not one of the usual names")
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    p.add_argument("--executor", choices=("local", "slurm"), default=None,
+                   help="tokenize in --tasks array tasks: subprocesses here, or a Slurm job array (prep waits for it; "
+                        "OUT's file system must be one every node sees); the dataset is the one-process one")
+    p.add_argument("--tasks", type=int, default=None,
+                   help="array tasks the documents are split across (a directory: by files; else by chunks)")
+    p.add_argument("--partition", default=None, help="--executor slurm: the partition of the tasks")
+    p.add_argument("--time-min", type=int, default=60, help="--executor slurm: each task's time limit (default: 60)")
+    p.add_argument("--mem-gb", type=float, default=4.0, help="--executor slurm: each task's memory (default: 4)")
     p.epilog = "rrtrain prep --verify DIR: check every shard of a prepared dataset (hashes, token ids, indexes)"
     return p
 
@@ -58,8 +71,21 @@ def options_from_args(argv: list[str]) -> PrepOptions:
         min_val_samples=a.min_val_samples, workers=a.workers, num_docs=a.num_docs, overwrite=a.overwrite,
         doc_sep=a.doc_sep, text_field=a.text_field, compression=None if a.compression == "none" else a.compression,
         seed=a.seed, shard_size=parse_size(a.shard_size), bpe_sample_docs=a.bpe_sample_docs, eos_token=a.eos_token,
-        progress=not a.quiet,
+        bos=a.bos, bos_token=a.bos_token, progress=not a.quiet,
     )
+
+
+def cluster_from_args(argv: list[str]):  # noqa: ANN201 - a data_prep.cluster.ClusterOptions, or None
+    """`--executor` / `--tasks` (and the Slurm task's resources), or None for one process (`--workers` only)."""
+    a = build_parser().parse_args(argv)
+    if a.executor is None and a.tasks is None:
+        if a.partition is not None:
+            raise UsageError("--partition is for --executor slurm")
+        return None
+    from data_prep.cluster import ClusterOptions
+
+    return ClusterOptions(executor=a.executor or "local", tasks=a.tasks if a.tasks is not None else 1,
+                          partition=a.partition, time_min=a.time_min, mem_gb=a.mem_gb)
 
 
 def verify_main(argv: list[str]) -> int:
@@ -91,7 +117,9 @@ def verify_main(argv: list[str]) -> int:
     return 0 if not problems else 2
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, run_array_for: Callable[..., Any] | None = None) -> int:
+    """`rrtrain prep`. `run_array_for(cluster, opts)`: what runs the array tasks of `--executor/--tasks`
+    (`rrtrain.cli.prep`, over the sweep side's executors, which this layer does not import)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(x in ("-h", "--help") for x in argv):
         build_parser().print_help()
@@ -103,7 +131,16 @@ def main(argv: list[str] | None = None) -> int:
             return fail(PROG, str(err))
     try:
         opts = options_from_args(argv)
-        manifest = run_prep(opts)
+        cluster = cluster_from_args(argv)
+        if cluster is None:
+            manifest = run_prep(opts)
+        else:
+            from data_prep.cluster import run_prep_tasks
+
+            if run_array_for is None:
+                raise UsageError("--executor/--tasks: run it as `rrtrain prep` (python -m rrtrain prep)")
+            cluster.validate()
+            manifest = run_prep_tasks(opts, cluster, run_array_for(cluster, opts))
     except UsageError as err:
         return fail(PROG, str(err))
     except KeyboardInterrupt:

@@ -22,12 +22,14 @@ def build_manifest(*, source: str, source_fingerprint: str, tokenizer: str, toke
                    tokenizer_file: str | None, vocab_size: int, eos_id: int, seq_len: int, dtype: str,
                    compression: str | None, splits: dict[str, dict[str, int]], unigram_entropy: float,
                    seed: int, val_fraction: float, min_val_samples: int, fingerprint: str,
-                   documents_skipped_empty: int, source_compression: list[str] | None = None) -> dict[str, Any]:
+                   documents_skipped_empty: int, source_compression: list[str] | None = None,
+                   bos_id: int | None = None) -> dict[str, Any]:
     """The manifest as a plain dict; key order is fixed so the file is byte-identical for a seed.
 
     `source_compression` (the compressions of the source's files, e.g. ["gzip", "zstd"]) is recorded only when
     there is one, so a plain source's manifest is what it always was; `source_fingerprint` is over the
-    decompressed documents, the same for a corpus compressed any way or not at all."""
+    decompressed documents, the same for a corpus compressed any way or not at all. `bos_id` (`--bos`: the token
+    before each document) likewise only when there is one, after `eos_id`."""
     head: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "source": source,
@@ -35,12 +37,16 @@ def build_manifest(*, source: str, source_fingerprint: str, tokenizer: str, toke
     }
     if source_compression:
         head["source_compression"] = list(source_compression)
-    return head | {
+    body: dict[str, Any] = {
         "tokenizer": tokenizer,
         "tokenizer_hash": tokenizer_hash,
         "tokenizer_file": tokenizer_file,
         "vocab_size": vocab_size,
         "eos_id": eos_id,
+    }
+    if bos_id is not None:
+        body["bos_id"] = bos_id
+    return head | body | {
         "seq_len": seq_len,
         "dtype": dtype,
         "compression": compression,

@@ -35,6 +35,8 @@ class PrepOptions:
     shard_size: int = 64 << 20  # bytes
     bpe_sample_docs: int = 50_000
     eos_token: str | None = None
+    bos: bool = False  # a beginning-of-document token before each document (`--bos`)
+    bos_token: str | None = None  # its name, when not one of the usual names (tokenizer.BOS_CANDIDATES)
     progress: bool = True  # False: `--quiet`
     chunk_docs: int = 256  # documents per tokenizing chunk (not on the command line)
 
@@ -62,7 +64,12 @@ class PrepOptions:
             raise UsageError(f"--compression must be 'none' or 'zstd', got '{self.compression}'")
         if self.bpe_sample_docs < 1:
             raise UsageError("--bpe-sample-docs must be at least 1")
-        tk.parse_spec(self.tokenizer)
+        kind, _ = tk.parse_spec(self.tokenizer)
+        if self.bos_token is not None and not self.bos:
+            raise UsageError("--bos-token names the token --bos adds: give --bos too")
+        if self.bos and kind in ("byte", "tiktoken"):
+            raise UsageError(f"--bos: tokenizer '{self.tokenizer}' has no beginning-of-document token (use an hf: "
+                             "tokenizer that has one, or bpe:VOCAB, which then reserves <|startoftext|>)")
 
     def argv(self) -> list[str]:
         """The `rrtrain prep` arguments that give these options: --source and --out, then each option that is not
@@ -74,7 +81,7 @@ class PrepOptions:
             value = getattr(self, name)
             if value == default(name):
                 continue
-            if name == "overwrite":
+            if name in ("overwrite", "bos"):
                 args.append(flag)
             elif name == "progress":
                 args.append("--quiet")
@@ -93,7 +100,7 @@ FLAGS = {
     "min_val_samples": "--min-val-samples", "workers": "--workers", "num_docs": "--num-docs",
     "overwrite": "--overwrite", "doc_sep": "--doc-sep", "text_field": "--text-field", "compression": "--compression",
     "seed": "--seed", "shard_size": "--shard-size", "bpe_sample_docs": "--bpe-sample-docs", "eos_token": "--eos-token",
-    "progress": "--quiet",
+    "bos": "--bos", "bos_token": "--bos-token", "progress": "--quiet",
 }
 
 

@@ -8,12 +8,13 @@ Everything is written into a staging directory that replaces OUT only when compl
 from __future__ import annotations
 
 import hashlib
+import contextlib
 import itertools
 import os
 import signal
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from data_prep import tokenizer as tk
 from data_prep.atomic import staged_output
@@ -68,6 +69,21 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt inside (in the main thread; elsewhere signals are not ours to set), so a
+    terminated prep unwinds through its staging clean-up as Ctrl-C does; the old handler is back after."""
+    if not _in_main_thread():
+        yield
+        return
+    old_term = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+
+
 def run_prep(opts: PrepOptions) -> dict[str, Any]:
     """Prepare OUT from the source; returns the manifest. Raises UsageError for bad input."""
     opts.validate()
@@ -78,16 +94,8 @@ def run_prep(opts: PrepOptions) -> dict[str, Any]:
         it = iter(source)
         return itertools.islice(it, opts.num_docs) if opts.num_docs is not None else it
 
-    old_term = signal.getsignal(signal.SIGTERM)
-    in_main = _in_main_thread()
-    if in_main:
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    try:
-        with staged_output(opts.out, opts.overwrite, local_inputs(opts)) as stage:
-            return _prepare(opts, documents, stage, source_compressions(source))
-    finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, old_term)
+    with sigterm_as_interrupt(), staged_output(opts.out, opts.overwrite, local_inputs(opts)) as stage:
+        return _prepare(opts, documents, stage, source_compressions(source))
 
 
 def local_inputs(opts: PrepOptions) -> list[str]:
@@ -109,11 +117,11 @@ def _in_main_thread() -> bool:
 def _build_tokenizer(opts: PrepOptions, documents) -> tk.Tokenizer:  # noqa: ANN001 - a callable
     kind, _ = tk.parse_spec(opts.tokenizer)
     if kind != "bpe":
-        return tk.build(opts.tokenizer, eos_token=opts.eos_token)
+        return tk.build(opts.tokenizer, eos_token=opts.eos_token, bos=opts.bos)
     sample = [d for d in itertools.islice((d for d in documents() if d.strip()), opts.bpe_sample_docs)]
     if not sample:
         raise _empty(opts)
-    return tk.build(opts.tokenizer, eos_token=opts.eos_token, texts=iter(sample))
+    return tk.build(opts.tokenizer, eos_token=opts.eos_token, texts=iter(sample), bos=opts.bos)
 
 
 def _empty(opts: PrepOptions) -> UsageError:
@@ -121,7 +129,12 @@ def _empty(opts: PrepOptions) -> UsageError:
 
 
 def _prepare(opts: PrepOptions, documents, stage: str,  # noqa: ANN001 - documents: a callable
-             source_compression: list[str]) -> dict[str, Any]:
+             source_compression: list[str], tok: tk.Tokenizer | None = None,
+             encode: Callable[[Iterator[list[str]]], Iterator[tuple[list[str], list[Any]]]] | None = None,
+             ) -> dict[str, Any]:
+    """Write the dataset into `stage`. `tok`: the tokenizer already built (else built here); `encode`: what turns
+    chunks of documents into (texts, token arrays) in order (else `encode_chunks` with `--workers`): prep spread
+    over array tasks (data_prep.cluster) passes the tasks' tokens, so the packing, split and shards are these."""
     source_hash = hashlib.sha256()
     skipped = 0
 
@@ -140,7 +153,8 @@ def _prepare(opts: PrepOptions, documents, stage: str,  # noqa: ANN001 - documen
     first = list(itertools.islice(docs_iter, opts.chunk_docs))
     if not first:
         raise _empty(opts)
-    tok = _build_tokenizer(opts, documents)
+    tok = tok if tok is not None else _build_tokenizer(opts, documents)
+    bos_id = tk.find_bos(tok, opts.bos_token) if opts.bos else None
     saved = tok.save(stage)
     saved_path = os.path.join(stage, saved) if saved else None
     dtype = token_dtype(tok.vocab_size)
@@ -150,14 +164,15 @@ def _prepare(opts: PrepOptions, documents, stage: str,  # noqa: ANN001 - documen
                            size_limit=opts.shard_size, vocab_size=tok.vocab_size, count_tokens=(split == "train"))
         for split in ("train", "val")
     }
-    packers = {split: Packer(row_len, tok.eos_id, dtype) for split in writers}
+    packers = {split: Packer(row_len, tok.eos_id, dtype, bos_id) for split in writers}
     index = 0
     total = opts.num_docs if opts.source.startswith("synthetic:") or opts.num_docs else None
     progress = _Progress(opts.progress, total)
 
     try:
         chunks = itertools.chain([first], _chunks(docs_iter, opts.chunk_docs))
-        for texts, arrays in encode_chunks(chunks, tok, saved_path, opts.workers):
+        encoded = encode(chunks) if encode is not None else encode_chunks(chunks, tok, saved_path, opts.workers)
+        for texts, arrays in encoded:
             ntok = 0
             for ids in arrays:
                 val = writers["val"].samples < opts.min_val_samples or _unit(opts.seed, index) < opts.val_fraction
@@ -166,7 +181,7 @@ def _prepare(opts: PrepOptions, documents, stage: str,  # noqa: ANN001 - documen
                 if rows is not None:
                     writers[split].write_rows(rows)
                 writers[split].documents += 1
-                ntok += len(ids) + 1
+                ntok += len(ids) + (1 if bos_id is None else 2)
                 index += 1
             progress.update(len(texts), ntok)
     finally:
@@ -185,14 +200,14 @@ def _prepare(opts: PrepOptions, documents, stage: str,  # noqa: ANN001 - documen
     }
     assert writers["train"].counts is not None
     entropy = unigram_entropy(writers["train"].counts)
-    fingerprint = dataset_fingerprint(stage, tok.vocab_hash(), opts.seq_len)
+    fingerprint = dataset_fingerprint(stage, tok.vocab_hash(), opts.seq_len, bos_id)
     manifest = build_manifest(
         source=opts.source, source_fingerprint=source_hash.hexdigest(), tokenizer=tok.spec,
         tokenizer_hash=tok.vocab_hash(), tokenizer_file=saved, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
         seq_len=opts.seq_len, dtype=dtype.name, compression=opts.compression, splits=splits,
         unigram_entropy=round(entropy, 6), seed=opts.seed, val_fraction=opts.val_fraction,
         min_val_samples=opts.min_val_samples, fingerprint=fingerprint, documents_skipped_empty=skipped,
-        source_compression=source_compression,
+        source_compression=source_compression, bos_id=bos_id,
     )
     write_manifest(stage, manifest)
     return manifest

@@ -19,6 +19,9 @@ UINT32_MAX_VOCAB = 1 << 32
 EOS_TEXT = "<|endoftext|>"
 # Tried in order when an hf tokenizer's end-of-document token is not given with --eos-token.
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[SEP]")
+#: `--bos`: the beginning-of-document token a trained bpe reserves, and the names tried in an hf tokenizer (in order)
+BOS_TEXT = "<|startoftext|>"
+BOS_CANDIDATES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "<|bos|>", "[CLS]")
 
 
 class Tokenizer(Protocol):
@@ -99,7 +102,9 @@ class TiktokenTokenizer:
         except ValueError as err:
             raise UsageError(f"unknown tiktoken encoding '{name}'") from err
         except Exception as err:  # network errors: requests/urllib raise many types
-            raise UsageError(f"tiktoken encoding '{name}' is not available offline ({type(err).__name__})") from err
+            raise UsageError(f"tiktoken encoding '{name}' could not be fetched ({type(err).__name__}): offline, set "
+                             "TIKTOKEN_CACHE_DIR to a directory holding its BPE file (filled once on a machine with "
+                             "network: run tiktoken.get_encoding there with the same TIKTOKEN_CACHE_DIR)") from err
         self.spec = f"tiktoken:{name}"
         self.eos_id = int(self._enc.eot_token)
         self.vocab_size = int(self._enc.n_vocab)
@@ -144,8 +149,9 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return kind, arg
 
 
-def train_bpe(vocab_size: int, texts: Iterator[str]) -> HFTokenizer:
-    """Train a byte-level BPE (GPT-2 style, lossless) on `texts` with `<|endoftext|>` as id 0."""
+def train_bpe(vocab_size: int, texts: Iterator[str], bos: bool = False) -> HFTokenizer:
+    """Train a byte-level BPE (GPT-2 style, lossless) on `texts` with `<|endoftext|>` as id 0 (and, with `bos`,
+    `<|startoftext|>` as id 1)."""
     from tokenizers import Tokenizer as RustTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -154,7 +160,7 @@ def train_bpe(vocab_size: int, texts: Iterator[str]) -> HFTokenizer:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[EOS_TEXT],
+        special_tokens=[EOS_TEXT, BOS_TEXT] if bos else [EOS_TEXT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -219,8 +225,10 @@ def load_hf(arg: str, eos_token: str | None = None, spec: str | None = None) -> 
     return HFTokenizer(spec, tok, _find_eos(tok, eos_token, spec))
 
 
-def build(spec: str, *, eos_token: str | None = None, texts: Iterator[str] | None = None) -> Tokenizer:
-    """Build the tokenizer a spec names; `bpe` trains on `texts` (the corpus or a sample of it)."""
+def build(spec: str, *, eos_token: str | None = None, texts: Iterator[str] | None = None,
+          bos: bool = False) -> Tokenizer:
+    """Build the tokenizer a spec names; `bpe` trains on `texts` (the corpus or a sample of it), reserving a
+    beginning-of-document token when `bos`."""
     kind, arg = parse_spec(spec)
     tok: Tokenizer
     if kind == "byte":
@@ -228,7 +236,7 @@ def build(spec: str, *, eos_token: str | None = None, texts: Iterator[str] | Non
     elif kind == "bpe":
         if texts is None:
             raise ValueError("bpe needs texts to train on")
-        tok = train_bpe(int(arg), texts)
+        tok = train_bpe(int(arg), texts, bos=bos)
     elif kind == "hf":
         tok = load_hf(arg, eos_token)
     else:
@@ -236,6 +244,41 @@ def build(spec: str, *, eos_token: str | None = None, texts: Iterator[str] | Non
     if tok.vocab_size >= UINT32_MAX_VOCAB:
         raise UsageError(f"vocabulary size {tok.vocab_size} is too large for uint32 token ids")
     return tok
+
+
+def vocab_estimate(spec: str) -> int | None:
+    """The vocabulary a prep with this tokenizer will give, known before any data is read (a sweep's dry run
+    sizes its models with it): `byte`'s, `bpe:VOCAB`'s target, a local `hf:` tokenizer's; None for a Hub name or
+    tiktoken, which are never fetched for an estimate."""
+    kind, arg = parse_spec(spec)
+    if kind == "byte":
+        return ByteTokenizer().vocab_size
+    if kind == "bpe":
+        return int(arg)
+    if kind == "hf" and os.path.lexists(arg):
+        return load_hf(arg).vocab_size
+    return None
+
+
+def find_bos(tok: Tokenizer, bos_token: str | None = None) -> int:
+    """The beginning-of-document token `--bos` puts before each document: `bos_token` by name, else the first
+    of BOS_CANDIDATES the tokenizer has. A tokenizer without one (byte, tiktoken, most hf ones of the GPT-2
+    family), or whose only candidate is its end-of-document token, is refused in one line naming it."""
+    inner = getattr(tok, "_tok", None)
+    if inner is None:
+        raise UsageError(f"--bos: tokenizer '{tok.spec}' has no beginning-of-document token")
+    for name in (bos_token,) if bos_token else BOS_CANDIDATES:
+        tid = inner.token_to_id(name)  # type: ignore[attr-defined]
+        if tid is None:
+            continue
+        if int(tid) == tok.eos_id:
+            raise UsageError(f"--bos: the beginning-of-document token '{name}' of tokenizer '{tok.spec}' is its "
+                             "end-of-document token too; documents could not be told apart")
+        return int(tid)
+    if bos_token:
+        raise UsageError(f"--bos: tokenizer '{tok.spec}' has no token '{bos_token}'")
+    raise UsageError(f"--bos: tokenizer '{tok.spec}' has no beginning-of-document token (none of "
+                     f"{', '.join(BOS_CANDIDATES)}); name it with --bos-token")
 
 
 def reload(spec: str, saved_file: str | None, eos_id: int) -> Tokenizer:

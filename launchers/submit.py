@@ -65,7 +65,8 @@ def prepare_data(sweep: Sweep, out: Path, dry_run: bool) -> None:
     if p is None or (out / "data" / "manifest.json").exists():
         return
     cmd = command(PrepOptions.given(p.source, str(out / "data"), tokenizer=p.tokenizer, seq_len=p.seq_len,
-                                    seed=p.seed, num_docs=p.num_docs, val_fraction=p.val_fraction))
+                                    seed=p.seed, num_docs=p.num_docs, val_fraction=p.val_fraction, bos=p.bos,
+                                    bos_token=p.bos_token))
     if dry_run:
         print(f"would prepare the data: {' '.join(cmd[1:])}")
         return

@@ -1,15 +1,13 @@
-"""Typed configuration: YAML files and `a.b=c` overrides, validated into dataclasses.
+"""Typed configuration: every setting of a run, as dataclasses with their rules, validated.
 
-Every run is a function of this object and its seed, so everything that changes a run lives here.
-Bad input raises `UsageError` with a one-line message that names the key: an unknown key suggests the
-closest valid one, a wrong type says what was expected and what was given.
+Every run is a function of this object and its seed, so everything that changes a run lives here. How YAML
+files and `a.b=c` overrides become one is `rrtrain.config_load`'s; bad input is a one-line `UsageError` that
+names the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 import re
 import types
 import typing
@@ -17,10 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import yaml
-
-from rrtrain.core.files import LIMITS, load_yaml as load_untrusted_yaml, read_named as read_untrusted
 from rrtrain.core.errors import UsageError
+import rrtrain.schedule as lr_schedule
+from rrtrain.config_load import apply_overrides, build, read_yaml
 
 # ---------------------------------------------------------------------------------------------
 # Per-key rules, written on the fields themselves (`field(metadata=...)`) and read by the functions at the end
@@ -76,6 +73,22 @@ class ModelConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02  # GPT-2 initialisation; output projections get init_std / sqrt(2 * n_layers)
     rope_base: float = 10000.0
+    # hyperparameter transfer (docs/transfer.md): sp, GPT-2's (as always); mup, across width; completep, across
+    # width and depth, branches x (n_layers / base_n_layers)^-alpha (alpha 0.5: depth-muP). The base shape's
+    # d_model and n_layers default to the tiny preset's
+    parametrization: Literal["sp", "mup", "completep"] = "sp"
+    base_d_model: Optional[int] = None
+    base_n_layers: Optional[int] = None
+    alpha: float = 1.0
+    # attention block-diagonal by document within each packed row (documents end at the dataset's end-of-document
+    # token), causal inside each; false: across documents, as prep packed them (docs/configuration.md)
+    doc_mask: bool = False
+    # with doc_mask: positions (learned or RoPE) restart at each document's first token (None: "restart"), or
+    # "continue" over the row; refused without doc_mask
+    doc_positions: Optional[Literal["restart", "continue"]] = None
+    # with doc_mask: the end-of-document token id; None: the dataset's (its manifest's eos_id), filled in when a
+    # run resolves against its dataset and recorded in config.yaml
+    eod_id: Optional[int] = None
     # the residual rule's knobs (`gate_rank: 8`): each rule declares its own (rrtrain.residuals), so this section
     # is a plain mapping here, checked against the rules of model.variant and match.reference by rrtrain.knobs;
     # a resolved run records every knob of those rules (rrtrain.resolve)
@@ -95,12 +108,19 @@ class MatchConfig:
 class DataConfig:
     # a directory written by `rrtrain prep` (or a remote URL streaming can read)
     path: Optional[str] = field(default=None, metadata=NEVER)
+    # a weighted mixture instead: [{path, weight, name}], name defaulting to the directory's (rrtrain.data.sources)
+    sources: Optional[list[dict]] = field(default=None, metadata=NEVER)
     num_canonical_nodes: int = 1  # pinned so the sample order is the same on any number of nodes
     num_workers: int = field(default=0, metadata=FREE)
     shuffle: bool = True
     # local cache for remote/compressed data, one per node; None = RUN/data_cache/HOST
     cache_dir: Optional[str] = field(default=None, metadata=FREE)
-    eval_batches: int = 4  # fixed validation micro-batches per rank per evaluation
+    eval_batches: int = 4  # fixed validation micro-batches per rank per evaluation (per source of a mixture)
+
+    def __post_init__(self) -> None:
+        from rrtrain.data.sources import normalise
+
+        self.sources = normalise(self.path, self.sources)
 
 
 @dataclass
@@ -113,8 +133,16 @@ class TrainConfig:
     # size and that the planner fits in the GPU's free memory (rrtrain/planning/auto_batch.py)
     micro_batch: Union[int, Literal["auto"]] = 8
     lr: float = 3e-4
-    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
+    min_lr_ratio: float = 0.1  # the decay's floor as a fraction of lr
     warmup_steps: Optional[int] = None  # None: 5% of the steps (at least 1)
+    # the rate after the warmup; wsd: stable, then a decay over the run's last decay_steps (else decay_fraction,
+    # 0.2) steps shaped linear (the default), cosine or 1-sqrt. Formulas, extension: rrtrain/schedule.py
+    schedule: Literal["cosine", "wsd", "linear", "constant"] = "cosine"
+    decay_shape: Optional[Literal["linear", "cosine", "1-sqrt"]] = None
+    decay_fraction: Optional[float] = None
+    decay_steps: Optional[int] = None
+    # RUN_DIR@STEP: a new run from that checkpoint of another run, with its full state (training/continuation.py)
+    branch_from: Optional[str] = field(default=None, metadata=NEVER)
     weight_decay: float = 0.1  # on matrices only
     beta1: float = 0.9
     beta2: float = 0.95
@@ -123,6 +151,7 @@ class TrainConfig:
     log_every: int = field(default=10, metadata=FREE)
     eval_every: int = field(default=100, metadata=FREE)  # 0: only at the end
     ckpt_every: int = field(default=0, metadata=FREE)  # 0: only at the end and on a signal
+    artifact_every: int = field(default=0, metadata=FREE)  # RUN/artifact/step_N/ (weights + model.json); 0: the end
     keep_ckpts: int = field(default=2, metadata=FREE)
     # write checkpoints in the background (DCP async save); fsdp / none backends only
     ckpt_async: bool = field(default=False, metadata=FREE)
@@ -223,6 +252,14 @@ class EvalConfig:
 
 
 @dataclass
+class InitConfig:
+    """`init.from: RUN_DIR[@STEP] | EXPORT_DIR | hf:PATH`: a new run's weights (only: fresh optimizer and
+    schedule) from another run, an export or a Hugging Face checkpoint; checked in rrtrain/artifact/warm.py."""
+
+    from_: Optional[str] = None  # the key is `init.from` (a Python keyword: `build` maps it)
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig, metadata=NEVER)  # a checkpoint holds this shape
@@ -234,235 +271,16 @@ class Config:
     monitor: MonitorConfig = field(default_factory=MonitorConfig, metadata=FREE)
     log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    init: InitConfig = field(default_factory=InitConfig, metadata=FREE)  # a resume loads its own checkpoint
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-# ---------------------------------------------------------------------------------------------
-# Building typed objects from plain data
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return " or ".join(_type_name(a) for a in args) + (" or null" if type(None) in typing.get_args(tp) else "")
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check (and gently convert) `value` against the annotation `tp`; raise a one-line UsageError."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**63 - 1:
-        # beyond any setting, and beyond what Python prints past 4,300 digits: refused before any message shows it
-        raise UsageError(f"{key}: an integer of {len(str(abs(value))) if abs(value) < 10**4000 else 'thousands of'} "
-                         "digits is not a setting")
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            if dataclasses.is_dataclass(arg) and isinstance(value, dict):  # its own errors name the key
-                return build(arg, value, key)
-            try:
-                return _coerce(value, arg, key)
-            except UsageError:
-                pass
-        raise UsageError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value in choices:
-            return value
-        close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise UsageError(f"{key}: expected {_type_name(tp)}, got {value!r}{hint}")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-            return value.lower() in ("true", "yes", "1")
-        raise UsageError(f"{key}: expected a boolean (true/false), got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise UsageError(f"{key}: expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                f = float(value.replace("_", ""))
-            except ValueError:
-                f = None
-            if f is not None and f.is_integer():
-                return int(f)
-        raise UsageError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        number = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value) if not isinstance(value, int) or abs(value) < 2**1023 else math.inf
-        elif isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-        if number is None:
-            raise UsageError(f"{key}: expected a number, got {value!r}")
-        if not math.isfinite(number):  # every number of a config is meant finite: inf/nan would run as nonsense
-            raise UsageError(f"{key}: expected a finite number, got {value!r}")
-        return number
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise UsageError(f"{key}: expected a string, got {value!r}")
-    if dataclasses.is_dataclass(tp):
-        return build(tp, value, key)
-    if origin is list:  # a typed list: every item checked
-        if not isinstance(value, list):
-            raise UsageError(f"{key}: expected a list, got {value!r}")
-        (item,) = typing.get_args(tp)
-        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp in (list, dict):  # free-form fields (sweep files: lists of sbatch lines, maps of overrides)
-        if isinstance(value, tp):
-            return value
-        raise UsageError(f"{key}: expected a {'list' if tp is list else 'mapping'}, got {value!r}")
-    raise UsageError(f"{key}: unsupported type {tp!r}")
-
-
-def build(cls: type, data: Any, prefix: str = "") -> Any:
-    """Build dataclass `cls` from a mapping, rejecting unknown keys with a suggestion."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        where = prefix or "configuration"
-        raise UsageError(f"{where}: expected a mapping of keys, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        full = f"{prefix}.{key}" if prefix else str(key)
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
-            hint = f"; did you mean '{(prefix + '.') if prefix else ''}{close[0]}'?" if close else ""
-            valid = ", ".join(names)
-            raise UsageError(f"unknown key '{full}'{hint} (valid here: {valid})")
-        kwargs[key] = _coerce(value, hints[key], full)
-    return cls(**kwargs)
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict:
-    """Read a YAML mapping; `base: other.yaml` (relative to the file) is merged underneath. Every problem is a
-    one-line UsageError naming the file: unreadable, not UTF-8, not YAML, not a mapping, a `base:` that is not a
-    file name or that leads back to a file of its own chain."""
-    path = Path(path)
-    try:
-        raw = read_untrusted(path, MAX_CONFIG_BYTES)
-    except OSError as err:
-        raise UsageError(f"cannot read config {path}: {err.strerror or type(err).__name__}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise UsageError(f"{path}: not UTF-8 text (byte {err.start})") from None
-    try:
-        data = load_untrusted_yaml(text)  # aliases and nesting bounded: a few lines could otherwise hang the reader
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise UsageError(f"{path}{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
-    except RecursionError:
-        raise UsageError(f"{path}: nested too deeply to be a config") from None
-    except ValueError as err:  # a value YAML reads but Python cannot hold, e.g. an integer of 5,000 digits
-        raise UsageError(f"{path}: not a config ({str(err).splitlines()[0][:120]})") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    base = data.pop("base", None)
-    if base is not None:
-        if not isinstance(base, str) or not base.strip() or "\0" in base:
-            raise UsageError(f"{path}: base: expected a file name, got {type(base).__name__}")
-        try:
-            here = path.resolve()
-            target = (path.parent / base).resolve()
-        except (OSError, RuntimeError):  # a loop of symbolic links (RuntimeError on Python 3.11, OSError later)
-            raise UsageError(f"{path}: base: {base!r} cannot be resolved (a loop of symbolic links?)") from None
-        chain = _chain + (here,)
-        if target in chain:
-            loop = " -> ".join(p.name for p in chain[chain.index(target):]) + f" -> {target.name}"
-            raise UsageError(f"{path}: base: {base!r} leads back to itself ({loop})")
-        if len(chain) >= MAX_BASE_DEPTH:
-            raise UsageError(f"{path}: base: more than {MAX_BASE_DEPTH} configs deep")
-        data = _merge(read_yaml(path.parent / base, chain), data)
-    return data
-
-
-#: a config file larger than this is not one (a mistaken path to a dataset or a device)
-MAX_CONFIG_BYTES = LIMITS["config"]
-#: `base:` chains longer than this are refused (a chain of distinct files that never ends would exhaust the stack)
-MAX_BASE_DEPTH = 32
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b=c` -> (['a', 'b'], value parsed as YAML)."""
-    if "=" not in text:
-        raise UsageError(f"override '{text}' is not of the form key.sub=value")
-    key, raw = text.split("=", 1)
-    parts = [p for p in key.strip().split(".")]
-    if not key.strip() or any(not p for p in parts):
-        raise UsageError(f"override '{text}' has an empty key")
-    try:
-        value = load_untrusted_yaml(raw) if raw.strip() else ""
-    except (yaml.YAMLError, ValueError, RecursionError):  # ValueError: e.g. an integer of 5,000 digits
-        value = raw
-    return parts, value
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    data = dict(data)
-    for text in overrides:
-        parts, value = parse_override(text)
-        node = data
-        for part in parts[:-1]:
-            child = node.get(part)
-            if not isinstance(child, dict):
-                child = {}
-            node[part] = dict(child)
-            node = node[part]
-        node[parts[-1]] = value
-    return data
-
-
-def dotted_keys(data: dict, prefix: str = "") -> dict[str, Any]:
-    """A nested mapping as `{"a.b.c": value}`, the form overrides, grids and resume checks name keys in."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        full = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(dotted_keys(value, full + "."))
-        else:
-            out[full] = value
-    return out
-
-
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    """Read YAML (if any), apply overrides, build and validate a `Config` (`rrtrain.resolve.load` also checks
-    it against the residual rules and size presets)."""
-    data = read_yaml(path) if path is not None else {}
+def load_config(path: str | Path | None, overrides: list[str] | None = None, sha256: Optional[str] = None) -> Config:
+    """Read YAML (if any; with `sha256`, a file of that digest), apply overrides, build and validate a `Config`
+    (`rrtrain.resolve.load` also checks it against the residual rules and size presets)."""
+    data = read_yaml(path, sha256=sha256) if path is not None else {}
     data = apply_overrides(data, overrides or [])
     cfg = build(Config, data)
     validate(cfg)
@@ -489,7 +307,7 @@ def validate(cfg: Config) -> None:
     non_negative = {
         "train.weight_decay": t.weight_decay, "train.grad_clip": t.grad_clip, "train.eval_every": t.eval_every,
         "train.ckpt_every": t.ckpt_every, "train.diag_every": t.diag_every,
-        "data.num_workers": cfg.data.num_workers,
+        "train.artifact_every": t.artifact_every, "data.num_workers": cfg.data.num_workers,
     }
     for key, value in non_negative.items():
         if value < 0:
@@ -521,6 +339,7 @@ def validate(cfg: Config) -> None:
     if t.ckpt_async and p.backend == "deepspeed":
         raise UsageError("train.ckpt_async=true needs parallel.backend=fsdp or none (DeepSpeed writes its own "
                          "checkpoints synchronously)")
+    lr_schedule.validate(t)
     validate_callbacks(t.callbacks)
     validate_monitor(cfg.monitor)
     if cfg.log.wandb is not None:

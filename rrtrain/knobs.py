@@ -16,7 +16,8 @@ import dataclasses
 import difflib
 from typing import TYPE_CHECKING, Any, Mapping
 
-from rrtrain.config import Config, build
+from rrtrain.config import Config
+from rrtrain.config_load import build
 from rrtrain.core.errors import UsageError
 
 if TYPE_CHECKING:

@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from rrtrain import residuals, sizing
 from rrtrain.budget import Budget, budget
-from rrtrain.config import Config, ModelConfig, build, load_config
+from rrtrain.config import Config, ModelConfig, load_config
+from rrtrain.config_load import build
 from rrtrain.core.errors import UsageError
 from rrtrain.knobs import resolve_residual, rule_knobs
+from rrtrain.model.parametrization import SP, Parametrization, refusal as parametrization_refusal
 from rrtrain.model.spec import ModelShape, ModelSpec
 from rrtrain.residuals import RuleKnobs, RuleSpec
 
@@ -113,6 +115,54 @@ def check_model(cfg: Config) -> None:
     `resolve` checks the shape against it)."""
     with_knobs(cfg)
     sizing.resolve_shape(cfg.model)  # checks the preset name and the shape
+    check_doc_mask(cfg.model)
+    check_parametrization(cfg.model)
+
+
+def parametrization_of(m: ModelConfig) -> Parametrization:
+    """`model.parametrization` with its base shape (None: the tiny preset's) and alpha; one line when impossible."""
+    if m.parametrization == "sp":
+        return SP
+    tiny = sizing.presets()["tiny"]
+    try:
+        return Parametrization(m.parametrization, m.base_d_model or tiny.d_model, m.base_n_layers or tiny.n_layers,
+                               m.alpha)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def check_parametrization(m: ModelConfig) -> None:
+    """Refuse, in one line, a parametrization the variant's rule does not declare a composition for
+    (rrtrain/residuals/composition.py), or completep for a rule that is a depth scheme of its own."""
+    why = parametrization_refusal(parametrization_of(m), rule_named(m.variant, "model.variant"))
+    if why:
+        raise UsageError(why)
+
+
+def check_doc_mask(m: ModelConfig) -> None:
+    """Document-masking keys that mean nothing without `model.doc_mask`, or an impossible token id: one line."""
+    if not m.doc_mask:
+        given = [f"model.{k}={getattr(m, k)}" for k in ("doc_positions", "eod_id") if getattr(m, k) is not None]
+        if given:
+            raise UsageError(f"{' and '.join(given)} only apply with model.doc_mask=true (document masking is off)")
+    if m.eod_id is not None and m.eod_id < 0:
+        raise UsageError(f"model.eod_id must be a token id (0 or more), got {m.eod_id}")
+
+
+def with_eod(cfg: Config, manifest: Optional[Mapping[str, Any]], vocab_size: int) -> Config:
+    """`cfg` with `model.eod_id` the dataset's end-of-document token when `model.doc_mask` is on (the manifest's
+    `eos_id`, as the vocabulary comes from it): recorded in config.yaml, so the run's model rebuilds alike."""
+    m = cfg.model
+    if not m.doc_mask:
+        return cfg
+    eos = manifest["eos_id"] if manifest is not None else None
+    if m.eod_id is not None and eos is not None and m.eod_id != eos:
+        raise UsageError(f"model.eod_id={m.eod_id} but the dataset ends its documents with token {eos} (its "
+                         "manifest's eos_id); leave model.eod_id unset")
+    eod = m.eod_id if m.eod_id is not None else eos
+    if eod is not None and eod >= vocab_size:
+        raise UsageError(f"model.eod_id={eod} is not a token of the model's vocabulary of {vocab_size}")
+    return cfg if eod == m.eod_id else dataclasses.replace(cfg, model=dataclasses.replace(m, eod_id=eod))
 
 
 def resolve_model_shape(cfg: Config, data_vocab: Optional[int], data_seq_len: Optional[int],
@@ -146,6 +196,7 @@ def resolve(cfg: Config, manifest: Optional[Mapping[str, Any]] = None,
     vocab = manifest["vocab_size"] if manifest is not None else None
     data_seq_len = manifest["seq_len"] if manifest is not None else seq_len
     shape = resolve_model_shape(cfg, vocab, data_seq_len, rule, rules[-1])
+    cfg = with_eod(cfg, manifest, shape.vocab_size)
     knobs = rule_knobs(rule, cfg.model.residual)
     return ResolvedRun(cfg=cfg, rule=rule, shape=shape, params=sizing.count_params(shape, rule, knobs),
                        flops_per_token=sizing.flops_per_token(shape, rule, knobs),
@@ -154,7 +205,8 @@ def resolve(cfg: Config, manifest: Optional[Mapping[str, Any]] = None,
 
 def spec_of_model(m: ModelConfig, shape: ModelShape, rule: RuleSpec, knobs: RuleKnobs) -> ModelSpec:
     return ModelSpec(shape=shape, rule=rule, knobs=knobs, norm_eps=m.norm_eps, init_std=m.init_std,
-                     rope_base=m.rope_base)
+                     rope_base=m.rope_base, doc_mask=m.doc_mask, doc_positions=m.doc_positions or "restart",
+                     eod_id=m.eod_id, parametrization=parametrization_of(m))
 
 
 def model_spec(m: ModelConfig, vocab_size: Optional[int] = None, shape: Optional[ModelShape] = None,
@@ -174,6 +226,9 @@ def build_model(m: ModelConfig, vocab_size: Optional[int] = None, device: "torch
     without allocating or initialising (training's path: rrtrain.parallel.materialize)."""
     from rrtrain.model import transformer  # torch: only when a model is built
 
+    if m.doc_mask and m.eod_id is None:
+        raise UsageError("model.doc_mask needs the end-of-document token id: give the run its data.path (whose "
+                         "manifest names it) or set model.eod_id")
     return transformer.build_model(model_spec(m, vocab_size, shape, rule), device=device, seed=seed)
 
 
@@ -193,8 +248,8 @@ def build_config(data: Mapping[str, Any]) -> Config:
     return cfg
 
 
-def load(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+def load(path: str | Path | None, overrides: list[str] | None = None, sha256: Optional[str] = None) -> Config:
     """`rrtrain.config.load_config`, then `check_model`: a config ready to resolve and build a model from."""
-    cfg = load_config(path, overrides)
+    cfg = load_config(path, overrides, sha256)
     check_model(cfg)
     return cfg

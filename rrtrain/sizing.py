@@ -151,11 +151,14 @@ def flops_per_token(s: ModelShape, rule: Rule, cfg: Knobs) -> float:
     matmuls x 2 FLOPs per multiply-add x seq_len x d_model forward, twice that backward), the causal mask
     not discounted: PaLM's 12·L·H·Q·T (Appendix B), as nanoGPT's estimate_mfu and torchtitan count it, so
     an MFU here compares with theirs. Residual-rule parameters are matmul weights too (gates, controllers);
-    norm gains and scalars are counted with them, a negligible overcount.
+    norm gains and scalars are counted with them, a negligible overcount. A rule whose own arithmetic is not
+    6 per parameter (DenseFormer's weighted sums over earlier outputs) adds it through `RuleSpec.flops`.
     """
     n_matmul = backbone_params(s) - (s.seq_len * s.d_model if s.pos == "learned" else 0)
     n_matmul += rule_params(s, rule, cfg)
-    return 6.0 * n_matmul + 12.0 * s.n_layers * s.seq_len * s.d_model
+    spec = spec_of(rule)
+    own = spec.flops(s.d_model, s.n_sublayers, knobs_of(spec, cfg)) if spec.flops is not None else 0
+    return 6.0 * n_matmul + own + 12.0 * s.n_layers * s.seq_len * s.d_model
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,18 +1,24 @@
-"""`rrtrain train CONFIG [key=value ...]`, and the same run distributed:
+"""`rrtrain train CONFIG [key=value ...] [--print-config]`, and the same run distributed:
 `torchrun --nproc_per_node=N -m rrtrain.train CONFIG [key=value ...]`.
 
 Exit status: 0 completed, 1 failed, 2 bad input, 3 diverged, 4 stalled, 5 paused (after the step its run directory's
 pause.json named, checkpointed: start it again to go on), 75 preempted (stopped by a signal at a step
 boundary after writing a checkpoint: restart the same command to resume), 73 another live copy of this run
 holds its directory (`run.lock`; nothing was written).
+
+`--print-config` prints the resolved config as YAML (defaults, overrides, the rule's knobs in full) and runs nothing.
+With `RRTRAIN_CONFIG_SHA256` set (a sweep's jobs set it: launchers.sweep.seal), CONFIG must be the file of that
+digest, standing alone: a config changed after its sweep was submitted is refused (exit 2).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import TYPE_CHECKING
 
+from rrtrain.config_load import CONFIG_DIGEST_ENV
 from rrtrain.resolve import load
 
 if TYPE_CHECKING:  # the training stack loads when a run starts, not for `--help`
@@ -25,8 +31,43 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
+    show = PRINT_CONFIG in argv  # anywhere on the line, as torchrun passes it through too
+    argv = [a for a in argv if a != PRINT_CONFIG]
+    if not argv:
+        from rrtrain.core.errors import UsageError
+
+        raise UsageError(f"{PRINT_CONFIG} needs a CONFIG: rrtrain train CONFIG [key=value ...] {PRINT_CONFIG}")
     path, overrides = argv[0], argv[1:]
-    return run(load(path, overrides))
+    cfg = load(path, overrides, os.environ.get(CONFIG_DIGEST_ENV) or None)  # a sweep's job: its submitted config
+    if show:
+        print(resolved_yaml(cfg), end="")
+        return 0
+    return run(cfg)
+
+
+#: `rrtrain train CONFIG [key=value ...] --print-config`: the resolved config as YAML on stdout; nothing runs
+PRINT_CONFIG = "--print-config"
+
+
+def resolved_yaml(cfg: "Config") -> str:
+    """The config a run of `cfg` starts from, as YAML: defaults filled in, overrides applied, `model.residual`
+    written out in full, and, where `data.path` holds a readable manifest, checked against that dataset (a
+    mismatch is the run's own one-line error). Reads nothing else and writes nothing."""
+    import yaml
+
+    from rrtrain.resolve import resolve, with_knobs
+
+    manifest = None
+    if cfg.data.path:
+        from rrtrain.core.errors import UsageError
+        from rrtrain.data.manifest import read_manifest
+
+        try:
+            manifest = read_manifest(cfg.data.path)
+        except UsageError:  # not prepared yet (or remote and unreachable): the config is printed all the same
+            manifest = None
+    resolved = resolve(cfg, manifest).cfg if manifest is not None else with_knobs(cfg)
+    return yaml.safe_dump(resolved.to_dict(), sort_keys=False)
 
 
 def default_callbacks(cfg: "Config", stop: "StopFlag") -> list["Callback"]:
@@ -120,11 +161,21 @@ def run(cfg: "Config") -> int:
 
     stop = StopFlag()
     callbacks = compose_callbacks(cfg, stop)
+    if cfg.data.sources:  # a mixture's sources (there, prepared, one tokenizer): refused before anything is written
+        from rrtrain.data.sources import read_mixture
+
+        read_mixture(cfg.data)
+    warm = None
+    if cfg.init.from_:  # `init.from`: read and checked against the run's model before anything is written
+        from rrtrain.artifact.warm import prepare
+
+        warm = prepare(cfg)
     try:
         trainer = Trainer(cfg)
     except runlock.RunLocked as err:
         print(f"rrtrain: {err}", file=sys.stderr, flush=True)
         return runlock.LOCKED_EXIT
+    trainer.warm_start = warm
     ranks.record(trainer.run_dir, trainer.info.rank, trainer.info.local_rank, trainer.info.world_size)
     watch = PeerWatch.start(trainer.info, cfg.parallel.timeout_s, on_lost=trainer.fail_final,
                             stopping=lambda: stop.signum is not None)

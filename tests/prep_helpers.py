@@ -13,10 +13,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def write_id_dataset(out: str | os.PathLike, n_train: int, n_val: int = 16, seq_len: int = 7,
-                     shard_size: int = 2048, compression: str | None = None) -> dict:
+                     shard_size: int = 2048, compression: str | None = None, first_id: int = 0) -> dict:
     """A dataset whose row i holds i in every position, written with the real shard writer and manifest.
 
-    Row identity is then readable from any batch (batch[:, 0]), which is what the loader tests need.
+    Row identity is then readable from any batch (batch[:, 0]), which is what the loader tests need. `first_id`:
+    the train split's first row id (and first_id + 50,000 the val split's), to tell datasets apart in a mixture.
     """
     from data_prep.manifest import build_manifest, dataset_fingerprint, write_manifest
     from data_prep.writer import SplitWriter
@@ -27,7 +28,7 @@ def write_id_dataset(out: str | os.PathLike, n_train: int, n_val: int = 16, seq_
     for split, n in (("train", n_train), ("val", n_val)):
         w = SplitWriter(os.path.join(out, split), seq_len + 1, np.dtype(np.uint16), compression=compression,
                         size_limit=shard_size, vocab_size=65536, count_tokens=False)
-        offset = 0 if split == "train" else 50_000
+        offset = first_id + (0 if split == "train" else 50_000)
         w.write_rows(np.repeat(np.arange(offset, offset + n, dtype=np.uint16)[:, None], seq_len + 1, axis=1))
         w.close()
         splits[split] = {"samples": n, "tokens": n * (seq_len + 1), "documents": n, "dropped_tokens": 0}

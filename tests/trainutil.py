@@ -47,8 +47,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train_cmd(run_dir: Path, data: Path, overrides: list[str], nproc: int = 1, config: str = TINY) -> list[str]:
-    args = [config, f"data.path={data}", f"run.dir={run_dir}", *overrides]
+def train_cmd(run_dir: Path, data: Optional[Path], overrides: list[str], nproc: int = 1, config: str = TINY) -> list[str]:
+    """`data`: the run's data.path; None where the overrides name the data (`data.sources=[...]`)."""
+    args = [config, *([f"data.path={data}"] if data is not None else []), f"run.dir={run_dir}", *overrides]
     if nproc == 1:
         return [PY, "-m", "rrtrain.train", *args]
     return [PY, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",

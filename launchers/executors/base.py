@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 if TYPE_CHECKING:
     from launchers.sweep.expand import Run
@@ -35,6 +35,26 @@ class Executor(Protocol):
         config is `launchers.executors.entry.config_path(sweep_dir, run.id)`. Raises `SubmitError` when a
         submission failed part-way, `Interrupted` when the user stopped the runs."""
         ...
+
+
+class ArrayTask(Protocol):
+    """Work split into numbered tasks that need no GPU (`rrtrain prep --tasks N`, data_prep.cluster): `task(i)` runs
+    task i in this process (a Slurm array task, pickled by submitit) and `argv(python, i)` is the same as a command
+    line (the local executor's subprocess). It raises, or exits non-zero, when the task failed."""
+
+    def __call__(self, index: int) -> Any: ...
+
+    def argv(self, python: str, index: int) -> list[str]: ...
+
+
+class ArrayExecutor(Protocol):
+    """An executor that also runs an `ArrayTask`'s tasks 0..count-1 and waits for all of them (`local`, `slurm`);
+    `folder` (a private directory of the caller's) holds their logs. Returns each task's job id; raises
+    `SubmitError` naming the first task that failed and its last line of output, `Interrupted` on Ctrl-C."""
+
+    name: str
+
+    def run_array(self, task: ArrayTask, count: int, folder: Path, label: str) -> dict[int, Optional[str]]: ...
 
 
 class SubmitError(RuntimeError):

@@ -70,10 +70,13 @@ class RunJob:
 
 
 def train(sweep_dir: Path, run_id: str) -> int:
+    """Train the run from its config, which must be the file of the digest the job script checked and exported
+    (launchers.executors.slurm.seal_lines): the bytes parsed are the ones bound at submission."""
+    from rrtrain.config_load import CONFIG_DIGEST_ENV
     from rrtrain.resolve import load
     from rrtrain.train import run
 
-    return run(load(config_path(sweep_dir, run_id)))
+    return run(load(config_path(sweep_dir, run_id), sha256=os.environ.get(CONFIG_DIGEST_ENV) or None))
 
 
 def run_dir_of(sweep_dir: Path, run_id: str) -> Path:

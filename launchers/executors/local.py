@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import IO, Callable, Optional
 
-from launchers.executors.base import Interrupted, Submitted
+from launchers.executors.base import ArrayTask, Interrupted, SubmitError, Submitted
 from launchers.executors.entry import config_path
 from launchers.executors.render import train_argv
 from launchers.sweep.expand import Run
+from launchers.sweep import seal
 from launchers.sweep.snapshot import NO_BYTECODE
+from rrtrain.config_load import CONFIG_DIGEST_ENV
 from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
@@ -23,7 +26,11 @@ POLL_EVERY_S = 10.0
 
 def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], logs: Path, parallel: int,
            on_poll: Optional[Callable[[], object]] = None) -> tuple[dict[str, Optional[str]], dict[str, int]]:
-    """Run every run to its end, calling `on_poll` every POLL_EVERY_S; returns (job id per run, exit status per run)."""
+    """Run every run to its end, calling `on_poll` every POLL_EVERY_S; returns (job id per run, exit status per run).
+    The snapshot and each config are bound now (`launchers.sweep.seal`) and checked again before each run
+    starts, however much later: a run whose code or config changed meanwhile is refused (exit status 2, its
+    final.json saying why), never started."""
+    bound = seal.bind(code, {run.id: configs[run.id] for run in runs})
     logs_fd = open_logs_dir(logs)
     queue = list(runs)
     running: dict[str, tuple[subprocess.Popen, IO]] = {}
@@ -34,7 +41,14 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
         while queue or running:
             while queue and len(running) < parallel:
                 run = queue.pop(0)
+                why = seal.problem(code, bound.code_sha256, str(configs[run.id]), bound.configs[run.id])
+                if why is not None:  # the snapshot or the config changed since `rrtrain sweep` bound them
+                    print(seal.refusal(why), file=sys.stderr, flush=True)
+                    seal.record_refusal(str(run.dir), why)
+                    codes[run.id] = 2
+                    continue
                 env = dict(os.environ)
+                env[CONFIG_DIGEST_ENV] = bound.configs[run.id]  # the trainer parses only the bytes bound here
                 env["PYTHONPATH"] = code + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
                 env.setdefault("OMP_NUM_THREADS", str(run.resources.cpus_per_task))
                 env["PYTHONUNBUFFERED"] = "1"
@@ -83,6 +97,12 @@ class LocalExecutor:
     def __init__(self, python: str, parallel: int, on_poll: Optional[Callable[[], object]] = None) -> None:
         self.python, self.parallel, self.on_poll = python, parallel, on_poll
 
+    def run_array(self, task: ArrayTask, count: int, folder: Path, label: str) -> dict[int, Optional[str]]:
+        """`launchers.executors.base.ArrayExecutor`: the tasks as subprocesses here, `parallel` at a time."""
+        code = str(Path(__file__).resolve().parents[2])  # this very code first on the tasks' import path
+        path = code + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+        return run_array(task, count, self.python, Path(folder), self.parallel, label, env={"PYTHONPATH": path})
+
     def submit(self, runs: list[Run], sweep_dir: Path, name: str, code: str) -> Submitted:
         configs = {r.id: config_path(sweep_dir, r.id) for r in runs}
         try:
@@ -91,6 +111,63 @@ class LocalExecutor:
         except KeyboardInterrupt:
             print("interrupted: the running runs were stopped at a step boundary; submit again to resume them")
             raise Interrupted() from None
+
+
+def run_array(task: ArrayTask, count: int, python: str, logs: Path, parallel: int, label: str,
+              env: Optional[dict[str, str]] = None) -> dict[int, Optional[str]]:
+    """Tasks 0..count-1 of `task` as subprocesses, `parallel` at a time, each with a log `logs/task-I.log`; waits for
+    all. A task that exits non-zero stops the others (terminated) and is a SubmitError with its log's last line."""
+    logs_fd = open_logs_dir(logs)
+    queue = list(range(count))
+    running: dict[int, tuple[subprocess.Popen, IO, Path]] = {}
+    jobs: dict[int, Optional[str]] = {}
+    failed: Optional[str] = None
+    try:
+        while (queue or running) and failed is None:
+            while queue and len(running) < parallel:
+                i = queue.pop(0)
+                path = logs / f"task-{i}.log"
+                log = open_log(logs_fd, path)
+                proc = subprocess.Popen(task.argv(python, i), stdout=log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
+                running[i] = (proc, log, path)
+                jobs[i] = f"local:{proc.pid}"
+            for i, (proc, log, path) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                log.close()
+                del running[i]
+                if proc.returncode != 0:
+                    failed = f"{label} task {i} of {count} exited {proc.returncode}: {last_line(logs_fd, path)}"
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        raise Interrupted() from None
+    finally:
+        for proc, log, _ in running.values():  # a failure or Ctrl-C: the others are stopped, not left running
+            proc.terminate()
+        for proc, log, _ in running.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+        os.close(logs_fd)
+    if failed is not None:
+        raise SubmitError(failed, {str(i): j for i, j in jobs.items()})
+    return jobs
+
+
+def last_line(logs_fd: int, path: Path) -> str:
+    """The last non-empty line of a task's log (its one-line error), read by the layer; a placeholder otherwise."""
+    try:
+        with os.fdopen(files.open_beneath(logs_fd, path.name), "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 8192))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+    found = [line.strip() for line in text.splitlines() if line.strip()]
+    return found[-1][:500] if found else "(no output)"
 
 
 def open_logs_dir(logs: Path) -> int:

@@ -10,6 +10,7 @@ import shlex
 from dataclasses import asdict
 from pathlib import Path
 
+from launchers.sweep import seal
 from launchers.sweep.expand import Run, check_safe
 from launchers.sweep.snapshot import NO_BYTECODE
 from launchers.sweep.spec import Resources
@@ -77,11 +78,23 @@ def train_argv(run: Run, python: str, config_path: Path) -> list[str]:
     return [python, "-m", "rrtrain.train", str(config_path)]
 
 
-def run_command(run: Run, python: str, code: str, config_path: Path) -> str:
-    """The same as one shell line, with the snapshot first on the import path."""
-    env = ["env", f"PYTHONPATH={code}", *(f"{k}={v}" for k, v in NO_BYTECODE.items()),
-           f"OMP_NUM_THREADS={run.resources.cpus_per_task}"]
-    return " ".join(shlex.quote(a) for a in env + train_argv(run, python, config_path))
+def run_command(run: Run, python: str, code: str, config_path: Path, bound: seal.Bound) -> str:
+    """The same as one shell line, with the snapshot first on the import path, after the check that the snapshot
+    and the config are those bound at submission (`launchers.sweep.seal`, its text in RRTRAIN_SEAL)."""
+    q = shlex.quote
+    check = [python, "-I", "-c"], [code, bound.code_sha256, str(config_path), bound.configs[run.id], str(run.dir)]
+    env = ["env", f"PYTHONPATH={code}", f"{seal.CONFIG_DIGEST_ENV}={bound.configs[run.id]}",
+           *(f"{k}={v}" for k, v in NO_BYTECODE.items()), f"OMP_NUM_THREADS={run.resources.cpus_per_task}"]
+    return (" ".join(map(q, check[0])) + ' "$RRTRAIN_SEAL" ' + " ".join(map(q, check[1])) + " && exec "
+            + " ".join(q(a) for a in env + train_argv(run, python, config_path)))
+
+
+def heredoc(name: str, text: str, export: bool = False) -> list[str]:
+    """`NAME=$(cat <<'END' ... END)`: `text` as a shell variable, kept verbatim in the script's text."""
+    end = f"RRTRAIN_{name}_END"
+    if f"\n{end}\n" in f"\n{text}\n":
+        raise ValueError(f"{name} holds its own heredoc terminator")
+    return [f"{'export ' if export else ''}{name}=$(cat <<'{end}'", *text.splitlines(), end, ")"]
 
 
 def render(out: Path, name: str, runs: list[Run], python: str, code: str, configs: dict[str, Path]) -> list[dict]:
@@ -91,15 +104,16 @@ def render(out: Path, name: str, runs: list[Run], python: str, code: str, config
     for text, what in ((python, "python path"), (code, "code snapshot path"), (str(out), "sweep directory")):
         check_safe(text, what)
     scripts = []
+    bound = seal.bind(code, configs)  # what each job checks before it imports anything of the sweep directory
+    source = seal.inline_source()
     for group, members in group_runs(runs).items():
         r = members[0].resources
         if r.nodes == 1:
-            manifest = slurm_dir / f"array-{group}.manifest"
-            rows = [f"{m.id}\t{m.dir}\t{run_command(m, python, code, configs[m.id])}" for m in members]
-            atomic_write_text(manifest, "".join(row + "\n" for row in rows))
+            rows = [f"{m.id}\t{m.dir}\t{run_command(m, python, code, configs[m.id], bound)}" for m in members]
             array = f"0-{len(members) - 1}%{min(len(members), r.array_parallelism)}"
             header = sbatch_lines(r, f"{name}-{group}", str(slurm_dir / "logs" / f"array-{group}-%A_%a.out"), array)
-            variables = [f'MANIFEST="${{1:-{q(str(manifest))}}}"', f"MAX_REQUEUES={r.max_requeues}"]
+            variables = ['MANIFEST="${1:-}"', f"MAX_REQUEUES={r.max_requeues}", *heredoc("ROWS", "\n".join(rows)),
+                         *heredoc("RRTRAIN_SEAL", source, export=True)]
             script = slurm_dir / f"array-{group}.sbatch"
             atomic_write_text(script, _fill((TEMPLATES / "array.sbatch").read_text(), header, variables))
             scripts.append({"script": str(script), "runs": [m.id for m in members], "array": array,
@@ -111,6 +125,8 @@ def render(out: Path, name: str, runs: list[Run], python: str, code: str, config
             files.make_dirs(rdzv.parent)
             rendezvous.write(rdzv, rendezvous.draw())  # drawn at submission, readable by the user only
             variables = [f"PYTHON={q(python)}", f"CODE={q(code)}", f"RUN_DIR={q(str(m.dir))}",
+                         f"CODE_SHA256={bound.code_sha256}", f"CONFIG_SHA256={bound.configs[m.id]}",
+                         *heredoc("RRTRAIN_SEAL", source),
                          f"GPUS_PER_NODE={max(1, r.tasks)}", f'RDZV_FILE="${{RRTRAIN_RDZV_FILE:-{q(str(rdzv))}}}"',
                          'RDZV_DIR="${RDZV_DIR:-$HOME/.rrtrain/rendezvous}"', 'RDZV_PORT="${RDZV_PORT:-}"',
                          'RDZV_HOST="${RDZV_HOST:-}"',

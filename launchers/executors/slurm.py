@@ -10,16 +10,19 @@ Returns as soon as the arrays are queued.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from launchers.executors.base import SubmitError, Submitted
-from launchers.executors.entry import RunJob, rendezvous_path
+from launchers.executors.base import ArrayTask, Interrupted, SubmitError, Submitted
+from launchers.executors.entry import RunJob, config_path, rendezvous_path
 from launchers.sweep.expand import Run
+from launchers.sweep import seal
 from launchers.sweep.job_token import job_mark
-from launchers.executors.render import group_runs
+from launchers.executors.render import group_runs, heredoc
 from launchers.sweep.snapshot import NO_BYTECODE
 from launchers.sweep.spec import Resources
 from launchers.torchrun import rendezvous
@@ -34,6 +37,24 @@ def extra_parameters(r: Resources) -> dict[str, Any]:
         key, sep, value = extra.lstrip("-").partition("=")
         out[key.replace("-", "_")] = value if sep else True
     return out
+
+
+def seal_lines(python: str, code: str, bound: seal.Bound, members: list[tuple[str, Path, Path]]) -> list[str]:
+    """Lines of the job script (which Slurm keeps from submission) that check, before anything of the sweep
+    directory is imported, that the code snapshot and the array task's config are what was submitted
+    (`launchers.sweep.seal`, run from its text in the script with `python -I`), and hand the config's digest
+    to the trainer; a mismatch ends the task with exit status 2 and the run's final.json saying why.
+    `members`: (run id, config, run directory) in array order."""
+    q = shlex.quote
+    cases = [f"    {i}) rrtrain_run=({q(str(config))} {q(bound.configs[rid])} {q(str(run_dir))});;"
+             for i, (rid, config, run_dir) in enumerate(members)]
+    return [*heredoc("RRTRAIN_SEAL", seal.inline_source()),
+            'case "${SLURM_ARRAY_TASK_ID:-0}" in', *cases,
+            '    *) echo "rrtrain: array task ${SLURM_ARRAY_TASK_ID:-} is not one this sweep submitted" >&2; exit 2;;',
+            "esac",
+            f'{q(python)} -I -c "$RRTRAIN_SEAL" {q(code)} {q(bound.code_sha256)} "${{rrtrain_run[@]:0:2}}" '
+            '"${rrtrain_run[2]}" || exit 2',
+            f'export {seal.CONFIG_DIGEST_ENV}="${{rrtrain_run[1]}}"']
 
 
 def parameters(r: Resources, name: str, code: str) -> dict[str, Any]:
@@ -62,12 +83,16 @@ def submit(runs: list[Run], out: Path, name: str, code: str) -> dict[str, Option
         raise UsageError(f"--executor slurm: {' and '.join(missing)} not on PATH (no Slurm here); "
                          "try --executor local")
     jobs: dict[str, Optional[str]] = {}
+    bound = seal.bind(code, {m.id: config_path(out, m.id) for m in runs})  # checked by each task at its start
     mark = job_mark(out)  # what --cancel-flagged later asks Slurm for before it cancels a job of this sweep
     for group, members in group_runs(runs).items():
         r = members[0].resources
         executor = submitit.AutoExecutor(folder=str(out / "slurm" / "submitit" / "%j"), cluster="slurm",
                                          slurm_max_num_timeout=r.max_requeues)
-        executor.update_parameters(**parameters(r, f"{name}-{group}", code), slurm_comment=mark)
+        params = parameters(r, f"{name}-{group}", code)
+        params["slurm_setup"] += seal_lines(sys.executable, code, bound,
+                                            [(m.id, config_path(out, m.id), m.dir) for m in members])
+        executor.update_parameters(**params, slurm_comment=mark)
         if r.world_size > 1:  # the ranks' store: a port drawn now, not submitit's (derived from the job id)
             for m in members:
                 path = rendezvous_path(out, m.id)
@@ -84,11 +109,60 @@ def submit(runs: list[Run], out: Path, name: str, code: str) -> dict[str, Option
     return jobs
 
 
+def run_array(task: ArrayTask, count: int, folder: Path, label: str, resources: Resources,
+              code: str) -> dict[int, Optional[str]]:
+    """Tasks 0..count-1 of `task` as one submitit job array (CPU only: `resources`), its files in `folder`; waits for
+    every task. A failed task is a SubmitError naming it and its error's last line; Ctrl-C cancels the array."""
+    import submitit
+
+    missing = [cmd for cmd in ("sbatch", "srun") if shutil.which(cmd) is None]
+    if missing:
+        raise UsageError(f"--executor slurm: {' and '.join(missing)} not on PATH (no Slurm here); "
+                         "try --executor local")
+    files.make_dirs(folder)
+    executor = submitit.AutoExecutor(folder=str(Path(folder) / "%j"), cluster="slurm", slurm_max_num_timeout=0)
+    params = parameters(resources, label, code)
+    params["slurm_additional_parameters"].pop("requeue", None)  # a task that failed is reported, not requeued
+    executor.update_parameters(**params)
+    try:
+        submitted = executor.map_array(task, list(range(count)))
+    except Exception as err:
+        raise SubmitError(f"sbatch failed for {label} ({str(err).splitlines()[0] if str(err) else err}); it may "
+                          "have submitted anyway: check squeue", {}) from err
+    jobs = {i: job.job_id for i, job in enumerate(submitted)}
+    print(f"[slurm] {label}: array {submitted[0].job_id.split('_')[0]} with {count} tasks", flush=True)
+    try:
+        for i, job in enumerate(submitted):
+            try:
+                job.result()
+            except Exception as err:  # the task's exception, or submitit's word on a job that did not finish
+                lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+                raise SubmitError(f"{label} task {i} of {count} (job {job.job_id}) failed: "
+                                  f"{(lines[-1] if lines else type(err).__name__)[:500]}",
+                                  {str(k): v for k, v in jobs.items()}) from None
+    except (KeyboardInterrupt, SubmitError) as stop:
+        for job in submitted:  # the rest of the array is not left running
+            with contextlib.suppress(Exception):
+                job.cancel(check=False)
+        if isinstance(stop, KeyboardInterrupt):
+            raise Interrupted() from None
+        raise
+    return jobs
+
+
 class SlurmExecutor:
-    """`--executor slurm` behind the one interface (`launchers.executors.base.Executor`): returns once queued."""
+    """`--executor slurm` behind the one interface (`launchers.executors.base.Executor`): returns once queued.
+    `run_array` (`launchers.executors.base.ArrayExecutor`, `rrtrain prep --tasks`) waits, with `resources`."""
 
     name = "slurm"
     waits = False
+
+    def __init__(self, resources: Optional[Resources] = None, code: Optional[str] = None) -> None:
+        self.resources, self.code = resources, code
+
+    def run_array(self, task: ArrayTask, count: int, folder: Path, label: str) -> dict[int, Optional[str]]:
+        code = self.code or str(Path(__file__).resolve().parents[2])  # the live code: the caller waits for it
+        return run_array(task, count, folder, label, self.resources or Resources(), code)
 
     def submit(self, runs: list[Run], sweep_dir: Path, name: str, code: str) -> Submitted:
         return Submitted(submit(runs, sweep_dir, name, code), {})

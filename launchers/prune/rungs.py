@@ -21,7 +21,8 @@ from launchers.prune import rule as prune
 from launchers.state.pruning import STATE, load_state, saved_line  # noqa: F401 (saved_line: the summary line)
 from launchers.sweep.expand import Run
 from launchers.sweep.spec import PruneSpec
-from rrtrain.config import dotted_keys, is_setting
+from rrtrain.config import is_setting
+from rrtrain.config_load import dotted_keys
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import atomic_write_json
 from rrtrain.rundir import fields, readers, writers

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from launchers.sweep.record import SweepRecord
-from rrtrain.config import MonitorConfig, build, validate_monitor
+from rrtrain.config import MonitorConfig, validate_monitor
+from rrtrain.config_load import build
 from rrtrain.core.errors import UsageError
 from rrtrain.monitoring.convergence import DIVERGED, STALLED, LossMonitor, smoothing_span
 from rrtrain.rundir import fields, readers
@@ -104,13 +105,20 @@ def _recent_loss(records: list[dict[str, Any]], n: int = 10) -> float:
 
 
 def _entropy_and_warmup(path: Path) -> tuple[Optional[float], int]:
-    """The run's training data's unigram entropy (from its manifest) and its warmup steps, where findable."""
+    """The run's training data's unigram entropy (from its manifest; a mixture's, the mean of its sources' weighted
+    as in training, as the trainer's monitor takes it) and its warmup steps, where findable."""
     config = readers.read_config(path)
-    data_path = fields.text(fields.dig(config, "data", "path"))
-    manifest = (readers.read_json_object(Path(data_path) / "manifest.json") if data_path else None) or {}
-    entropy = manifest.get("unigram_entropy")
+    entropies, weights = [], []
+    for data_path, weight in fields.data_sources(config):
+        entropy = ((readers.read_json_object(Path(data_path) / "manifest.json")) or {}).get("unigram_entropy")
+        if not _finite(entropy):
+            entropies = []
+            break
+        entropies.append(float(entropy))
+        weights.append(weight)
     warmup = fields.dig(config, "train", "warmup_steps")
-    return (float(entropy) if _finite(entropy) else None), (int(warmup) if isinstance(warmup, int) else 0)
+    mean = sum(e * w for e, w in zip(entropies, weights)) / sum(weights) if entropies else None
+    return mean, (int(warmup) if isinstance(warmup, int) else 0)
 
 
 def early_stall(verdict: RunVerdict, cfg: MonitorConfig) -> Optional[str]:

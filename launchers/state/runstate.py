@@ -38,9 +38,8 @@ def total_steps(config: dict) -> Optional[int]:
     max_steps, tokens = fields.count(dig(config, "train", "max_steps")), fields.count(dig(config, "train", "tokens"))
     if max_steps is not None or tokens is None:
         return budget.total_steps(max_steps, None, 1)
-    data_path = dig(config, "data", "path")
-    seq = fields.count(dig(config, "model", "seq_len")) or (
-        isinstance(data_path, str) and "\0" not in data_path and _manifest_seq_len(data_path))
+    data = fields.data_sources(config)  # a mixture's sources share their seq_len
+    seq = fields.count(dig(config, "model", "seq_len")) or (data and _manifest_seq_len(data[0][0]))
     if not seq:
         from rrtrain.sizing import presets
 

@@ -6,6 +6,7 @@ shows it; nothing here writes, signals or cancels.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -31,7 +32,10 @@ def collect(sweep_dir: Path, cache: Optional[StatusCache] = None) -> dict[str, A
     (`cancel_flagged`), nothing is cancelled here — that is `rrtrain sweep --cancel-flagged`'s job."""
     problems: list[str] = []
     # run entries that cannot be used are left out, one line each
-    rec = cache.load_record(sweep_dir, problems) if cache is not None else record.load(sweep_dir, problems)
+    if os.path.lexists(record.path(sweep_dir)):
+        rec = cache.load_record(sweep_dir, problems) if cache is not None else record.load(sweep_dir, problems)
+    else:  # a folder of runs not written by `rrtrain sweep` (as `report` and `dashboard` take)
+        rec = record_of_runs(sweep_dir)
     if rec is None:
         raise UsageError(f"{sweep_dir}: no sweep.json here (not a sweep directory written by `rrtrain sweep`)")
     for line in problems:
@@ -47,6 +51,28 @@ def collect(sweep_dir: Path, cache: Optional[StatusCache] = None) -> dict[str, A
     if isinstance(saved, dict):  # a pruned sweep: what pruning saved, as its last `rrtrain sweep` estimated it
         out["pruning"] = saved
     return out
+
+
+def record_of_runs(folder: Path) -> SweepRecord:
+    """A record for a folder of runs without sweep.json: every run directory below it (any depth, as `rrtrain
+    report` finds them), each named by its path under the folder and described by its final.json and config.yaml;
+    nothing was submitted, so a run that never started is `pending`. A one-line error when there is no run."""
+    from rrtrain.rundir import fields, readers
+    from rrtrain.rundir.layout import run_dirs
+
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: no sweep.json here, and not a folder of runs (no such directory)")
+    runs: dict[str, RunEntry] = {}
+    for d in run_dirs(folder):
+        config = readers.read_config(d)
+        who = readers.identity(readers.read_final(d), config)
+        seed = who.seed if isinstance(who.seed, int) else -1
+        rid = d.relative_to(folder).as_posix() if d != folder else (folder.resolve().name or ".")
+        runs[rid] = RunEntry(fields.text(who.size) or "-", fields.text(who.variant) or "-", seed, str(d), config)
+    if not runs:
+        raise UsageError(f"{folder}: no sweep.json and no run directory below it (none holds final.json or "
+                         "metrics.jsonl)")
+    return SweepRecord(name=folder.resolve().name or str(folder), runs=runs)
 
 
 def run_rows(rec: SweepRecord, entries: dict[str, RunEntry], cache: Optional[StatusCache] = None,

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from launchers.sweep.spec import Resources, Sweep
-from rrtrain.config import Config, build, dotted_keys, read_yaml, sweep_axes, validate
+from rrtrain.config import Config, sweep_axes, validate
+from rrtrain.config_load import build, dotted_keys, read_yaml
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir.points import point_key
 
@@ -136,6 +137,7 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
     check_safe(spec.name, "sweep name")
     base = read_yaml(sweep.base_config)
     prep_seq_len = spec.prep.seq_len if spec.prep is not None else None  # the data this sweep will prepare
+    prep_vocab = prep_vocab_size(spec.prep)
     grids = {(size, v): points(typed_grid(grid_of(sweep, size, v), base))
              for size in sweep.size_specs for v in size_variants(sweep, size)}
     ids: dict[str, tuple] = {}
@@ -190,7 +192,8 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
                 try:
                     cfg = build(Config, data)
                     validate(cfg)
-                    resolved = resolve(cfg, prepared_manifest(cfg.data.path), seq_len=prep_seq_len)
+                    manifest = prepared_manifest(cfg.data.path)
+                    resolved = resolve(estimate_config(cfg, manifest, prep_vocab), manifest, seq_len=prep_seq_len)
                     if cfg.parallel.backend == "fsdp":  # the mesh must cover the run's ranks, as the trainer checks
                         mesh_shape(cfg.parallel, sweep.size_resources[size].world_size)
                 except UsageError as err:
@@ -202,6 +205,26 @@ def expand(sweep: Sweep, out: Path, data_path: Optional[Path]) -> list[Run]:
                 runs.append(Run(rid, size, variant, seed, cfg.to_dict(), sweep.size_resources[size], resolved,
                                 dict(point)))
     return runs
+
+
+def prep_vocab_size(prep: Any) -> Optional[int]:
+    """The vocabulary the sweep's own `prep:` will give (`data_prep.tokenizer.vocab_estimate`), None without one."""
+    if prep is None:
+        return None
+    from data_prep.tokenizer import vocab_estimate
+
+    return vocab_estimate(prep.tokenizer)
+
+
+def estimate_config(cfg: Config, manifest: Optional[dict], prep_vocab: Optional[int]) -> Config:
+    """The config the run is sized with before it trains: as the trainer will size it, at the data's vocabulary
+    (the manifest's, read by `resolve`; before the sweep's `prep:` has run, the vocabulary its tokenizer gives)
+    rather than the preset's 50,257. The run's recorded config leaves `model.vocab_size` to the data."""
+    if manifest is not None or prep_vocab is None or cfg.model.vocab_size is not None:
+        return cfg
+    import dataclasses
+
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=prep_vocab))
 
 
 def _label(where: tuple) -> str:

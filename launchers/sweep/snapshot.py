@@ -5,20 +5,21 @@ The sweep directory may be writable by others, and whatever lies in the snapshot
 a `sitecustomize.py`, a `*.dist-info` entry point, a `.pyc`), so `sweep.json` never chooses the code: the
 snapshot's place is one rrtrain derives (`SWEEP/code`, or `SWEEP/code-HASH`), and it is used only while a hash
 of every entry under it (names, kinds, modes, contents; nothing skipped) equals the one recorded when it was
-taken and all of it is the user's own; otherwise the submission is refused in one line. Runs are started with PYTHONDONTWRITEBYTECODE=1
-(`NO_BYTECODE`), so that importing from the snapshot adds nothing to it.
+taken and all of it is the user's own; otherwise the submission is refused in one line. Each run checks the
+same again when it starts, against the hash its job carries (`launchers.sweep.seal`). Runs are started with
+PYTHONDONTWRITEBYTECODE=1 (`NO_BYTECODE`), so that importing from the snapshot adds nothing to it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
+from launchers.sweep import seal
 from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
@@ -29,7 +30,6 @@ PACKAGES = ("rrtrain", "data_prep", "launchers", "configs")
 HASH_KIND = "every-entry-v1"
 #: the environment every run of a sweep starts with, beside the snapshot on PYTHONPATH
 NO_BYTECODE = {"PYTHONDONTWRITEBYTECODE": "1"}
-_SKIPPED_IN_SOURCE = ("__pycache__", ".pyc")  # a checkout's own byte code is never copied
 
 
 def _copied_mode(mode: int) -> int:
@@ -40,38 +40,10 @@ def _copied_mode(mode: int) -> int:
     return files.file_mode()
 
 
-def _entries(root: Path, source: bool) -> Iterator[tuple[str, int, Optional[Path]]]:
-    """(relative name, mode, file to read or None) of every entry under `root`, in a fixed order; links are never
-    followed. `source`: the checkout's packages as a snapshot of them holds them (byte code left out, the
-    modes `_copied_mode` gives); else every entry of a snapshot with its own mode, nothing left out."""
-    tops = sorted(root / p for p in PACKAGES) if source else sorted(root.iterdir())
-    for top in tops:
-        for path in [top] + sorted(top.rglob("*")):
-            rel = str(path.relative_to(root))
-            if source and (path.name == "__pycache__" or "__pycache__" in path.parts or path.suffix == ".pyc"):
-                continue
-            if source:  # a link in the checkout is copied as what it points to
-                st = os.stat(path)
-                mode = stat.S_IFMT(st.st_mode) | _copied_mode(st.st_mode)
-            else:
-                mode = os.lstat(path).st_mode
-            yield rel, mode, path if stat.S_ISREG(mode) else None
-
-
 def tree_hash(root: Path, source: bool = False) -> str:
-    """SHA-256 of every entry under `root` (`_entries`): a file added, removed, renamed, changed or made
-    executable, a link or a FIFO in place of a file, all change it."""
-    h = hashlib.sha256()
-    for rel, mode, path in _entries(root, source):
-        h.update(rel.encode("utf-8", "surrogateescape") + b"\0" + f"{mode:o}".encode() + b"\0")
-        if path is not None:
-            with os.fdopen(files.open_beneath(root, rel), "rb") as fh:  # never through a link swapped in
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-            h.update(b"\0")
-        elif stat.S_ISLNK(mode):
-            h.update(os.readlink(root / rel).encode("utf-8", "surrogateescape") + b"\0")
-    return h.hexdigest()
+    """SHA-256 of every entry under `root` (`launchers.sweep.seal.tree_hash`, which a job runs on its own before
+    it imports anything of the snapshot); `source`: of the checkout's packages as a snapshot of them holds them."""
+    return seal.tree_hash(root, PACKAGES, _copied_mode) if source else seal.tree_hash(root)
 
 
 def code_hash(root: Path = REPO) -> str:

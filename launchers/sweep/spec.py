@@ -1,7 +1,7 @@
 """The sweep file: a base training config, the axes variant x size x seed (and the points of a `grid:` of
 training keys, per sweep, size or variant), resources per size.
 
-Read with the same machinery as run configs (`rrtrain.config.build`): an unknown key names the closest valid
+Read with the same machinery as run configs (`rrtrain.config_load.build`): an unknown key names the closest valid
 one, a wrong type says what was expected. Everything that cannot work (an unknown size or variant, a seed count
 below one, resources a scheduler cannot grant) is refused here, before anything is written or submitted.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from data_prep.options import default as prep_default
-from rrtrain.config import (DEFAULT_GPU, DEFAULT_MFU, _merge, apply_overrides, build, dotted_keys,
-                            keys_a_grid_may_not_move, read_yaml)
+from rrtrain.config import DEFAULT_GPU, DEFAULT_MFU, keys_a_grid_may_not_move
+from rrtrain.config_load import _merge, apply_overrides, build, dotted_keys, read_yaml
 from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
@@ -61,6 +61,8 @@ class PrepSpec:
     num_docs: Optional[int] = None  # None: prep's own default
     val_fraction: Optional[float] = None
     seed: int = prep_default("seed")
+    bos: bool = False  # a beginning-of-document token before each document (`rrtrain prep --bos`)
+    bos_token: Optional[str] = None  # its name, where the tokenizer's is not one prep knows (`--bos-token`)
 
 
 @dataclass

@@ -18,7 +18,8 @@ from pathlib import Path
 from data_prep.options import PrepOptions, command
 from rrtrain import residuals
 from rrtrain.cli.rule_checks import CHECKS, Outcome, RuleUnderCheck, run_check
-from rrtrain.config import Config, apply_overrides, build, validate
+from rrtrain.config import Config, validate
+from rrtrain.config_load import apply_overrides, build
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 from rrtrain.knobs import rule_knobs

@@ -77,7 +77,8 @@ def step_costs(out: Path) -> dict[str, float]:
     """Training FLOPs per step of every run (from its resolved config), so that the time left weighs a
     40-sublayer run's step above a 2-block one's; empty when a config cannot be read."""
     from launchers.sweep import record
-    from rrtrain.config import Config, build
+    from rrtrain.config import Config
+    from rrtrain.config_load import build
     from rrtrain.data.manifest import prepared_manifest
     from rrtrain.resolve import resolve
 

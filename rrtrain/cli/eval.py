@@ -7,6 +7,10 @@ table (task, metric, value, stderr) and writes `RUN_DIR/eval/step_NNNNNNNN-KEY.j
 renamed; docs/evaluation.md). Bad input (an unknown task, a step without a checkpoint, a directory that is not
 a run, a tokenizer that does not match the checkpoint) is one line, exit status 2, and nothing is written.
 
+`--data DIR` names a prepared dataset: the model's tokenizer is read from its manifest (where the run's own dataset
+has moved, or another dataset prepared with the same tokenizer; a mixture run without it uses its first source),
+and the mean loss over DIR's validation split is printed (`--tasks` may then be left out).
+
 On several GPUs, launch it with torchrun (`python -m launchers.torchrun.local --nproc_per_node=N -m rrtrain eval
 ...`): each rank loads the model on its own device, scores every N-th batch of the requests, and the scores are
 gathered, as in-loop evaluation does; rank 0 prints the table and writes the file.
@@ -24,7 +28,9 @@ from rrtrain.core.errors import UsageError
 def parse(argv: list[str]) -> argparse.Namespace:
     p = CommandParser(prog="rrtrain eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (config.yaml, metrics.jsonl, checkpoints/)")
-    p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names")
+    p.add_argument("--tasks", default=None, help="comma-separated lm-eval task names (needed unless --data is given)")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="a prepared dataset: its tokenizer is used, and the loss on its validation split is printed")
     p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest)")
     p.add_argument("--limit", type=int, default=None, metavar="K", help="the first K documents of each task")
     p.add_argument("--num-fewshot", type=int, default=None, metavar="F",
@@ -44,11 +50,19 @@ def check(args: argparse.Namespace) -> None:
                                ("--step", args.step, 0)):
         if value is not None and value < least:
             raise UsageError(f"{flag} must be at least {least}, got {value}")
+    if args.tasks is None and args.data is None:
+        raise UsageError("--tasks is needed (or --data DIR for the loss on a prepared dataset's validation split)")
 
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
     check(args)
+    if args.data is not None:
+        from rrtrain.data.manifest import read_manifest
+
+        read_manifest(args.data)  # a prepared dataset, or one line before anything is loaded
+    if args.tasks is None:
+        return data_loss(args)
     from rrtrain.eval.tasks import check_include, parse_tasks, require_lm_eval, result_key
 
     tasks = parse_tasks(args.tasks)
@@ -56,14 +70,14 @@ def main(argv: list[str]) -> int:
     require_lm_eval("rrtrain eval")
     import torch
 
-    from rrtrain.model.from_run import checkpoint_steps, load_run, require_run_dir
+    from rrtrain.artifact import load_run, model_steps, require_run_dir
 
     run_dir = require_run_dir(args.run_dir)
-    steps = checkpoint_steps(run_dir)
+    steps = model_steps(run_dir)
     if not steps:
-        raise UsageError(f"{run_dir} has no checkpoint")
+        raise UsageError(f"{run_dir} has no checkpoint and no model artifact")
     if args.step is not None and args.step not in steps:
-        raise UsageError(f"{run_dir} has no checkpoint at step {args.step} (checkpoints: {', '.join(map(str, steps))})")
+        raise UsageError(f"{run_dir} has no model at step {args.step} (steps: {', '.join(map(str, steps))})")
     from rrtrain.core import dist
 
     info = dist.setup(timeout_s=1800)  # under torchrun: one rank per device; else one process
@@ -81,7 +95,9 @@ def main(argv: list[str]) -> int:
     manager = task_manager(tasks, include)
     loaded = load_tasks(manager, tasks, args.num_fewshot)
     run = load_run(run_dir, args.step, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
-                   device=device)
+                   device=device, data_path=dataset_of(args, run_dir))
+    if args.data is not None and info.is_main:
+        print(validation_line(run, args.data, args.batch_size, device), flush=True)
     share = Share(info.rank, info.world_size, dist.gather_objects) if info.world_size > 1 else Share()
     lm = RRTrainLM(run.model, run.tokenizer, run.model.shape.seq_len, device=device, batch_size=args.batch_size,
                    share=share)
@@ -99,4 +115,66 @@ def main(argv: list[str]) -> int:
     print(results.table(found))
     print(f"wrote {path}")
     dist.teardown()
+    return 0
+
+
+def dataset_of(args: argparse.Namespace, run_dir) -> "str | None":  # noqa: ANN001 - a Path
+    """The dataset whose manifest gives the tokenizer: --data, else None (the run's data.path), else a mixture
+    run's first source (its sources share one tokenizer)."""
+    if args.data is not None:
+        return args.data
+    from rrtrain.data.sources import tokenizer_path
+    from rrtrain.artifact import read_run_config
+
+    data = read_run_config(run_dir).data
+    return None if data.path is not None else tokenizer_path(data)
+
+
+def validation_line(run, data: str, batch_size: int, device) -> str:  # noqa: ANN001 - a LoadedRun, a device
+    """The loaded model's mean next-token loss over every row of `data`'s validation split, as one line."""
+    import math
+    import tempfile
+
+    import torch
+
+    from rrtrain.data.loader import eval_batches
+    from rrtrain.data.manifest import read_manifest
+
+    manifest = read_manifest(data)
+    if manifest["seq_len"] > run.shape.seq_len:
+        raise UsageError(f"--data {data}: its rows of {manifest['seq_len']} tokens are longer than the model's "
+                         f"seq_len {run.shape.seq_len}")
+    n = int(manifest["splits"].get("val", {}).get("samples") or 0)
+    if n < 1:
+        raise UsageError(f"--data {data}: its validation split is empty")
+    total, count = 0.0, 0
+    with tempfile.TemporaryDirectory(prefix="rrtrain-eval-") as cache, torch.no_grad():
+        batches = eval_batches(data, micro_batch=batch_size, n_batches=math.ceil(n / batch_size), rank=0,
+                               world_size=1, cache_dir=cache, manifest=manifest)
+        for b, batch in enumerate(batches):
+            batch = batch[: n - b * batch_size].to(device)  # the last batch: the split's rest, not a wrap-around
+            loss = run.model(batch[:, :-1], batch[:, 1:])
+            total += float(loss) * len(batch)
+            count += len(batch)
+    return f"rrtrain eval: validation loss on {data}: {total / count:.4f} ({count} sequences, step {run.step})"
+
+
+def data_loss(args: argparse.Namespace) -> int:
+    """`rrtrain eval RUN --data DIR` without tasks: the loss on DIR's validation split, nothing written."""
+    import torch
+
+    from rrtrain.artifact import load_run, model_steps, require_run_dir
+
+    run_dir = require_run_dir(args.run_dir)
+    steps = model_steps(run_dir)
+    if not steps:
+        raise UsageError(f"{run_dir} has no checkpoint and no model artifact")
+    if args.step is not None and args.step not in steps:
+        raise UsageError(f"{run_dir} has no model at step {args.step} (steps: {', '.join(map(str, steps))})")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device}: no CUDA device here")
+    run = load_run(run_dir, args.step, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
+                   device=device, data_path=args.data)
+    print(validation_line(run, args.data, args.batch_size, device), flush=True)
     return 0

@@ -1,6 +1,7 @@
-"""`rrtrain export RUN_DIR --hf OUT [--step N] [--dtype fp32|bf16] [--stock]`: a run's checkpoint as a Hugging
-Face model directory (rrtrain/export/hf.py); `transformers.AutoModelForCausalLM.from_pretrained(OUT,
-trust_remote_code=True)` loads it, for any residual rule, without rrtrain (docs/evaluation.md)."""
+"""`rrtrain export RUN_DIR --hf OUT [--step N] [--dtype fp32|bf16] [--stock]`: a run's model (its artifact, or a
+checkpoint consolidated; rrtrain/artifact/) as a Hugging Face model directory (rrtrain/export/hf.py);
+`transformers.AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)` loads it, for any residual rule,
+without rrtrain (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from rrtrain.core.errors import UsageError
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = CommandParser(prog="rrtrain export", description=__doc__)
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with at least one checkpoint")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with a model artifact or a checkpoint")
     p.add_argument("--hf", required=True, metavar="OUT", help="the directory to write (absent or empty)")
-    p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the newest usable one)")
+    p.add_argument("--step", type=int, default=None, help="the step (default: the newest)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="of the stored weights (default fp32)")
     p.add_argument("--stock", action="store_true",
                    help="write `standard` (model.pos=rope) as a stock ArceeForCausalLM, loaded without remote code")

@@ -14,7 +14,7 @@ from rrtrain.core.command import run_command
 from rrtrain.core.errors import fail
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "prep": ("data_prep.cli", "shard a corpus into tokenized, packed MDS datasets"),
+    "prep": ("rrtrain.cli.prep", "shard a corpus into tokenized, packed MDS datasets"),
     "params": ("rrtrain.cli.params", "parameter counts per variant, with parameter matching"),
     "train": ("rrtrain.train", "one training run (same entry point as torchrun -m rrtrain.train)"),
     "bench": ("rrtrain.planning.bench", "throughput, MFU and memory of one configuration"),
@@ -22,11 +22,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("rrtrain.cli.report", "significance tables and scaling plots from a sweep directory"),
     "demo": ("rrtrain.cli.demo", "the embedded default, end to end"),
     "sweep": ("rrtrain.cli.sweep", "expand a sweep file and submit its runs (slurm, local, debug)"),
-    "status": ("rrtrain.cli.status", "one row per run of a sweep: state, step, loss, flags"),
+    "status": ("rrtrain.cli.status", "one row per run of a sweep or folder of runs: state, step, loss, flags"),
     "dashboard": ("rrtrain.cli.dashboard", "TensorBoard on loopback over a sweep's runs (per-size charts, HParams)"),
     "check-rule": ("rrtrain.cli.check_rule", "the generic checks on one residual rule (built-in or installed)"),
     "eval": ("rrtrain.cli.eval", "downstream tasks (lm-evaluation-harness) on a run's checkpoint"),
     "export": ("rrtrain.cli.export", "a run's checkpoint as a Hugging Face model directory (safetensors)"),
+    "coordcheck": ("rrtrain.cli.coordcheck", "the coordinate check of a parametrization across widths or depths"),
 }
 
 

@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from rrtrain.config import DEFAULT_GPU, DEFAULT_MFU, ModelConfig, apply_overrides, build
+from rrtrain.config import DEFAULT_GPU, DEFAULT_MFU, ModelConfig
+from rrtrain.config_load import apply_overrides, build
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 from rrtrain import sizing

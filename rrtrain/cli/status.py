@@ -1,6 +1,7 @@
-"""`rrtrain status SWEEP_DIR [--json] [--watch [--interval S]]`
+"""`rrtrain status DIR [--json] [--watch [--interval S]]`
 
-One row per run of a sweep: id, variant, size, seed, scheduler state (squeue, when there is one), run state,
+One row per run of a sweep (or of any folder of runs, as `rrtrain report` and `dashboard` take: without sweep.json,
+each run directory below DIR, named by its path under it): id, variant, size, seed, scheduler state (squeue, when there is one), run state,
 step / total, tokens, last train and val loss, tokens/s, flags; the runs that need attention first and the
 counts by state at the bottom. Reads sweep.json and each run's final.json, lock and the tail of its
 metrics.jsonl: a 200-run sweep takes well under 2 s.
@@ -23,7 +24,7 @@ from rrtrain.core.errors import UsageError
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = CommandParser(prog="rrtrain status", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sweep_dir")
+    p.add_argument("sweep_dir", metavar="DIR", help="a sweep directory, or any folder of runs")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")
     p.add_argument("--interval", type=float, default=10.0, help="--watch: seconds between refreshes")

@@ -35,6 +35,7 @@ from rrtrain.core.lazy_import import streaming_module
 from rrtrain.core.signals import ignore_stop_signals
 from rrtrain.data.manifest import is_remote, read_manifest
 from rrtrain.data.shm import open_streaming_dataset
+from rrtrain.data.sources import Mixture
 from rrtrain.data.verify import read_index, shard_name_problem
 
 STATE_VERSION = 1
@@ -117,6 +118,53 @@ def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str,
             raise UsageError(f"'{path}' has no '{split}' split ({err.filename})") from err
         _check_shard_names(ds, path, split)
         opened = _SPLITS[key] = _Split(ds, manifest["dtype"], int(manifest["seq_len"]) + 1)
+        return opened
+
+
+def _open_mixture(mixture: Mixture, split: str, cache_dir: str, *, batch_size: int, num_canonical_nodes: int,
+                  seed: int, shuffle: bool, block_size: int, local_rank: int = 0) -> _Split:
+    """A mixture's split as one StreamingDataset of one `Stream(proportion=weight)` per source, used for random
+    access and for streaming's per-epoch resampling (`resample_streams`, which reads the dataset's seed and
+    whether it shuffles). Each source is read in place or through a cache of its own, as `_open_split` does."""
+    Stream = streaming_module("streaming.base.stream").Stream
+    streams, keys = [], []
+    for i, (source, manifest) in enumerate(zip(mixture.sources, mixture.manifests)):
+        path = source.path
+        remote_mode = is_remote(path) or bool(manifest.get("compression"))
+        if remote_mode:
+            remote = path if is_remote(path) else os.path.abspath(path)
+            local = os.path.abspath(os.path.join(cache_dir, f"{i}-{source.name}"))
+            os.makedirs(local, exist_ok=True)
+        else:
+            remote, local = None, os.path.abspath(path)
+            read_index(os.path.join(path, split), split)  # bounded, typed, plain shard names: before streaming
+        streams.append(Stream(remote=remote, local=local, split=split, proportion=source.weight,
+                              validate_hash="xxh64" if remote_mode else None))
+        keys.append((remote, local))
+    key = ("mixture", tuple(keys), split, mixture.manifest["fingerprint"], seed, shuffle, num_canonical_nodes)
+    with _splits_lock:
+        if key in _SPLITS:
+            return _SPLITS[key]
+        names = ", ".join(s.name for s in mixture.sources)
+        try:
+            ds = open_streaming_dataset(
+                local_rank, streams=streams, shuffle=shuffle, shuffle_seed=seed, shuffle_algo=SHUFFLE_ALGO,
+                shuffle_block_size=block_size, num_canonical_nodes=num_canonical_nodes, batch_size=batch_size,
+                sampling_method="balanced", sampling_granularity=1,
+            )
+        except ValueError as err:
+            raise UsageError(f"cannot open the mixture ({names}) split '{split}': {str(err).splitlines()[0]}") from err
+        except FileNotFoundError as err:
+            raise UsageError(f"a source of the mixture ({names}) has no '{split}' split ({err.filename})") from err
+        _check_shard_names(ds, f"the mixture ({names})", split)
+        for source, manifest, got in zip(mixture.sources, mixture.manifests, ds.samples_per_stream):
+            expected = manifest["splits"].get(split, {}).get("samples")
+            if expected is not None and expected != int(got):
+                raise UsageError(f"'{source.path}' split '{split}' holds {int(got)} samples but its manifest says "
+                                 f"{expected}")
+            if int(got) < 1:
+                raise UsageError(f"'{source.path}' split '{split}' is empty")
+        opened = _SPLITS[key] = _Split(ds, mixture.manifest["dtype"], int(mixture.manifest["seq_len"]) + 1)
         return opened
 
 
@@ -241,6 +289,40 @@ class _Positions:
         return out
 
 
+class _MixturePositions(_Positions):
+    """`_Positions` over a mixture: epoch e is what streaming draws from the sources for epoch e
+    (`resample_streams`: each source's share of the epoch, seeded by the run seed and e), ordered by the same
+    py1e shuffle and canonical-node order as one dataset's epoch."""
+
+    def __init__(self, ds, *, num_canonical_nodes: int, seed: int, block_size: int,  # noqa: ANN001
+                 shuffle: bool) -> None:
+        self.ds = ds
+        self.n = int(ds.epoch_size)
+        self.kw = dict(num_canonical_nodes=num_canonical_nodes, seed=seed, block_size=block_size, shuffle=shuffle)
+        self._cache = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._cache:
+            if len(self._cache) >= 2:
+                self._cache.pop(min(self._cache))
+            self._cache[epoch] = mixture_epoch_order(self.ds, epoch=epoch, **self.kw)
+        return self._cache[epoch]
+
+
+def mixture_epoch_order(ds, *, num_canonical_nodes: int, seed: int, epoch: int, block_size: int,  # noqa: ANN001
+                        shuffle: bool) -> np.ndarray:
+    """Sample ids (over all the mixture's sources) of epoch `epoch`, in reading order: streaming's draw of the
+    epoch (`resample_streams`: shuffle units over each source's shards, and the sample behind each drawn one),
+    permuted by streaming's py1e shuffle of those units, in canonical-node order, as streaming's random batching
+    arranges them."""
+    units, small_per_big = ds.resample_streams(epoch)
+    if not shuffle:
+        return small_per_big.astype(np.int64)
+    get_shuffle = streaming_module("streaming.base.shuffle").get_shuffle
+    perm = get_shuffle(SHUFFLE_ALGO, units.astype(np.int64), num_canonical_nodes, seed, epoch, block_size)
+    return small_per_big[perm[canonical_interleave(len(small_per_big), num_canonical_nodes)]].astype(np.int64)
+
+
 class _RowsDataset(torch.utils.data.Dataset):
     """Map-style view for DataLoader workers: an index array in, an int64 batch out."""
 
@@ -266,7 +348,7 @@ class TrainLoader:
     def __init__(self, path: str, *, micro_batch: int, global_batch: int, rank: int, world_size: int,
                  local_rank: int, seed: int, num_canonical_nodes: int = 1, num_workers: int = 0,
                  cache_dir: str, split: str = "train", shuffle: bool = True,
-                 manifest: Optional[dict[str, Any]] = None) -> None:
+                 manifest: Optional[dict[str, Any]] = None, mixture: Optional[Mixture] = None) -> None:
         if micro_batch < 1 or world_size < 1 or global_batch < 1:
             raise UsageError("micro_batch, global_batch and world_size must be positive")
         if not 0 <= rank < world_size:
@@ -283,6 +365,17 @@ class TrainLoader:
         self.seed, self.num_canonical_nodes, self.num_workers = seed, num_canonical_nodes, num_workers
         self.shuffle = shuffle
         self.block_size = default_block_size(num_canonical_nodes)
+        if mixture is not None:  # a weighted mixture of sources (`path` only names it)
+            self.manifest = mixture.manifest
+            opened = _open_mixture(mixture, split, os.path.join(cache_dir, "loader"), batch_size=micro_batch,
+                                   num_canonical_nodes=num_canonical_nodes, seed=seed, shuffle=shuffle,
+                                   block_size=self.block_size, local_rank=local_rank)
+            self._rows = opened.rows
+            self._positions = _MixturePositions(opened.ds, num_canonical_nodes=num_canonical_nodes, seed=seed,
+                                                block_size=self.block_size, shuffle=shuffle)
+            self._position = 0
+            self._generation = 0
+            return
         self.manifest = manifest if manifest is not None else read_manifest(path)  # the resolved run holds it
         opened = _open_split(path, self.manifest, split, os.path.join(cache_dir, "loader"), batch_size=micro_batch,
                              num_canonical_nodes=num_canonical_nodes, seed=seed, local_rank=local_rank)

@@ -90,6 +90,8 @@ def manifest_problem(m: dict[str, Any]) -> Optional[str]:
         return f"field 'vocab_size' is not a vocabulary size (got {_short(m['vocab_size'])})"
     if not _int(m["eos_id"], 0, m["vocab_size"] - 1):
         return f"field 'eos_id' is not a token id below vocab_size (got {_short(m['eos_id'])})"
+    if "bos_id" in m and (not _int(m["bos_id"], 0, m["vocab_size"] - 1) or m["bos_id"] == m["eos_id"]):
+        return f"field 'bos_id' is not a token id below vocab_size other than eos_id (got {_short(m['bos_id'])})"
     if not _int(m["seq_len"], 1, 2**24):
         return f"field 'seq_len' is not a sequence length (got {_short(m['seq_len'])})"
     if m["dtype"] not in DTYPES:

@@ -34,8 +34,9 @@ SHARD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 MAX_SHARD_SAMPLES = 2**40
 
 
-def dataset_fingerprint(out_dir: str, tokenizer_hash: str, seq_len: int) -> str:
-    """sha256 over each split's index.json bytes, the tokenizer hash and seq_len (the manifest's fingerprint).
+def dataset_fingerprint(out_dir: str, tokenizer_hash: str, seq_len: int, bos_id: Optional[int] = None) -> str:
+    """sha256 over each split's index.json bytes, the tokenizer hash and seq_len (the manifest's fingerprint),
+    and the beginning-of-document token where `--bos` put one before each document (`bos_id`).
 
     The indexes carry every shard's hashes, so the fingerprint pins the shards' contents too."""
     h = hashlib.sha256()
@@ -44,6 +45,8 @@ def dataset_fingerprint(out_dir: str, tokenizer_hash: str, seq_len: int) -> str:
         h.update(f"{split}:{len(data)}:".encode())
         h.update(data)
     h.update(f"tokenizer:{tokenizer_hash}:seq_len:{seq_len}".encode())
+    if bos_id is not None:
+        h.update(f":bos:{bos_id}".encode())
     return h.hexdigest()
 
 
@@ -255,7 +258,8 @@ def split_checks(path: str, split: str, manifest: dict[str, Any]) -> Iterable[Ca
 def check_fingerprint(path: str, manifest: dict[str, Any]) -> None:
     """The index files against the manifest's fingerprint (catches any edit of an index after prep)."""
     try:
-        fingerprint = dataset_fingerprint(path, manifest.get("tokenizer_hash", ""), int(manifest["seq_len"]))
+        fingerprint = dataset_fingerprint(path, manifest.get("tokenizer_hash", ""), int(manifest["seq_len"]),
+                                          manifest.get("bos_id"))
     except OSError as err:  # missing, not a regular file, too large: said by the split's own check too
         raise UsageError(f"the shard indexes cannot be read to check the manifest's fingerprint "
                          f"({err.strerror or type(err).__name__}: {err.filename})") from None

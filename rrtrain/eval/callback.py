@@ -53,11 +53,12 @@ class DownstreamEval(Callback):
 
     def on_start(self, loop: Loop) -> None:
         from data_prep.tokenizer import load_from_dataset
+        from rrtrain.data.sources import tokenizer_path
         from rrtrain.eval.tasks import load_tasks
 
         with quiet():
             self.loaded = load_tasks(self.manager, self.tasks, self.cfg.num_fewshot, "eval.downstream.tasks")
-        self.tokenizer = load_from_dataset(str(loop.facts.config.data.path))
+        self.tokenizer = load_from_dataset(str(tokenizer_path(loop.facts.config.data)))
         self.mark = (time.perf_counter(), loop.step)
 
     def on_step_end(self, loop: Loop) -> None:

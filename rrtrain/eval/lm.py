@@ -67,9 +67,9 @@ class RRTrainLM(TemplateLM):
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None
                             ) -> "RRTrainLM":
         """lm-eval's way in (`simple_evaluate(model="rrtrain", model_args={"run_dir": RUN, "step": N})`, after
-        `import rrtrain.eval.lm`): a run's checkpoint (rrtrain.model.from_run; default: the newest), on
+        `import rrtrain.eval.lm`): a run's checkpoint (rrtrain.artifact; default: the newest), on
         `device` (default: CUDA when there is one), `batch_size` sequences per forward (default 16)."""
-        from rrtrain.model.from_run import load_run
+        from rrtrain.artifact import load_run
 
         args = {**arg_dict, **{k: v for k, v in (additional_config or {}).items() if v is not None}}
         if "run_dir" not in args:

@@ -8,8 +8,7 @@ relative import, into one package of its module cache. The modeling file (remote
 such import per copied file, written at its marker.
 
 Left out: each package's `__init__.py` (the registry, which also searches installed packages for rules: an
-export finds its rule in `builtin.py`) and `model/from_run.py` (a run's checkpoint: it stands on the rest of
-rrtrain). A rule from another package is not rrtrain's to copy: its export is refused.
+export finds its rule in `builtin.py`). A rule from another package is not rrtrain's to copy: its export is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from rrtrain.residuals import BUILTIN, RuleSpec
 ROOT = Path(__file__).resolve().parents[1]  # rrtrain/
 #: the directories copied, and the files of theirs that are not part of the model package
 PACKAGES = (ROOT / "model", ROOT / "residuals")
-LEFT_OUT = frozenset({"__init__.py", "from_run.py"})
+LEFT_OUT = frozenset({"__init__.py"})
 TEMPLATES = Path(__file__).resolve().parent / "remote"
 TEMPLATE_FILES = ("configuration_rrtrain.py", "modeling_rrtrain.py")
 MARKER = "# COPIED-MODULES\n"

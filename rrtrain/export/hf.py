@@ -22,7 +22,7 @@ from rrtrain.core import files as rrfiles
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import replace_dir
 from rrtrain.export import bundle, stock as stock_mod, tokenizer as tok_mod
-from rrtrain.model.from_run import LoadedRun, load_run
+from rrtrain.artifact import LoadedRun, load_run
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 WEIGHTS = "model.safetensors"
@@ -44,19 +44,24 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def check_out(out: Path) -> None:
-    """OUT may be absent or an empty directory; its parent must exist."""
+    """OUT may be absent or an empty directory; its parent is made when missing (once the model is loaded)."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise UsageError(f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
         raise UsageError(f"{out} exists and is not empty; choose a new directory")
-    if not out.parent.is_dir():
-        raise UsageError(f"{out.parent} does not exist (the parent of the output directory)")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise UsageError(f"{out.parent} is not a directory (the parent of the output directory)")
 
 
 def rrtrain_section(run: LoadedRun) -> dict[str, Any]:
     """config.json's `rrtrain`: what the copied package needs to rebuild the model (`ModelSpec.to_dict`), and
     where it came from."""
     return {**run.model.spec.to_dict(), "step": run.step, "tokenizer": run.tokenizer.spec}
+
+
+def bos_of(run: LoadedRun) -> Optional[int]:
+    """The beginning-of-document token `rrtrain prep --bos` put before each document (None: none)."""
+    return (run.manifest or {}).get("bos_id")
 
 
 def remote_config(run: LoadedRun, dtype: torch.dtype, pad_id: Optional[int]) -> Any:
@@ -69,7 +74,8 @@ def remote_config(run: LoadedRun, dtype: torch.dtype, pad_id: Optional[int]) -> 
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.RrtrainConfig(
-        rrtrain=rrtrain_section(run), tie_word_embeddings=True, bos_token_id=None, eos_token_id=run.tokenizer.eos_id,
+        rrtrain=rrtrain_section(run), tie_word_embeddings=True, bos_token_id=bos_of(run),
+        eos_token_id=run.tokenizer.eos_id,
         pad_token_id=pad_id, torch_dtype=dtype, architectures=["RrtrainForCausalLM"],
         auto_map={"AutoConfig": "configuration_rrtrain.RrtrainConfig",
                   "AutoModelForCausalLM": "modeling_rrtrain.RrtrainForCausalLM"})
@@ -101,7 +107,32 @@ def write_into(tmp: Path, run: LoadedRun, dtype: torch.dtype, stock: bool) -> No
         bundle.write(tmp, run.model.rule)
     cfg.save_pretrained(str(tmp))
     GenerationConfig(eos_token_id=tok.eos_id, pad_token_id=pad_id if pad_id is not None else tok.eos_id,
-                     bos_token_id=None, use_cache=True).save_pretrained(str(tmp))
+                     bos_token_id=bos_of(run), use_cache=True).save_pretrained(str(tmp))
+    rrfiles.atomic_write_file(tmp / "README.md", model_card(run, stock))
+
+
+def model_card(run: LoadedRun, stock: bool) -> str:
+    """README.md: what the model is (rule, size, shape), what it saw (data, tokens) and how it did (validation
+    loss), from the run's own records."""
+    cfg, shape = run.config, run.shape
+    params = sum(p.numel() for p in run.model.parameters())
+    data = cfg.data.path or ", ".join(getattr(s, "path", str(s)) for s in (cfg.data.sources or [])) or "unknown"
+    val = f"{run.val_loss:.4f}" if run.val_loss is not None else "not recorded"
+    tokens = f"{run.tokens:,}" if run.tokens is not None else "not recorded"
+    loading = ("`AutoModelForCausalLM.from_pretrained(DIR)` (stock `ArceeForCausalLM`)" if stock else
+               "`AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)` (`RrtrainForCausalLM`)")
+    return (f"---\nlibrary_name: transformers\ntags: [rrtrain, {cfg.model.variant}]\n---\n\n"
+            f"# {cfg.run.name or Path(cfg.run.dir).name} (rrtrain, `{cfg.model.variant}`)\n\n"
+            f"A language model trained with rrtrain, exported at step {run.step}.\n\n"
+            f"| | |\n| --- | --- |\n"
+            f"| residual rule | `{cfg.model.variant}` |\n"
+            f"| size | `{cfg.model.size}`: {params:,} parameters; d_model {shape.d_model}, {shape.n_layers} blocks, "
+            f"{shape.n_heads} heads, d_ff {shape.d_ff}, seq_len {shape.seq_len}, positions {shape.pos} |\n"
+            f"| tokenizer | `{run.tokenizer.spec}` ({run.tokenizer.vocab_size} tokens) |\n"
+            f"| data | `{data}` |\n"
+            f"| tokens seen | {tokens} |\n"
+            f"| validation loss | {val} |\n\n"
+            f"Load it with {loading}.\n")
 
 
 def export_hf(run_dir: str | Path, out: str | Path, step: Optional[int] = None, dtype: str = "fp32",
@@ -119,12 +150,14 @@ def export_hf(run_dir: str | Path, out: str | Path, step: Optional[int] = None, 
             raise UsageError(f"--stock: {problem}")
     else:
         bundle.check_exportable(run.model.rule)
+    rrfiles.make_dirs(out.parent)  # the input is good: the output's parent may be made now
     tmp = Path(rrfiles.make_temp_dir(f".{out.name}.tmp_", out.parent))  # marked: deleted below only if made here
     try:
         write_into(tmp, run, torch_dtype, stock)
         rrfiles.set_private_modes(tmp)  # the user's alone, whatever the writers chose
         check_out(out)  # still absent or empty: nobody wrote there meanwhile
-        replace_dir(tmp, out)
+        replace_dir(tmp, out, mark=False)
+        rrfiles.unmark(out)  # rrtrain's own marker is no part of the model directory
     except BaseException:
         rrfiles.discard_made_dir(tmp)
         raise

@@ -18,47 +18,16 @@ from typing import Any
 
 import torch
 
+from rrtrain.artifact.stock import (  # noqa: F401  (the adapter, both ways: rrtrain/artifact/stock.py)
+    ARCHITECTURE,
+    from_hf,
+    interleaved_to_halves,
+    state_dict,
+    stock_problem,
+    to_hf,
+)
 from rrtrain.core.errors import UsageError
 from rrtrain.sizing import ModelShape
-
-ARCHITECTURE = "ArceeForCausalLM"
-
-
-def stock_problem(variant: str, shape: ModelShape, residual_values: dict[str, Any]) -> str | None:
-    """Why this model has no stock form (None: it maps onto Arcee exactly)."""
-    if variant != "standard":
-        return f"only 'standard' has a stock architecture, this run trained '{variant}' (export it without --stock)"
-    if shape.pos != "rope":
-        return ("'standard' with learned absolute positions (model.pos=learned) matches no stock architecture: those "
-                "with learned positions use LayerNorm, not RMSNorm; only model.pos=rope maps onto Arcee")
-    return None
-
-
-def interleaved_to_halves(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Rows of a query or key projection reordered from RoPE on pairs (2i, 2i+1) to RoPE on halves (i, i + hd/2)."""
-    hd = w.shape[0] // n_heads
-    order = torch.cat([torch.arange(0, hd, 2), torch.arange(1, hd, 2)])
-    return w.view(n_heads, hd, -1)[:, order].reshape(w.shape)
-
-
-def state_dict(sd: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
-    """Arcee's tensor names and layout for a `standard` Transformer's state dict (the LM head stays tied)."""
-    d, h = shape.d_model, shape.n_heads
-    out = {"model.embed_tokens.weight": sd["tok_emb.weight"], "model.norm.weight": sd["stream.norm.weight"]}
-    for i in range(shape.n_layers):
-        src, dst = f"blocks.{i}.", f"model.layers.{i}."
-        q, k, v = sd[src + "attn.qkv.weight"].split(d, dim=0)
-        out.update({
-            dst + "input_layernorm.weight": sd[src + "attn_site.norm.weight"],
-            dst + "self_attn.q_proj.weight": interleaved_to_halves(q, h),
-            dst + "self_attn.k_proj.weight": interleaved_to_halves(k, h),
-            dst + "self_attn.v_proj.weight": v,
-            dst + "self_attn.o_proj.weight": sd[src + "attn.proj.weight"],
-            dst + "post_attention_layernorm.weight": sd[src + "mlp_site.norm.weight"],
-            dst + "mlp.up_proj.weight": sd[src + "mlp.fc.weight"],
-            dst + "mlp.down_proj.weight": sd[src + "mlp.proj.weight"],
-        })
-    return out
 
 
 def config(shape: ModelShape, norm_eps: float, rope_base: float, eos_id: int, pad_id: int | None,
@@ -75,3 +44,6 @@ def config(shape: ModelShape, norm_eps: float, rope_base: float, eos_id: int, pa
         rope_theta=rope_base, rope_scaling=None, attention_bias=False, mlp_bias=False, tie_word_embeddings=True,
         bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id, use_cache=True, torch_dtype=dtype,
         architectures=[ARCHITECTURE])
+
+
+__all__ = ["ARCHITECTURE", "config", "from_hf", "interleaved_to_halves", "state_dict", "stock_problem", "to_hf"]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
+
+from .parametrization import SP, Parametrization
 
 
 @dataclass(frozen=True)
@@ -43,15 +45,29 @@ class ModelSpec:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     rope_base: float = 10000.0
+    # document masking (rrtrain/model/transformer.py, `document_attend`): attention block-diagonal by document
+    # within each packed row, documents ending at `eod_id`; positions restart per document ("restart") or run on
+    # over the whole row ("continue"). Off: the model is what it always was.
+    doc_mask: bool = False
+    doc_positions: str = "restart"
+    eod_id: Optional[int] = None
+    # width/depth parametrization (rrtrain/model/parametrization.py, docs/transfer.md); SP: GPT-2's, as always
+    parametrization: Parametrization = SP
 
     @property
     def variant(self) -> str:
         return self.rule.name
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (an export's config.json `rrtrain` section): the rule by name, its knobs' values."""
-        return {"variant": self.rule.name, "shape": dataclasses.asdict(self.shape), "residual": self.knobs.values(),
+        """Plain data (an export's config.json `rrtrain` section): the rule by name, its knobs' values (the
+        document-masking keys only when `doc_mask` is on, so that other models' sections are as they were)."""
+        data = {"variant": self.rule.name, "shape": dataclasses.asdict(self.shape), "residual": self.knobs.values(),
                 "norm_eps": self.norm_eps, "init_std": self.init_std, "rope_base": self.rope_base}
+        if self.doc_mask:
+            data.update(doc_mask=True, doc_positions=self.doc_positions, eod_id=self.eod_id)
+        if not self.parametrization.is_sp:  # likewise: an sp model's section is as it was
+            data["parametrization"] = self.parametrization.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], rules: Iterable[Any]) -> "ModelSpec":
@@ -61,4 +77,13 @@ class ModelSpec:
         if rule is None:
             raise ValueError(f"residual rule {name!r} is not among the rules at hand")
         return cls(shape=ModelShape(**data["shape"]), rule=rule, knobs=rule.make_knobs(**data["residual"]),
-                   norm_eps=data["norm_eps"], init_std=data["init_std"], rope_base=data["rope_base"])
+                   norm_eps=data["norm_eps"], init_std=data["init_std"], rope_base=data["rope_base"],
+                   doc_mask=bool(data.get("doc_mask", False)), doc_positions=data.get("doc_positions", "restart"),
+                   eod_id=data.get("eod_id"), parametrization=_parametrization(data.get("parametrization")))
+
+
+def _parametrization(data: Optional[dict[str, Any]]) -> Parametrization:
+    if not data:
+        return SP
+    return Parametrization(name=data["parametrization"], base_d_model=data["base_d_model"],
+                           base_n_layers=data["base_n_layers"], alpha=data["alpha"])

@@ -11,7 +11,8 @@ imports neither the rules nor any config: with rrtrain/residuals/ it is what an 
 This module is single-device: no distributed code lives here (see rrtrain/parallel/).
 
 Training calls `forward(idx, targets)`: causal attention over whole sequences (scaled_dot_product_attention with
-`is_causal=True`). Inference may also pass a padding mask, explicit positions and a key/value cache (`Attend`):
+`is_causal=True`), or with `spec.doc_mask` causal within each document of a packed row (`document_attend`).
+Inference may also pass a padding mask, explicit positions and a key/value cache (`Attend`):
 padded keys are never attended to, positions count from each row's first real token, and only attention keys
 and values are cached, since every residual rule acts on each position alone (its state at a position depends
 on that position's embedding and the attention outputs there, never on another position directly).
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .parametrization import matches, refusal
 from .spec import ModelShape, ModelSpec
 
 
@@ -84,21 +86,32 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(shape.d_model, 3 * shape.d_model, bias=False)
         self.proj = nn.Linear(shape.d_model, shape.d_model, bias=False)  # residual projection
         self.rotary = Rotary(shape.head_dim, shape.seq_len, rope_base) if shape.pos == "rope" else None
+        self.scale: Optional[float] = None  # None: 1/sqrt(head_dim); mup/completep: 1/head_dim (set by the model)
 
     def forward(self, x: torch.Tensor, attend: Optional[Attend] = None) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=-1)
+        return self.attend_qkv(*self.project(x), attend)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, T, D) each: the QKV projection of x (B, T, D), before the heads are split and rotated."""
+        return self.qkv(x).split(x.shape[-1], dim=-1)
+
+    def attend_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   attend: Optional[Attend] = None) -> torch.Tensor:
+        """Attention over projected q, k, v (B, T, D) each (`project`'s, or what a residual site made of them), then
+        the output projection."""
+        b, t, d = q.shape
         q, k, v = (z.view(b, t, self.n_heads, -1).transpose(1, 2) for z in (q, k, v))  # (B, H, T, hd)
         if attend is None:  # training: whole sequences from position 0
             if self.rotary is not None:
                 q, k = self.rotary(q), self.rotary(k)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)  # (B, H, T, hd)
         else:
             if self.rotary is not None:
                 q, k = self.rotary(q, attend.positions), self.rotary(k, attend.positions)
             if attend.cache is not None:
                 k, v = attend.cache.update(k, v, self.layer)  # (B, H, K, hd): the cached ones, then these
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attend.mask, is_causal=attend.is_causal)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attend.mask, is_causal=attend.is_causal,
+                                               scale=self.scale)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -113,19 +126,33 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Attention then MLP, each wrapped by its residual site. Knows nothing about which rule it runs."""
+    """Attention then MLP, each wrapped by its residual site. Knows nothing about which rule it runs: it asks the
+    attention site whether it declares `attention_inputs` (then the site gives attention its q, k, v)."""
 
     def __init__(self, shape: ModelShape, attn_site: nn.Module, mlp_site: nn.Module, rope_base: float,
                  layer: int = 0) -> None:
         super().__init__()
         self.attn_site, self.attn = attn_site, Attention(shape, rope_base, layer)
         self.mlp_site, self.mlp = mlp_site, MLP(shape)
+        # completep's m_L^-alpha on each sublayer's update u, for a rule whose composition puts it there; None: u as
+        # it is (sp, mup, or a rule that applies it in its own write). The same in every block (one compiled graph).
+        self.branch_mult: Optional[float] = None
 
     def forward(self, state: Any, attend: Optional[Attend] = None) -> Any:
         x, ctx = self.attn_site.read(state)  # x: (B, T, D)
-        state = self.attn_site.write(state, self.attn(x) if attend is None else self.attn(x, attend), ctx)
+        if self.attn_site.attention_inputs:  # the site gives attention its q, k, v (value residuals)
+            q, k, v, ctx = self.attn_site.qkv(self.attn.project, x, ctx)
+            y = self.attn.attend_qkv(q, k, v, attend)
+        else:
+            y = self.attn(x) if attend is None else self.attn(x, attend)
+        if self.branch_mult is not None:
+            y = y * self.branch_mult
+        state = self.attn_site.write(state, y, ctx)
         x, ctx = self.mlp_site.read(state)
-        return self.mlp_site.write(state, self.mlp(x), ctx)
+        y = self.mlp(x)
+        if self.branch_mult is not None:
+            y = y * self.branch_mult
+        return self.mlp_site.write(state, y, ctx)
 
 
 class Transformer(nn.Module):
@@ -139,6 +166,13 @@ class Transformer(nn.Module):
         self.spec = spec
         self.shape, self.rule, self.variant, self.init_std = spec.shape, spec.rule, spec.rule.name, spec.init_std
         self.knobs, self.norm_eps, self.rope_base = spec.knobs, spec.norm_eps, spec.rope_base
+        check_doc_mask(spec)
+        self.param = spec.parametrization
+        refused = refusal(self.param, self.rule)
+        if refused:
+            raise ValueError(refused)
+        # mup/completep: the tied head's input x 1/m_w; None under sp (nothing multiplied)
+        self.logit_mult: Optional[float] = self.param.logit_multiplier(spec.shape)
         shape = self.shape
         self.tok_emb: nn.Embedding
         self.pos_emb: Optional[nn.Embedding]
@@ -160,8 +194,13 @@ class Transformer(nn.Module):
         """Block `i` with its two residual sites attached (for this model, or as the template of unit i + 1)."""
         shape, knobs, eps = self.shape, self.knobs, self.norm_eps
         d, n_sub = shape.d_model, shape.n_sublayers
-        block = Block(shape, self.rule.make_site(d, 2 * i, n_sub, "attn", eps, knobs),
-                      self.rule.make_site(d, 2 * i + 1, n_sub, "mlp", eps, knobs), self.rope_base, layer=i)
+        mult = self.param.branch_multiplier(shape)
+        in_write = mult is not None and self.rule.composition.branch == "write"
+        extra = {"branch_multiplier": mult} if in_write else {}  # only then: a rule's own make_site may not take it
+        block = Block(shape, self.rule.make_site(d, 2 * i, n_sub, "attn", eps, knobs, **extra),
+                      self.rule.make_site(d, 2 * i + 1, n_sub, "mlp", eps, knobs, **extra), self.rope_base, layer=i)
+        block.attn.scale = self.param.attention_scale(shape)
+        block.branch_mult = None if in_write else mult
         block.attn_site.attach(block.attn)
         block.mlp_site.attach(block.mlp)
         return block
@@ -197,29 +236,52 @@ class Transformer(nn.Module):
         not depend on how the model is laid out over devices.
 
         - embeddings, QKV and the MLP's first layer: N(0, init_std)              (GPT-2)
-        - output projections of both sublayers: N(0, init_std / sqrt(2 * n_layers)) (GPT-2 residual scaling)
+        - output projections of both sublayers: N(0, init_std / sqrt(2 * n_layers)) (GPT-2 residual scaling;
+          N(0, init_std) for a rule that declares `depth_scaled_output_init = False`, LayerNorm Scaling)
         - a rule with `branch_init_gain` (DeepNorm's beta) multiplies V, the output projections and the MLP
         - each residual site and the stream: their own reset_parameters (gates at r = 0.5, ReZero at 0, ...),
           last, so a rule that re-initialises what it was attached to (Fixup's branches) has the final word
+        Under mup/completep (docs/transfer.md) the same draws in the same order, the hidden matrices at std /
+        sqrt(m_w), the output projections without 1/sqrt(2L) under completep; then the rule's declared
+        composition (`compose_init`): its fixed-std matrices x m_w^-1/2, its convex gates' start depth-aware.
         """
-        std, n, d = self.init_std, self.shape.n_layers, self.shape.d_model
+        std, n, d, p = self.init_std, self.shape.n_layers, self.shape.d_model, self.param
         gain = self.rule.branch_init_gain(n) if self.rule.branch_init_gain else 1.0
+        hidden = std if p.is_sp else p.hidden_std(std, self.shape)
         with torch.no_grad():
             if u == 0:
                 nn.init.normal_(unit.tok_emb.weight, std=std, generator=generator)
                 if unit.pos_emb is not None:
                     nn.init.normal_(unit.pos_emb.weight, std=std, generator=generator)
                 unit.stream.reset_parameters(generator)
+                self.compose_init(unit.stream)
                 return
-            nn.init.normal_(unit.attn.qkv.weight, std=std, generator=generator)
+            nn.init.normal_(unit.attn.qkv.weight, std=hidden, generator=generator)
             unit.attn.qkv.weight[2 * d:].mul_(gain)  # value rows
-            nn.init.normal_(unit.mlp.fc.weight, std=std * gain, generator=generator)
+            nn.init.normal_(unit.mlp.fc.weight, std=hidden * gain, generator=generator)
+            depth = math.sqrt(2 * n) if p.output_depth_scaled(self.rule.depth_scaled_output_init) else 1.0
             for proj in (unit.attn.proj, unit.mlp.proj):
-                nn.init.normal_(proj.weight, std=gain * std / math.sqrt(2 * n), generator=generator)
+                nn.init.normal_(proj.weight, std=gain * hidden / depth, generator=generator)
             if unit.attn.rotary is not None:
                 unit.attn.rotary.reset_parameters()
             unit.attn_site.reset_parameters(generator)
             unit.mlp_site.reset_parameters(generator)
+            self.compose_init(unit.attn_site)
+            self.compose_init(unit.mlp_site)
+
+    def compose_init(self, module: nn.Module) -> None:
+        """Apply the rule's composition to the start its `reset_parameters` just drew (`init_unit`); nothing
+        under sp."""
+        comp, p = self.rule.composition, self.param
+        if p.is_sp:
+            return
+        m_w, m_l = p.width_mult(self.shape), p.depth_mult(self.shape)
+        for name, param in module.named_parameters():
+            if m_w != 1.0 and matches(name, comp.scaled_init):
+                param.mul_(m_w ** -0.5)
+            if p.depth and m_l != 1.0 and matches(name, comp.carry_gates):  # r0 -> 1 - (1 - r0)^(1/m_L)
+                r = -torch.expm1(torch.log1p(-torch.sigmoid(param.double())) / m_l)
+                param.copy_((torch.log(r) - torch.log1p(-r)).to(param.dtype))
 
     def init_weights(self, seed: int) -> None:
         """Initialise a model whose tensors are all here and whole (one process; after `to_empty`).
@@ -234,12 +296,17 @@ class Transformer(nn.Module):
     def hidden(self, idx: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                position_ids: Optional[torch.Tensor] = None, cache: Any = None) -> torch.Tensor:
         """Token ids (B, T) -> the tensor that enters the LM head (B, T, D). Without the optional arguments
-        (training): whole sequences, causal. `attention_mask` (B, K), 1 on real tokens and 0 on padding, covers
+        (training): whole sequences, causal (with `spec.doc_mask`: causal within each document of the row; with
+        any of the optional arguments each row is one document, so generation runs one document per sequence).
+        `attention_mask` (B, K), 1 on real tokens and 0 on padding, covers
         the cached tokens and these (K = cached + T); `position_ids` (B, T) default to counting each row's
         real tokens; `cache` is transformers' Cache API (`get_seq_length`, `update`), extended here."""
         past = cache.get_seq_length() if cache is not None else 0
         check_length(past + idx.shape[1], self.shape.seq_len)
         if attention_mask is None and position_ids is None and cache is None:
+            if self.spec.doc_mask:  # block-diagonal by document (`document_attend`)
+                attend = document_attend(idx, self.spec.eod_id, self.spec.doc_positions == "restart")
+                return self.readout_of(self.embed(idx, attend.positions), attend)
             return self.readout_of(self.embed(idx, None), None)
         attend = attend_for(idx, attention_mask, position_ids, cache, past, self.shape.seq_len)
         return self.readout_of(self.embed(idx, attend.positions), attend)
@@ -263,6 +330,8 @@ class Transformer(nn.Module):
         """Logits (B, T, V), or the mean next-token cross-entropy in fp32 when `targets` is given; the mask,
         positions and cache as in `hidden`."""
         z = self.hidden(idx, attention_mask, position_ids, cache)
+        if self.logit_mult is not None:  # mup/completep: 1/m_w (on the head's input: the same as on the logits)
+            z = z * self.logit_mult
         logits = F.linear(z, self.tok_emb.weight)  # tied LM head
         if targets is None:
             return logits
@@ -307,6 +376,41 @@ def attend_for(idx: torch.Tensor, attention_mask: Optional[torch.Tensor], positi
     if attention_mask is not None:
         mask = (mask & real[:, None, :]) | (key_at == query_at)[None]  # no padded key; a query sees itself
     return Attend(positions=positions, mask=mask[:, None], is_causal=False, cache=cache)
+
+
+DOC_POSITIONS = ("restart", "continue")
+
+
+def check_doc_mask(spec: ModelSpec) -> None:
+    """Refuse document-masking settings the model cannot run, in one line."""
+    if spec.doc_positions not in DOC_POSITIONS:
+        raise ValueError(f"doc_positions must be one of {', '.join(DOC_POSITIONS)}, got {spec.doc_positions!r}")
+    if not spec.doc_mask:
+        return
+    if spec.eod_id is None:
+        raise ValueError("doc_mask needs the end-of-document token id (eod_id; a run takes its dataset's "
+                         "manifest eos_id)")
+    if not 0 <= spec.eod_id < spec.shape.vocab_size:
+        raise ValueError(f"eod_id {spec.eod_id} is not a token id of the model's vocabulary of "
+                         f"{spec.shape.vocab_size}")
+
+
+def document_attend(idx: torch.Tensor, eod_id: int, restart: bool) -> Attend:
+    """Attention within each document of packed rows (B, T): a document ends at its end-of-document token
+    `eod_id` (which belongs to it), the next one starts after it; a query attends to the keys of its own
+    document up to itself. A boolean mask (B, 1, T, T) for scaled_dot_product_attention, which runs forward
+    and backward on every device and compiles (flex attention has no backward on CPU in torch 2.14).
+    Positions count from each document's first token when `restart`, else from the row's. No host sync."""
+    b, t = idx.shape
+    at = torch.arange(t, device=idx.device)
+    ends = idx == eod_id
+    first = torch.zeros_like(ends)
+    first[:, 1:] = ends[:, :-1]
+    first[:, 0] = True
+    start = torch.where(first, at, 0).cummax(dim=-1).values  # (B, T): each token's document's first index
+    positions = at - start if restart else at.expand(b, t)
+    mask = (at[None, None, :] >= start[:, :, None]) & (at[None, None, :] <= at[None, :, None])  # (B, T, T)
+    return Attend(positions=positions, mask=mask[:, None], is_causal=False)
 
 
 def unit_generator(seed: int, unit: int) -> torch.Generator:

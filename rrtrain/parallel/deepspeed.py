@@ -282,6 +282,45 @@ class DeepSpeedEngine(Engine):
         if loaded is None:
             raise RuntimeError(f"DeepSpeed found no checkpoint under {path / TAG}")
 
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        """DeepSpeed's own consolidation, in memory: each parameter's fp32 master (`safe_get_full_fp32_param`:
+        gathered from the ZeRO partitions, a collective every rank calls for every parameter in the same order),
+        the persistent buffers as the module holds them. Whole on every rank."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        out: dict[str, torch.Tensor] = {}
+        for name, p in self.inner.named_parameters():
+            full = safe_get_full_fp32_param(p)
+            if full is None:  # no fp32 master mapped to it (fp32 training at stages 1-2): the module's own copy
+                full = p.detach()
+            out[name] = full.detach().to("cpu", torch.float32).clone()
+        params = dict(self.inner.named_parameters())
+        for name, value in self.inner.state_dict().items():
+            if name not in params and name not in out:
+                out[name] = value.detach().to("cpu").clone()
+        return out
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Each parameter's fp32 master (DeepSpeed's `safe_set_full_fp32_param`) and its working copy in the module
+        (gathered at stage 3, rank 0 writing) set from `state`; buffers copied in place."""
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        deepspeed = import_deepspeed()
+        for name, p in self.inner.named_parameters():
+            full = state[name].to(self.device, torch.float32)
+            safe_set_full_fp32_param(p, full)
+            if hasattr(p, "ds_id"):  # ZeRO-3: partitioned
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
+                    p.data.copy_(full.to(p.dtype))
+            else:
+                with torch.no_grad():
+                    p.data.copy_(full.to(p.dtype))
+        params = dict(self.inner.named_parameters())
+        with torch.no_grad():
+            for name, buf in self.inner.named_buffers():
+                if name not in params and name in state:
+                    buf.copy_(state[name].to(buf.device, buf.dtype))
+
     # -- bookkeeping --------------------------------------------------------------------------
 
     def counters(self) -> dict[str, int]:

@@ -71,6 +71,17 @@ class Engine:
     def load(self, path: Path) -> None:
         raise NotImplementedError
 
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        """Collective: the whole model's weights (the unwrapped Transformer's state-dict names), fp32 copies on
+        the CPU, consolidated from every rank's shards; complete on rank 0 (other ranks may get an empty dict).
+        Every rank must call it, in the same order as the other collectives."""
+        raise NotImplementedError
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Collective: the model's weights replaced by `state` (the whole model, as `full_model_state` gives it,
+        the same on every rank); the optimizer state is left as it is (fresh, for a warm start)."""
+        raise NotImplementedError
+
     def grad_sq_norms(self, groups: list[list[nn.Parameter]]) -> torch.Tensor:
         """Squared gradient norm of each parameter group: (len(groups),) fp32, the same on every rank. Each rank's
         local shards are summed over `grad_group` (all ranks unless set), which must hold every shard once."""

@@ -77,6 +77,19 @@ class NativeEngine(Engine):
         # steps that follow cannot change what is being written.
         return dcp.async_save(self._state(), checkpoint_id=str(path), process_group=process_group)
 
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        """torch's own consolidation: the full state dict gathered from the FSDP2 shards (a plain module's is its
+        own), offloaded to the CPU, on rank 0 (torch hands the other ranks an empty dict)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v.detach().to("cpu", torch.float32).clone() for k, v in state.items()}
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=True))
+
     def load(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException

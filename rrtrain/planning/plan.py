@@ -219,6 +219,8 @@ def _fake(dtype: torch.dtype):
 def _build(m: ModelConfig, shape: sizing.ModelShape, rule: Optional[RuleSpec]):
     from rrtrain.resolve import build_model
 
+    if m.doc_mask and m.eod_id is None:  # no dataset yet: the mask's memory is the same wherever documents end
+        m = dataclasses.replace(m, eod_id=0)
     return build_model(m, shape=shape, device="cpu", rule=rule)
 
 
@@ -281,6 +283,7 @@ def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool,
     The last block, not the first: a multi-stream rule's first input is a broadcast view of the embedding.
     """
     from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._pytree import tree_leaves
 
     model = _build(m, shape, rule)
     params = {StorageWeakRef(p.untyped_storage()).cdata for p in model.parameters()}
@@ -295,8 +298,7 @@ def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool,
         return t
 
     def note_input(_module, args) -> None:
-        state = args[0]
-        tensors = state if isinstance(state, tuple) else (state,)
+        tensors = tree_leaves(args[0])  # a tensor, or a (nested) tuple of them (DenseFormer's slots)
         block_in.append(sum(t.untyped_storage().nbytes() for t in tensors[-1:]))  # the newest source only
 
     model.blocks[-1].register_forward_pre_hook(note_input)

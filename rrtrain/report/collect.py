@@ -42,6 +42,8 @@ PRUNED_STATUSES = frozenset({"pruned", "paused"})
 KNOWN_STATUSES = FLAGGED_STATUSES | UNFINISHED_STATUSES | PRUNED_STATUSES | {"completed"}
 
 TRAIN_KINDS = frozenset({"train"})
+#: a mixture's per-source validation losses in an evaluation line: `val/<name>`
+SOURCE_PREFIX = "val/"
 EVAL_KINDS = frozenset({"eval", "val"})
 
 
@@ -58,6 +60,9 @@ class Metrics:
     relogged: int = 0
     #: the in-loop downstream values of the largest step that has any ({step: {"TASK/METRIC": value}}, one step)
     downstream: downstream.Table = field(default_factory=dict)
+    #: a mixture's validation loss per source (`val/<name>`) at the largest step that has any, and that step
+    val_sources: dict[str, float] = field(default_factory=dict)
+    val_sources_step: int | None = None
 
     @classmethod
     def empty(cls) -> "Metrics":
@@ -82,6 +87,8 @@ class RunMetrics:
     lines: int = 0
     bad_lines: int = 0
     relogged: int = 0
+    val_sources: dict[str, float] = field(default_factory=dict)  # a mixture's last `val/<name>` values
+    val_sources_step: int | None = None
 
     @classmethod
     def of(cls, m: Metrics) -> "RunMetrics":
@@ -92,7 +99,8 @@ class RunMetrics:
                    last_train_step=int(m.train_steps[-1]) if n else None,
                    last_train_loss=float(m.train_loss[-1]) if n else None,
                    spike=spike_score(m.train_loss) if n else None,
-                   lines=m.lines, bad_lines=m.bad_lines, relogged=m.relogged)
+                   lines=m.lines, bad_lines=m.bad_lines, relogged=m.relogged, val_sources=m.val_sources,
+                   val_sources_step=m.val_sources_step)
 
     @classmethod
     def empty(cls) -> "RunMetrics":
@@ -124,6 +132,8 @@ class Run:
     #: the final downstream values (`rrtrain.rundir.downstream.final`: the largest step that has any), and that step
     downstream: dict[str, float] = field(default_factory=dict)
     downstream_step: int | None = None
+    #: a cooldown branch's parent (config.yaml `train.branch_from`): its run directory and the step branched at
+    branch_from: tuple[str, int] | None = None
 
     @property
     def category(self) -> str:
@@ -199,7 +209,9 @@ def read_run(run_dir: Path, root: Path) -> Run:
         run.params, run.step, run.tokens, run.wall_s = final.params, final.step, final.tokens, final.wall_s
         run.final_val_loss, run.best_val_loss = final.final_val_loss, final.best_val_loss
     who = readers.identity(final, config)
-    run.point = read_point(config if config else readers.read_config(run_dir))
+    config = config if config else readers.read_config(run_dir)
+    run.point = read_point(config)
+    run.branch_from = read_branch(config)
     run.variant, run.size, run.seed = who.variant, who.size, who.seed
     metrics = readers.metrics_path(run_dir)
     records: downstream.Table = {}
@@ -215,6 +227,18 @@ def read_run(run_dir: Path, root: Path) -> Run:
     return run
 
 
+def read_branch(config: dict) -> tuple[str, int] | None:
+    """The parent a run branched from (`train.branch_from`, `RUN_DIR@STEP` as the trainer recorded it), as
+    untrusted data: None when absent or malformed."""
+    raw = fields.dig(config, "train", "branch_from")
+    if not isinstance(raw, str):
+        return None
+    parent, _, step = raw.rpartition("@")
+    if not parent or not step.isdigit() or len(step) > 18:
+        return None
+    return parent, int(step)
+
+
 def read_metrics(path: Path) -> Metrics:
     """Parse metrics.jsonl: training lines (`step`, `loss`) and evaluation lines (`step`, `val_loss`).
 
@@ -223,11 +247,14 @@ def read_metrics(path: Path) -> Metrics:
     are ignored. Lines that are not JSON objects (a torn
     last line after a crash, garbage) are counted in `bad_lines` and skipped, and so are lines whose loss has
     no step or is not a loss (`rrtrain.rundir.fields.loss`). A step logged twice (a resumed run re-logs the steps after its last checkpoint)
-    keeps the last value; `relogged` counts the replaced values.
+    keeps the last value; `relogged` counts the replaced values. A mixture's evaluation lines also carry
+    `val/<name>` per source: those of the largest step that has any are kept (`val_sources`).
     """
     train: dict[int, float] = {}
     val: dict[int, float] = {}
     down: downstream.Table = {}
+    per_source: dict[str, float] = {}
+    per_source_step: int | None = None
     lines = bad = relogged = 0
     for rec in readers.records(path):
         lines += 1
@@ -254,6 +281,12 @@ def read_metrics(path: Path) -> Metrics:
                 continue
             relogged += step in table
             table[step] = loss
+        if step is not None and rec.get("val_loss") is not None and kind in (None, *EVAL_KINDS):
+            found = {k[len(SOURCE_PREFIX):]: fields.loss(v) for k, v in rec.items()
+                     if isinstance(k, str) and k.startswith(SOURCE_PREFIX)}
+            found = {k: v for k, v in found.items() if v is not None and k}
+            if found and (per_source_step is None or step >= per_source_step):
+                per_source, per_source_step = found, step
         bad += malformed
     ts = sorted(train)
     vs = sorted(val)
@@ -266,4 +299,6 @@ def read_metrics(path: Path) -> Metrics:
         bad_lines=bad,
         relogged=relogged,
         downstream=down,
+        val_sources=per_source,
+        val_sources_step=per_source_step,
     )

@@ -353,7 +353,8 @@ def _read_sweep_json(sweep_dir: Path) -> dict | None:
 
 def _params_of(config: dict) -> float | None:
     """A recorded run config's parameter count, resolved as the trainer resolves it (None when it cannot be)."""
-    from rrtrain.config import Config, build
+    from rrtrain.config import Config
+    from rrtrain.config_load import build
     from rrtrain.core.errors import UsageError
     from rrtrain.data.manifest import prepared_manifest
     from rrtrain.resolve import resolve
@@ -367,7 +368,8 @@ def _params_of(config: dict) -> float | None:
 
 def size_params(name: str) -> float:
     """A size preset's parameter count (the standard rule, unmatched), for `--lr-for PRESET`."""
-    from rrtrain.config import Config, build
+    from rrtrain.config import Config
+    from rrtrain.config_load import build
     from rrtrain.resolve import resolve
 
     cfg = build(Config, {"model": {"size": name, "variant": "standard"}})

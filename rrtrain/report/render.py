@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -167,6 +168,8 @@ def report_md(a: Analysis, plots: dict[str, dict[str, Any]], sweep_name: str) ->
     L += _table(["Size", "variant", "n", "mean", "SD", "best val (mean)", "spike score[^spike]", "max", "flagged",
                  "unfinished", "seeds in mean"], rows)
     L += downstream_section(a)
+    L += sources_section(a)
+    L += branches_section(a)
     L += _trend_section(a)
     L += _ahead_section(a)
     L += _run_lists(flagged, unfinished, unusable, o.include_flagged)
@@ -180,6 +183,56 @@ def report_md(a: Analysis, plots: dict[str, dict[str, Any]], sweep_name: str) ->
             L.append(f"![{name}]({name})")
     L += ["", *_footnotes(a, flagged)]
     return "\n".join(L) + "\n"
+
+
+def _source_names(a: Analysis) -> list[str]:
+    """The sources of the runs trained on mixtures (`data.sources`), in the order the runs name them."""
+    return list(dict.fromkeys(k for r in a.rows for k in r.run.metrics.val_sources))
+
+
+def sources_section(a: Analysis) -> list[str]:
+    """Runs trained on a mixture of datasets: each source's validation loss (`val/<name>`) at the run's last
+    evaluation that has them; nothing when no run has any."""
+    names = _source_names(a)
+    if not names:
+        return []
+    rows = []
+    for r in a.rows:
+        m = r.run.metrics
+        if m.val_sources:
+            rows.append([r.run.rel, r.run.size or "?", r.run.variant or "?",
+                         r.run.seed if r.run.seed is not None else "?", m.val_sources_step,
+                         fixed(r.run.final_val_loss, 4), *(fixed(m.val_sources.get(n), 4) for n in names)])
+    L = ["", "## Validation loss per source", "",
+         "Runs trained on a weighted mixture of datasets (`data.sources`): the loss on each source's own validation "
+         "split at the run's last evaluation; the final validation loss is their mean weighted as the sources are "
+         "in training.", ""]
+    return L + _table(["run", "size", "variant", "seed", "step", "final val loss", *(f"val/{n}" for n in names)],
+                      rows)
+
+
+def branches_section(a: Analysis) -> list[str]:
+    """Cooldown branches (`train.branch_from`) by token budget: for each parent, the parent itself (where the
+    report found it) and its branches, in the order of the tokens each trained to: the loss against tokens of one
+    run and its cooldowns. Nothing when no run is a branch."""
+    branches = [r.run for r in a.rows if r.run.branch_from is not None]
+    if not branches:
+        return []
+    found = {os.path.realpath(r.run.path): r.run for r in a.rows}
+    groups: dict[str, list[tuple[Any, Any]]] = {}
+    for run in branches:
+        groups.setdefault(run.branch_from[0], []).append((run, run.branch_from[1]))
+    rows = []
+    for parent, members in sorted(groups.items()):
+        trunk = found.get(os.path.realpath(parent))
+        members = ([(trunk, DASH)] if trunk is not None else []) + members
+        for run, step in sorted(members, key=lambda m: (m[0].tokens is None, m[0].tokens or 0, m[0].rel)):
+            rows.append([trunk.rel if trunk is not None else parent, run.rel, step,
+                         run.tokens if run.tokens is not None else DASH, fixed(run.final_val_loss, 4), run.status])
+    L = ["", "## Cooldown branches by token budget", "",
+         "Runs started from another run's checkpoint (`train.branch_from=RUN_DIR@STEP`), each with its own budget "
+         "and decay, listed under their parent (the parent's own row has no branch step), by the tokens trained.", ""]
+    return L + _table(["parent", "run", "branch step", "tokens", "final val loss", "status"], rows)
 
 
 def downstream_section(a: Analysis) -> list[str]:
@@ -378,13 +431,15 @@ def results_csv(a: Analysis) -> str:
     per key any run has (its final values), after the others."""
     keys = sorted({k for r in a.rows for k in r.run.downstream})
     extra = ["downstream_step", *(f"downstream/{k}" for k in keys)] if keys else []
+    names = _source_names(a)  # a mixture's sources: one `val/<name>` column each (the last evaluation's values)
+    extra += [f"val/{n}" for n in names]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS + extra, lineterminator="\n")
     w.writeheader()
     for r in a.rows:
         run, m, sp = r.run, r.run.metrics, r.spike
         more = {"downstream_step": run.downstream_step, **{f"downstream/{k}": v for k, v in run.downstream.items()}}
-        w.writerow({**(more if keys else {}),
+        w.writerow({**(more if keys else {}), **{f"val/{n}": m.val_sources.get(n) for n in names},
             "run": run.rel, "size": run.size, "variant": run.variant, "seed": run.seed, "status": run.status,
             "category": run.category, "included": int(r.included), "note": r.note or run.reason,
             "flags": ";".join(run.flags), "params": _int_or_blank(run.params), "step": run.step,

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from .base import KnobError, RuleKnobs, RuleSpec, Site, SiteInfo, State, Stream, StreamInfo, require
+from .composition import Composition
 from .builtin import SPECS as BUILTIN
 
 ENTRY_POINT_GROUP = "rrtrain.residuals"
@@ -75,5 +76,5 @@ for _spec in BUILTIN:
 
 discover()
 
-__all__ = ["BUILTIN", "ENTRY_POINT_GROUP", "KnobError", "RuleKnobs", "RuleSpec", "Site", "SiteInfo", "State", "Stream",
+__all__ = ["BUILTIN", "Composition", "ENTRY_POINT_GROUP", "KnobError", "RuleKnobs", "RuleSpec", "Site", "SiteInfo", "State", "Stream",
            "StreamInfo", "discover", "get", "names", "register", "require", "specs_of"]

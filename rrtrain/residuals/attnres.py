@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from .base import RuleKnobs, RuleSpec, Site, SiteInfo, Stream, StreamInfo, require
+from .composition import Composition
 from .norm import RMSNorm
 from .streams import rms_rstd, upcast
 
@@ -180,5 +181,8 @@ class AttnResStream(Stream):
 
 SPEC = RuleSpec(
     name="attnres", site=AttnResSite, stream=AttnResStream, knobs=(AttnResKnobs,),
+    # the pseudo-query is a readout over the width (w . RMSN(v), fan-in d; zero at start): a matrix; the multiplier
+    # scales each new source (the sublayer's output), never the embedding source
+    composition=Composition(matrices=("agg.query",), vectors=("norm.weight", "agg.key_gain")),
     summary="x = softmax_j(w.RMSN(v_j)) v_j over earlier outputs (Attention Residuals; Full, or Block)",
 )

@@ -12,7 +12,9 @@ biases between the branch's layers, a zero last layer) or prescribes the embeddi
 (T-Fixup) gets those modules through `Site.attach(branch)` and `Stream.attach(tok_emb, pos_emb)`, which
 the model calls once after building them; by default both do nothing. The rule may register hooks on
 what it is given and re-initialise it in its own `reset_parameters` (the model calls that after its
-own initialisation), so the block itself stays unaware of any rule.
+own initialisation), so the block itself stays unaware of any rule. A rule that feeds attention's inputs (value
+residuals) declares the capability on its attention site (`Site.attention_inputs`) and gives the attention its
+q, k, v in `Site.qkv`; the block asks the site about the capability, never the rule's name.
 
 The state is opaque to the transformer block: a tensor (B, T, D) for single-stream rules, (B, T, n, D)
 for multi-stream ones, or a tuple of tensors for depth-aggregating ones. The block only passes it along,
@@ -39,6 +41,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import torch
 from torch import nn
+
+from .composition import Composition
 
 State = Any  # torch.Tensor, or a tuple of tensors for depth-aggregating rules
 
@@ -137,6 +141,9 @@ class SiteInfo:
     kind: str  # "attn" or "mlp"
     eps: float
     cfg: RuleKnobs  # the rule's knobs
+    # completep's m_L^-alpha for a rule whose composition applies it to what it writes (`Composition.branch =
+    # "write"`); 1 otherwise (the model scales the update itself, or there is no multiplier)
+    branch_multiplier: float = 1.0
 
     @property
     def n_blocks(self) -> int:
@@ -156,6 +163,9 @@ class Site(nn.Module):
 
     #: parameter names (as in named_parameters of this module) excluded from weight decay
     no_decay: tuple[str, ...] = ()
+    #: a capability the block asks about: True, the site gives the attention it wraps its q, k and v (`qkv`); the
+    #: block then calls `qkv` between `read` and the attention. False (the default): attention projects `x` itself.
+    attention_inputs: bool = False
 
     def __init__(self, info: SiteInfo) -> None:
         super().__init__()
@@ -173,6 +183,16 @@ class Site(nn.Module):
 
     def write(self, state: State, y: torch.Tensor, ctx: Any) -> State:
         raise NotImplementedError
+
+    def qkv(self, project: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+            x: torch.Tensor, ctx: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        """For a site that declares `attention_inputs` (an attention site): the q, k, v (B, T, D) its attention uses,
+        and the ctx that `write` then receives. `project(z)` is the attention's own QKV projection of an input z
+        (B, T, D) -> (q, k, v); `x` and `ctx` are what `read` returned. A site may project `x` and transform the
+        result (value residuals mix v with the first layer's, carried in the state), or project inputs of its own
+        (one per q, k, v). The heads are split and rotated after this; a key/value cache keeps what it returns."""
+        q, k, v = project(x)
+        return q, k, v, ctx
 
     def attach(self, branch: nn.Module) -> None:
         """Receive the sublayer this site wraps (attention or MLP). Default: the rule does not need it."""
@@ -242,6 +262,16 @@ class RuleSpec:
     gated: bool = False  # has input-dependent gates whose statistics are logged
     post_norm: bool = False  # no pre-norm inside the branch (DeepNorm)
     branch_init_gain: Optional[Callable[[int], float]] = None  # n_blocks -> gain on branch weights at init
+    # the model draws both output projections with GPT-2's depth scaling, std / sqrt(2 * n_blocks); False: with
+    # std alone (LayerNorm Scaling, whose 1/sqrt(l) takes the place of that scaling)
+    depth_scaled_output_init: bool = True
+    # how the rule composes with model.parametrization mup / completep (rrtrain/residuals/composition.py); None:
+    # refused under both, in one line naming what to declare
+    composition: Optional[Composition] = None
+    # training FLOPs per token of the rule's own arithmetic beyond 6 per rule parameter (which the planner counts
+    # for every rule, as matmul weights): (d_model, n_sublayers, cfg) -> FLOPs; None: nothing beyond (DenseFormer's
+    # weighted sums over earlier outputs give it: 6 per source per width per token)
+    flops: Optional[Count] = None
 
     def __post_init__(self) -> None:
         if self.params is None:
@@ -271,9 +301,9 @@ class RuleSpec:
         return RuleKnobs.of(self.knobs, values)
 
     def make_site(self, d_model: int, index: int, n_sublayers: int, kind: str, eps: float,
-                  knobs: RuleKnobs) -> Site:
+                  knobs: RuleKnobs, branch_multiplier: float = 1.0) -> Site:
         """The site around sublayer `index`: how the model builds one without importing this module."""
-        return self.site(SiteInfo(d_model, index, n_sublayers, kind, eps, knobs))
+        return self.site(SiteInfo(d_model, index, n_sublayers, kind, eps, knobs, branch_multiplier))
 
     def make_stream(self, d_model: int, n_sublayers: int, eps: float, knobs: RuleKnobs) -> Stream:
         return self.stream(StreamInfo(d_model, n_sublayers, eps, knobs))

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 
 from .base import RuleKnobs, RuleSpec, Site, SiteInfo, Stream
+from .composition import Composition
 from .norm import RMSNorm
 from .streams import upcast
 
@@ -68,5 +69,7 @@ class PostNormStream(Stream):
 SPEC = RuleSpec(
     name="deepnorm", site=DeepNormSite, stream=PostNormStream, post_norm=True,
     branch_init_gain=deepnorm_beta,
+    composition=Composition(vectors=("norm.weight",), depth="DeepNorm is a depth scheme of its own (alpha = "
+                            "(2N)^1/4 on the state, beta = (8N)^-1/4 on the branch init)"),
     summary="h <- RMSN(alpha*h + F(h)), alpha = (2N)^1/4, branch init x (8N)^-1/4 (DeepNorm, post-norm)",
 )

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from .base import RuleKnobs, RuleSpec, Site, SiteInfo, Stream, StreamInfo
+from .composition import Composition
 from .norm import RMSNorm
 
 
@@ -225,5 +226,7 @@ def params(d: int, n_sublayers: int, cfg: RuleKnobs) -> int:
 
 SPEC = RuleSpec(
     name="fixup", site=make_site, stream=NormFreeStream, params=params, knobs=(FixupKnobs,),
+    composition=Composition(vectors=("bias_in", "bias_act", "bias_proj", "scale", "bias", "norm.weight"),
+                            depth="Fixup is a depth scheme of its own (branch init x L^-1/2, last layer zero)"),
     summary="h + s*F(h + b), no branch norm, last layer 0, others x L^-1/2 (Fixup); tfixup: T-Fixup scaling",
 )

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import RuleKnobs, RuleSpec, Site, SiteInfo, StreamInfo, require
+from .composition import Composition
 from .streams import StreamKnobs, TiledStream, rms_rstd, upcast, write_back
 
 RANK_DIVISOR = 8  # gr_rank = 0 means r = d / 8, the released config (d = 2560, r = 320)
@@ -140,5 +141,9 @@ class GRStream(TiledStream):
 
 SPEC = RuleSpec(
     name="gr", site=GRSite, stream=GRStream, knobs=(StreamKnobs, GRKnobs), gated=True,
+    # every controller matrix has a fan-in that grows with d (n*d, or the rank d/8); W_up and W_inj are drawn at
+    # a fixed std, W_down with 1/(n*d) variance already
+    composition=Composition(matrices=("*.down.weight", "*.up.weight", "*.inj.weight"),
+                            scaled_init=("*.up.weight", "*.inj.weight"), vectors=("*.norm_weight",)),
     summary="n branches; x = mean_i G_i*RMSN(R_i), R_i += 2sigma(.)*y (Gated Residual, Qwen3.8-Flash-Next)",
 )

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .base import RuleKnobs, RuleSpec, Site, SiteInfo, StreamInfo
+from .composition import Composition
 from .norm import RMSNorm
 from .streams import StreamKnobs, TiledStream, acc_dtype, combine, rms_rstd, upcast, write_back
 
@@ -115,5 +116,8 @@ class HCStream(TiledStream):
 
 SPEC = RuleSpec(
     name="hc", site=HCSite, stream=HCStream, knobs=(StreamKnobs, HCKnobs),
+    # the dynamic projections read the width (fan-in d, zero at start); the static coefficients are n-sized
+    composition=Composition(matrices=("dyn_proj",), vectors=("norm.weight", "static_a", "static_A", "static_b",
+                                                              "dyn_gain", "scale_a", "scale_b")),
     summary="n streams; x = sum_i a_i S_i, S' = A^T S + b y (Hyper-Connections; static or dynamic)",
 )

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .base import RuleKnobs, RuleSpec, Site, SiteInfo, StreamInfo, require
+from .composition import Composition
 from .norm import RMSNorm
 from .streams import StreamKnobs, TiledStream, acc_dtype, combine, rms_rstd, upcast, write_back
 
@@ -155,5 +156,8 @@ class MHCStream(TiledStream):
 
 SPEC = RuleSpec(
     name="mhc", site=MHCSite, stream=MHCStream, knobs=(StreamKnobs, MHCKnobs), gated=True,
+    # Phi and the head's Phi read vec(S) (fan-in n*d) and are drawn at a fixed std
+    composition=Composition(matrices=("phi", "head_fn"), scaled_init=("phi", "head_fn"),
+                            vectors=("norm.weight", "alpha", "bias", "head_base", "head_scale")),
     summary="n streams; S' = Sinkhorn(H_res) S + 2sigma(.) y, read sigma(.) (manifold-constrained HC)",
 )

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .base import RuleKnobs, RuleSpec, Site, SiteInfo, Stream, StreamInfo, require
+from .composition import Composition
 from .gates import Gate
 from .norm import RMSNorm
 
@@ -194,22 +195,33 @@ class LayerScaleSite(PreNormSite):
             self.scale.fill_(init if init is not None else layerscale_init(self.info.n_blocks))
 
 
+# how each composes with mup / completep (rrtrain/residuals/composition.py): the multiplier on the update u; the
+# gate's d -> d (or 2d -> d, 2d -> k) weight is a hidden matrix, its k -> d factor (fan-in k) a vector, its bias
+# too, and a convex gate's bias the carry gate
+PLAIN = Composition(vectors=("norm.weight",))
+GATE = dict(matrices=("gate.proj.weight", "gate.down.weight"), scaled_init=("gate.down.weight",),
+            vectors=("norm.weight", "gate_norm_h.weight", "gate_norm_u.weight", "gate.bias", "gate.up.weight"))
+GATED = Composition(**GATE)
+CONVEX = Composition(**GATE, carry_gates=("gate.bias",))
+
+
 def _single(name: str, site: type[PreNormSite], summary: str, knobs: tuple[type, ...] = (), **kw: Any) -> RuleSpec:
     return RuleSpec(name=name, site=site, stream=SingleStream, summary=summary, knobs=knobs, **kw)
 
 
 SPECS = (
-    _single("standard", PreNormSite, "h + u (pre-norm residual)"),
+    _single("standard", PreNormSite, "h + u (pre-norm residual)", composition=PLAIN),
     _single("review", ReviewSite, "h + r*u, r = sigma(W[RMSN(h); RMSN(u)] + b) (Review Residuals, Eq. 1)",
-            (GateKnobs,), gated=True),
+            (GateKnobs,), gated=True, composition=GATED),
     _single("review_convex", ReviewConvexSite, "(1-r)*h + r*u with Review's gate (fails beyond ~20 layers)",
-            (GateKnobs,), gated=True, convex=True),
+            (GateKnobs,), gated=True, convex=True, composition=CONVEX),
     _single("highway", HighwaySite, "h + r*u, r = sigma(W RMSN(h) + b) (state-only gate, additive)",
-            (GateKnobs,), gated=True),
+            (GateKnobs,), gated=True, composition=GATED),
     _single("highway_convex", HighwayConvexSite,
             "(1-r)*h + r*u, r = sigma(W RMSN(h) + b), carry bias (classic Highway)", (GateKnobs,), gated=True,
-            convex=True),
-    _single("rezero", ReZeroSite, "h + alpha*u, scalar alpha = 0 at start (ReZero)"),
+            convex=True, composition=CONVEX),
+    _single("rezero", ReZeroSite, "h + alpha*u, scalar alpha = 0 at start (ReZero)",
+            composition=Composition(vectors=("norm.weight", "alpha"))),
     _single("layerscale", LayerScaleSite, "h + lambda*u, per-channel lambda, CaiT depth init (LayerScale)",
-            (LayerScaleKnobs,)),
+            (LayerScaleKnobs,), composition=Composition(vectors=("norm.weight", "scale"))),
 )

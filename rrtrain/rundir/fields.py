@@ -110,6 +110,24 @@ def dig(d: Any, *keys: str) -> Any:
     return d
 
 
+def data_sources(config: Any) -> list[tuple[str, float]]:
+    """The prepared datasets a run's recorded config trains on, each with its weight: `data.path` alone (weight
+    1), or each of a mixture's `data.sources` (a path and a finite weight > 0); none where the config says
+    neither in a usable form (a mixture with one unusable entry included). The paths are text from a file: the
+    caller reads them as untrusted."""
+    path = dig(config, "data", "path")
+    if isinstance(path, str) and path and "\0" not in path:
+        return [(path, 1.0)]
+    sources = dig(config, "data", "sources")
+    out = []
+    for source in sources if isinstance(sources, list) else []:
+        p, w = dig(source, "path"), finite(dig(source, "weight"))
+        if not (isinstance(p, str) and p and "\0" not in p and w is not None and w > 0):
+            return []  # one unusable entry: the mixture cannot be told (its weights would be wrong)
+        out.append((p, w))
+    return out
+
+
 def short(v: Any, limit: int = 40) -> str:
     """`repr(v)` cut to `limit` characters, for a message; never raises (an int of 5000 digits has no repr)."""
     try:

@@ -3,6 +3,8 @@
 A run directory holds:
 
 - `config.yaml`     the resolved config the run trained with (rank 0, at the start);
+- `parametrization.json` under model.parametrization mup/completep: its multipliers and the optimizer's groups
+                    (rank 0, at the start; rrtrain/parallel/adamw.py `parametrization_record`);
 - `metrics.jsonl`   one JSON object per line: training, evaluation, diagnostic, flag and checkpoint records;
 - `tb/`             the TensorBoard mirror of `metrics.jsonl`;
 - `checkpoints/`    published checkpoints (`stepN/`) and the `latest` pointer;
@@ -14,6 +16,9 @@ A run directory holds:
                     (a rung of its successive halving; `launchers.prune.rule`); absent: train to the end;
 - `ranks/`          where each rank of a distributed run ran (`rrtrain.rundir.ranks`);
 - `wandb/`          W&B's own files, with `log.wandb` and no `$WANDB_DIR` (`rrtrain.monitoring.wandb_logger`);
+- `artifact/`       the consumable model (`step_NNNNNNNN/`: model.safetensors, model.json, the tokenizer), written
+                    at the end and every `train.artifact_every` steps (rrtrain/training/artifact.py);
+- `init.json`       where a warm start's weights came from (`init.from`: source and sha256);
 - `eval/`           `rrtrain eval`'s results, `step_NNNNNNNN-KEY.json` per checkpoint step and task set (read with
                     the in-loop downstream records by `rrtrain.rundir.downstream`).
 
@@ -39,11 +44,14 @@ PAUSE = "pause.json"
 RANKS = "ranks"
 WANDB = "wandb"
 EVAL = "eval"
+ARTIFACT = "artifact"
+INIT = "init.json"
+PARAMETRIZATION = "parametrization.json"
 
 #: the files whose presence makes a directory a run
 RUN_FILES = frozenset({FINAL, METRICS})
 #: directory names never searched for runs: large, and never holding one
-NOT_RUNS = frozenset({CHECKPOINTS, TENSORBOARD, DATA_CACHE, WANDB, "__pycache__", ".git"})
+NOT_RUNS = frozenset({CHECKPOINTS, ARTIFACT, TENSORBOARD, DATA_CACHE, WANDB, "__pycache__", ".git"})
 #: directory names not searched inside a run (the run's own), but searched elsewhere: a sweep may well keep runs
 #: under a directory called `eval`
 RUN_PARTS = frozenset({EVAL})

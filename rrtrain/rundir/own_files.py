@@ -30,9 +30,11 @@ FILES: dict[str, Optional[int]] = {
     layout.FINAL: MAX_JSON_BYTES,
     layout.PAUSE: MAX_JSON_BYTES,
     layout.CANCELLED: MAX_JSON_BYTES,
+    layout.PARAMETRIZATION: MAX_JSON_BYTES,
+    layout.INIT: MAX_JSON_BYTES,
 }
 #: directories the trainer writes into
-DIRS = (layout.TENSORBOARD, layout.CHECKPOINTS, layout.RANKS, layout.DATA_CACHE, layout.WANDB)
+DIRS = (layout.TENSORBOARD, layout.CHECKPOINTS, layout.ARTIFACT, layout.RANKS, layout.DATA_CACHE, layout.WANDB)
 
 _KINDS = ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),

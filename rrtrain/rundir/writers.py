@@ -21,6 +21,11 @@ def write_config(run_dir: str | os.PathLike[str], config: dict[str, Any]) -> Non
     atomic_write_text(Path(run_dir) / layout.CONFIG, yaml.safe_dump(config, sort_keys=False))
 
 
+def write_parametrization(run_dir: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    """parametrization.json: a mup/completep run's multipliers and optimizer groups, at the start."""
+    atomic_write_json(Path(run_dir) / layout.PARAMETRIZATION, record)
+
+
 def write_final(run_dir: str | os.PathLike[str], final: dict[str, Any]) -> Path:
     """final.json, once, when the run ends; raises OSError (a full disk) for the caller to report."""
     path = Path(run_dir) / layout.FINAL

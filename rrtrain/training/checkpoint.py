@@ -47,7 +47,8 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from rrtrain.config import dotted_keys, resume_rule
+from rrtrain.config import resume_rule
+from rrtrain.config_load import dotted_keys
 from rrtrain.core import dist
 from rrtrain.core import files as rrfiles
 from rrtrain.core.dist import DistInfo
@@ -479,18 +480,38 @@ def _without_other_rules_knobs(old: dict[str, Any], new: dict[str, Any]) -> dict
             if not (k.startswith(prefix) and k not in new and k[len(prefix):] in knobs)}
 
 
-def check_resume(saved: dict, current: dict, saved_world: int, world: int, allow: bool) -> list[str]:
-    """Compare the checkpoint's config with the current one; raise UsageError listing refused differences.
+def _defaults() -> dict[str, Any]:
+    """Every config key's default: a key that a checkpoint predates (a setting added since) is no change while the
+    run leaves it at its default, so a checkpoint written before a setting existed resumes as it was."""
+    from dataclasses import asdict
 
-    Returns the differences that were accepted (to be logged), layout changes included."""
+    from rrtrain.config import Config
+
+    return dotted_keys(asdict(Config()))
+
+
+def config_changes(saved: dict, current: dict, saved_world: int, world: int) -> tuple[list, list, list]:
+    """The differences between the checkpoint's config and the current one, each (key, old, new): those that
+    matter (every one but the free ones), those no one may make (never), and those that need consent (never and
+    consent)."""
     new = dotted_keys(current)
     old = _without_other_rules_knobs(dotted_keys(saved), new)
-    diffs = [(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    defaults = _defaults()
+    diffs = [(k, old.get(k), new.get(k)) for k in sorted(set(old) | set(new))
+             if old.get(k) != new.get(k) and not (k not in old and k in defaults and new[k] == defaults[k])]
     if saved_world != world:
         diffs.append((WORLD_SIZE, saved_world, world))
     relevant = [d for d in diffs if _rule(d[0]) != "free"]
     fatal = [d for d in relevant if _rule(d[0]) == "never"]
     consent = [d for d in relevant if _rule(d[0]) != "layout"]
+    return relevant, fatal, consent
+
+
+def check_resume(saved: dict, current: dict, saved_world: int, world: int, allow: bool) -> list[str]:
+    """Compare the checkpoint's config with the current one; raise UsageError listing refused differences.
+
+    Returns the differences that were accepted (to be logged), layout changes included."""
+    relevant, fatal, consent = config_changes(saved, current, saved_world, world)
     text = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in (fatal or consent))
     if fatal:
         raise UsageError(f"cannot resume: the checkpoint was written with a different configuration ({text}); "

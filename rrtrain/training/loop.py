@@ -14,7 +14,7 @@ The module imports no torch: a user's callback module that subclasses `Callback`
   `on_eval`, `on_checkpoint` and `on_end`, so a callback that treats records one at a time gives the same
   answers for any batching;
 - `on_step_end(loop)` after each step (cadences: evaluation, checkpoints, the stop signal);
-- `on_eval(loop, record)` with `{"step", "val_loss", "tokens"}`;
+- `on_eval(loop, record)` with `{"step", "val_loss", "tokens"}`, and `"val/<name>"` per source of a mixture;
 - `on_checkpoint(loop, record)` after a checkpoint is published (`latest` names it), with `{"kind":
   "checkpoint", "step", "published_at", "blocking_s", "write_s"}`: the step saved, the step at which it was
   published (later than `step` when written in the background, `train.ckpt_async`), the seconds the loop

@@ -1,5 +1,6 @@
-"""The warmup-then-cosine learning-rate schedule. The optimizer itself (AdamW, weight decay on matrices only)
-is built by the parallel backends: rrtrain/parallel/adamw.py."""
+"""The warmup-then-cosine learning-rate schedule with plain arguments (rrtrain/planning/depth_study.py uses it).
+The trainer steps on `rrtrain.schedule.lr_at` (every `train.schedule`), whose cosine is this one bit for bit. The
+optimizer itself (AdamW, weight decay on matrices only) is built by the parallel backends: rrtrain/parallel/adamw.py."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """The training loop: one code path for one CPU process, FSDP2 and DeepSpeed ZeRO.
 
 A run is a function of its config and seed. Per optimizer step it reads `global_batch` sequences
-(micro-batches x ranks x accumulation), steps AdamW on the warmup-cosine schedule, logs, evaluates and
-checkpoints on their cadences, and stops cleanly at a step boundary on a signal. Starting a run whose
-directory holds a checkpoint resumes it exactly.
+(micro-batches x ranks x accumulation), steps AdamW on its learning-rate schedule (rrtrain.schedule), logs,
+evaluates and checkpoints on their cadences, and stops cleanly at a step boundary on a signal. Starting a run
+whose directory holds a checkpoint resumes it exactly; `train.branch_from` starts one from another run's
+(rrtrain.training.continuation).
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ from typing import Any, Optional
 import torch
 import yaml
 
-from rrtrain.budget import require as require_budget
+from rrtrain import schedule as lr_schedule
+from rrtrain.budget import require as require_budget, warmup_steps
 from rrtrain.config import Config
 from rrtrain.core import dist
 from rrtrain.core.errors import UsageError
 from rrtrain.core.hardware import peak_flops
-from rrtrain.core.io import atomic_write_text, unwritable_reason
+from rrtrain.core.io import atomic_write_json, atomic_write_text, unwritable_reason
+from rrtrain.data.sources import absolute_data, absolute_in_saved, read_mixture
 from rrtrain import sizing
 from rrtrain.parallel import build_training_engine
+from rrtrain.parallel.adamw import parametrization_record
 from rrtrain.parallel.compile_policy import resolve_compile
 from rrtrain.parallel.float8 import require_hardware as require_float8
 from rrtrain.planning.auto_batch import require_device as require_auto_device
@@ -37,20 +41,25 @@ from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.metrics import MetricsLogger
 from rrtrain.rundir.outcome import CANCELLED, EXIT_CODES, decide, keeps_recorded  # the ending, its status and exit code: one place
 from rrtrain.rundir.readers import read_cancelled, read_final
-from rrtrain.training.checkpoint import CheckpointManager, Published, check_resume
+from rrtrain.training import artifact
+from rrtrain.training.checkpoint import CheckpointManager, Published
 from rrtrain.training.loop import Callback, RunFacts, due
-from rrtrain.training.optim import lr_at
+from rrtrain.training.continuation import announce, check_same_run, continue_from, lr_note, prepare_branch
 from rrtrain.training.step import grad_accumulation, optimizer_step, set_matmul_precision
 
 
 class Trainer:
     def __init__(self, cfg: Config) -> None:
+        # data paths absolute, as config.yaml and the checkpoints record them (found from any folder)
+        cfg = replace(cfg, data=absolute_data(cfg.data))
         self.cfg, self.t0 = cfg, time.time()
         self.info = dist.setup(cfg.parallel.timeout_s)
         # settings this device cannot run (float8 without float8 matmuls, micro_batch=auto without a GPU): one
         # line, before the run directory is touched
         require_float8(cfg.parallel.float8, self.info.device)
         require_auto_device(cfg, self.info.device)
+        # a cooldown branch's parent (train.branch_from), checked before the run directory is touched
+        self.cfg, self.parent = prepare_branch(cfg, self.info, absolute_in_saved)
         self.run_dir = Path(cfg.run.dir)
         self.status, self.reason, self.signal_name = "failed", "", None
         self.step, self.tokens, self.skipped = 0, 0, 0
@@ -67,6 +76,8 @@ class Trainer:
         self.resumed_at: Optional[int] = None  # the checkpoint step this process started from
         self.resumed_callbacks: dict[str, Any] = {}  # the callbacks' states in that checkpoint
         self.saved_step: Optional[int] = None  # the step of the newest checkpoint on disk: published or resumed from
+        # `init.from`'s weights (rrtrain.artifact.warm.WarmStart: .state, .record), read and checked by rrtrain.train
+        self.warm_start: Optional[Any] = None
         problem = unwritable_reason(self.run_dir) if self.info.is_main else None
         dist.raise_together(f"run.dir '{self.run_dir}' cannot be written: {problem}" if problem else None)
         self.lock = runlock.hold(self.run_dir, cfg.run.lock_wait_s, self.info.is_main, self.info.device)
@@ -86,10 +97,17 @@ class Trainer:
 
         cfg, info = self.cfg, self.info
         t = cfg.train
-        if cfg.data.path is None:
-            raise UsageError("data.path is not set: point it at a directory written by `rrtrain prep`")
-        manifest = read_manifest(cfg.data.path)
-        verify_run_data(cfg.data.path, manifest, info.local_rank)
+        mixture = read_mixture(cfg.data) if cfg.data.sources else None  # a weighted mixture of datasets
+        if mixture is not None:
+            for source, source_manifest in zip(mixture.sources, mixture.manifests):
+                verify_run_data(source.path, source_manifest, info.local_rank)
+            manifest = mixture.manifest
+        else:
+            if cfg.data.path is None:
+                raise UsageError("data.path is not set: point it at a directory written by `rrtrain prep` "
+                                 "(or list several in data.sources)")
+            manifest = read_manifest(cfg.data.path)
+            verify_run_data(cfg.data.path, manifest, info.local_rank)
         run = resolve(cfg, manifest)  # the rule's spec, shape, counts and budget: worked out once, there
         cfg, _ = resolve_micro_batch(run, info.world_size, info.device, announce=info.is_main)  # "auto" -> an int
         self.cfg, t, run = cfg, cfg.train, replace(run, cfg=cfg)
@@ -116,11 +134,26 @@ class Trainer:
             cfg.data.path, micro_batch=t.micro_batch, global_batch=t.global_batch, rank=info.rank,
             world_size=info.world_size, local_rank=info.local_rank, seed=t.seed,
             num_canonical_nodes=cfg.data.num_canonical_nodes, num_workers=cfg.data.num_workers,
-            cache_dir=str(cache / "train"), shuffle=cfg.data.shuffle, manifest=manifest)
-        self.val_batches = eval_batches(cfg.data.path, micro_batch=t.micro_batch, n_batches=cfg.data.eval_batches,
-                                        rank=info.rank, world_size=info.world_size, cache_dir=str(cache / "val"),
-                                        manifest=manifest)
+            cache_dir=str(cache / "train"), shuffle=cfg.data.shuffle, manifest=manifest, mixture=mixture)
+        # a mixture: each source's validation split on its own (`val/<name>`), weighted as in training
+        self.val_sources: list[tuple[str, float, list[torch.Tensor]]] = []
+        if mixture is not None:
+            for source, source_manifest in zip(mixture.sources, mixture.manifests):
+                self.val_sources.append((source.name, source.weight, eval_batches(
+                    source.path, micro_batch=t.micro_batch, n_batches=cfg.data.eval_batches, rank=info.rank,
+                    world_size=info.world_size, cache_dir=str(cache / "val" / source.name),
+                    manifest=source_manifest)))
+            self.val_batches = [b for _, _, batches in self.val_sources for b in batches]
+        else:
+            self.val_batches = eval_batches(cfg.data.path, micro_batch=t.micro_batch,
+                                            n_batches=cfg.data.eval_batches, rank=info.rank,
+                                            world_size=info.world_size, cache_dir=str(cache / "val"),
+                                            manifest=manifest)
+        self.last_val_sources: dict[str, float] = {}
         self.fingerprint = manifest.get("fingerprint")
+        self.tokenizer_ref = artifact.tokenizer_reference(  # what the artifact records of the tokenizer
+            manifest, cfg.data.path or (mixture.sources[0].path if mixture is not None else None))
+        self.artifact_step: Optional[int] = None  # the step of the artifact this process wrote last
         self.ckpt = CheckpointManager(self.run_dir, t.keep_ckpts, info, asynchronous=t.ckpt_async,
                                       timeout_s=cfg.parallel.timeout_s,
                                       allow_unverified=t.allow_unverified_checkpoint)
@@ -129,21 +162,32 @@ class Trainer:
         """Load the latest checkpoint if there is one; returns its step. The callbacks' states wait in
         `resumed_callbacks` until the callbacks exist."""
         latest = self.ckpt.latest()  # verifies every file's checksum: once per resume
+        parent = self.parent if latest is None else None  # a branch starts from its parent's (checked) checkpoint
+        latest = parent.checkpoint if parent is not None else latest
         if latest is None:
             return None
         state = self.ckpt.read_train_state(latest)
         self.resumed_callbacks = state.get("callbacks", {})
-        accepted = check_resume(state["config"], self.cfg.to_dict(), state["world_size"], self.info.world_size,
-                                self.cfg.train.allow_config_change)
+        saved = absolute_in_saved(state["config"])
+        if parent is not None:
+            check_same_run(state, parent.spec, self.fingerprint, asdict(self.shape) if self.shape else None)
+        # the schedule's rules (an extension; a branch's own schedule) and the resume check (rrtrain.training.continuation)
+        cfg, accepted = continue_from(state, saved, self.cfg, self.shape.seq_len, self.info.world_size, parent)
+        if cfg is not self.cfg:  # the checkpoint's warmup kept
+            self.cfg, self.run = cfg, replace(self.run, cfg=cfg)
+            self.warmup = warmup_steps(cfg.train.warmup_steps, self.total_steps)
         self.ckpt.load(self.engine, latest)
         self.loader.load_state_dict(state["loader"], allow_change=self.cfg.train.allow_config_change)
         self.step, self.tokens = state["step"], state["tokens"]
-        self.saved_step = self.step  # a run resumed at its last step does not write the same checkpoint again
+        # a run resumed at its last step does not write the same checkpoint again (a branch has not written it)
+        self.saved_step = self.step if parent is None else None
         self.skipped = state["skipped"]  # (older checkpoints also hold a "streak": never needed)
         self.wall_before, self.best_val = state["wall_s"], state["best_val_loss"]
         self.last_val = state.get("last_val_loss")
         if accepted and self.info.is_main:
             print(f"rrtrain: resuming with accepted changes: {'; '.join(accepted)}", flush=True)
+        if parent is not None and self.info.is_main:
+            announce(parent, lr_note(state, saved, self.cfg, self.shape.seq_len, self.total_steps, self.warmup))
         return self.step
 
     def train_state(self) -> dict[str, Any]:
@@ -166,7 +210,7 @@ class Trainer:
         (diagnostic steps read their statistics on the host)."""
         sites = self.engine.inner.sites() if diag else []
         host: dict[str, Any] = {}
-        lr = lr_at(self.step, self.total_steps, self.cfg.train.lr, self.warmup, self.cfg.train.min_lr_ratio)
+        lr = lr_schedule.lr_at(self.step, self.total_steps, self.warmup, self.cfg.train)
         out = optimizer_step(self.engine, batches, self.accum, lr, self.cfg.train.grad_clip, self.info,
                              record=sites, poison=self.injects_fault(self.step + 1),
                              before_clip=(lambda: host.update(self.diagnostics(sites))) if diag else None)
@@ -221,6 +265,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
+        if self.val_sources:
+            return self.evaluate_sources()
         total = torch.zeros(2, device=self.info.device)
         for batch in self.val_batches:
             batch = batch.to(self.info.device)
@@ -229,6 +275,27 @@ class Trainer:
         dist.all_reduce(total)
         ran = total[1].item() > 0
         val = (total[0] / total[1]).item() if ran else math.nan  # no batch ran: no loss (never 0.0)
+        self.last_val, self.last_val_note = val, None if ran else "no evaluation batch ran"
+        self.best_val = min(self.best_val, val) if math.isfinite(val) else self.best_val
+        return val
+
+    @torch.no_grad()
+    def evaluate_sources(self) -> float:
+        """A mixture's validation: each source's loss over its own batches (`last_val_sources`), and the
+        validation loss, their mean weighted as the sources are in training."""
+        total = torch.zeros(len(self.val_sources), 2, device=self.info.device)
+        for i, (_, _, batches) in enumerate(self.val_sources):
+            for batch in batches:
+                batch = batch.to(self.info.device)
+                total[i, 0] += self.engine.forward(batch[:, :-1], batch[:, 1:]).float()
+                total[i, 1] += 1
+        dist.all_reduce(total)
+        sums, counts = total.tolist(), [c for _, c in total.tolist()]
+        per = [s / c if c > 0 else math.nan for s, c in sums]
+        self.last_val_sources = {name: v for (name, _, _), v in zip(self.val_sources, per)}
+        ran = all(c > 0 for c in counts)
+        weights = [w for _, w, _ in self.val_sources]
+        val = sum(w * v for w, v in zip(weights, per)) / sum(weights) if ran else math.nan
         self.last_val, self.last_val_note = val, None if ran else "no evaluation batch ran"
         self.best_val = min(self.best_val, val) if math.isfinite(val) else self.best_val
         return val
@@ -252,10 +319,15 @@ class Trainer:
         """Train to an ending with `callbacks` (composed by `rrtrain.train`), highest priority first."""
         self.setup()
         resumed = self.resume()
+        if resumed is None and self.warm_start is not None:
+            self.apply_warm_start()
         self.callbacks = sorted(callbacks, key=lambda c: -c.priority)
         self.load_callback_states(self.resumed_callbacks)
         if self.info.is_main:  # before metrics.jsonl exists: whoever finds the run (the dashboard) can tell what it is
             atomic_write_text(self.run_dir / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+            record = parametrization_record(self.engine.inner, self.cfg.train)  # mup/completep only
+            if record is not None:
+                writers.write_parametrization(self.run_dir, record)
         self.log = MetricsLogger(self.run_dir, self.info.is_main, resume_step=resumed)
         self.loop = LoopView(self, self.facts())
         batches = iter(self.loader)
@@ -271,12 +343,16 @@ class Trainer:
                     self.flush_records()
                 if not self.stopping:
                     self.emit("on_step_end")
+                if due(self.step, self.cfg.train.artifact_every, self.total_steps):
+                    self.write_artifact()
             self.flush_records()
             if self.status != "preempted" and self.checkpoint_at_end:
                 self.run_eval()
             self.finish_checkpoint()  # whatever the ending, a save in flight is published before the run ends
             if self.checkpoint_at_end:
                 self.save_checkpoint()
+                if self.status != "preempted":  # a preemption has a deadline; its checkpoint exports all the same
+                    self.write_artifact()
         finally:
             self.log.close()
             self.loader.close()  # stop loader workers before the process group goes
@@ -317,6 +393,7 @@ class Trainer:
 
     def run_eval(self) -> float:
         record = {"step": self.step, "val_loss": self.evaluate(), "tokens": self.tokens}
+        record.update({f"val/{name}": v for name, v in self.last_val_sources.items()})
         self.emit("on_eval", record)
         return record["val_loss"]
 
@@ -331,6 +408,25 @@ class Trainer:
             self.ckpt.start(self.engine, self.step, self.train_state())
         else:
             self.published(self.ckpt.save(self.engine, self.step, self.train_state()))
+
+    def apply_warm_start(self) -> None:
+        """Collective. A fresh run's weights from `init.from` (optimizer and schedule fresh); where they came from
+        into RUN/init.json (rank 0)."""
+        self.engine.load_model_state(self.warm_start.state)
+        if self.info.is_main:
+            atomic_write_json(self.run_dir / layout.INIT, self.warm_start.record)
+        self.warm_start = None  # the tensors are the model's now
+
+    def write_artifact(self) -> None:
+        """Collective. The model artifact of this step (rrtrain/training/artifact.py), once per step."""
+        if self.artifact_step == self.step:
+            return
+        if (self.run_dir / layout.ARTIFACT / artifact.step_name(self.step) / artifact.SPEC).is_file():
+            self.artifact_step = self.step  # written by an earlier process of this run (resumed at this step)
+            return
+        artifact.write(self.engine, self.run_dir, self.step, self.tokens, self.last_val, self.tokenizer_ref,
+                       self.info.is_main)
+        self.artifact_step = self.step
 
     def finish_checkpoint(self) -> None:
         """Collective. Waits for the save in flight, if any, to be written on every rank and publishes it."""

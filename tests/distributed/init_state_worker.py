@@ -13,7 +13,8 @@ import sys
 import torch
 
 from rrtrain.core import dist
-from rrtrain.config import Config, apply_overrides, build
+from rrtrain.config import Config
+from rrtrain.config_load import apply_overrides, build
 from rrtrain.resolve import build_model
 from rrtrain.parallel.adamw import no_decay_names
 from rrtrain.parallel import Engine, build_engine

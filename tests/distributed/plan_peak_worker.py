@@ -16,7 +16,8 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from rrtrain.core import dist
-from rrtrain.config import Config, apply_overrides, build
+from rrtrain.config import Config
+from rrtrain.config_load import apply_overrides, build
 from rrtrain.resolve import build_model
 from rrtrain.parallel import build_engine
 

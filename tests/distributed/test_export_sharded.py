@@ -1,16 +1,19 @@
-"""`rrtrain.model.from_run.load_run` on checkpoints written by 2 ranks: an FSDP2 one (DCP, two shards) and a
-DeepSpeed ZeRO-2 one (its own files, optimizer state partitioned), each loaded on one process without a process
-group and compared with the same checkpoint read back by torch's and DeepSpeed's own whole-model readers.
+"""`rrtrain.artifact.load_run` on runs of 2 ranks: an FSDP2 one (DCP, two shards) and a DeepSpeed ZeRO-2 one (its
+own files, optimizer state partitioned). The model artifact training wrote (consolidated in memory by
+`Engine.full_model_state`) and the checkpoint read on one process without a process group (the engines' offline
+reader, rrtrain/parallel/consolidate.py) are each compared with the same checkpoint read back by torch's and
+DeepSpeed's own whole-model readers: bit for bit.
 tests/unit/rrtrain/export/test_export_hf.py covers single-process runs and the exported model's logits."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from rrtrain.model.from_run import load_run
+from rrtrain.artifact import load_run
 from trainutil import train
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -40,10 +43,15 @@ def test_fsdp_shards_load_on_one_process(runs: dict[str, Path], tmp_path: Path) 
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     r = load_run(runs["fsdp"])
-    state = r.checkpoint / "state"
+    assert r.checkpoint == runs["fsdp"] / "artifact" / "step_00000003"
+    state = runs["fsdp"] / "checkpoints" / "step_00000003" / "state"
     assert len(list(state.glob("*.distcp"))) == 2
     dcp_to_torch_save(str(state), str(tmp_path / "whole.pt"))
-    _same(r.model.state_dict(), torch.load(tmp_path / "whole.pt", weights_only=False)["model"])
+    whole = torch.load(tmp_path / "whole.pt", weights_only=False)["model"]
+    _same(r.model.state_dict(), whole)  # the artifact: full_model_state of FSDP2 over 2 ranks
+    shutil.copytree(runs["fsdp"], tmp_path / "legacy")
+    shutil.rmtree(tmp_path / "legacy" / "artifact")
+    _same(load_run(tmp_path / "legacy").model.state_dict(), whole)  # a run from before artifacts
 
 
 def test_deepspeed_checkpoint_loads_and_exports(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -53,8 +61,13 @@ def test_deepspeed_checkpoint_loads_and_exports(runs: dict[str, Path], tmp_path:
     from rrtrain.cli.main import main as cli
 
     r = load_run(runs["deepspeed"])
-    module_states = r.checkpoint / "state" / "zero" / "mp_rank_00_model_states.pt"
-    _same(r.model.state_dict(), torch.load(module_states, weights_only=False)["module"])  # fp32 ZeRO-2: whole
+    assert r.checkpoint == runs["deepspeed"] / "artifact" / "step_00000003"
+    module_states = runs["deepspeed"] / "checkpoints" / "step_00000003" / "state" / "zero" / "mp_rank_00_model_states.pt"
+    whole = torch.load(module_states, weights_only=False)["module"]  # fp32 ZeRO-2: whole
+    _same(r.model.state_dict(), whole)  # the artifact: DeepSpeed's in-memory consolidation over 2 ranks
+    shutil.copytree(runs["deepspeed"], tmp_path / "legacy")
+    shutil.rmtree(tmp_path / "legacy" / "artifact")
+    _same(load_run(tmp_path / "legacy").model.state_dict(), whole)  # zero_to_fp32 on the checkpoint
     assert cli(["export", str(runs["deepspeed"]), "--hf", str(tmp_path / "hf")]) == 0
     exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
     _same({k.removeprefix("model."): v for k, v in exported.items()}, r.model.state_dict())

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rrtrain.config import Config, apply_overrides, build
+from rrtrain.config import Config
+from rrtrain.config_load import apply_overrides, build
 from rrtrain.resolve import build_model
 from trainutil import PY, REPO, env, free_port
 

@@ -101,7 +101,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(trained, stories_data,
     before = sorted(p.name for p in (run_dir / "eval").iterdir()) if (run_dir / "eval").exists() else []
     cases = [
         ([str(run_dir), "--tasks", "no_such_task_xyz"], "unknown task 'no_such_task_xyz'"),
-        ([str(run_dir), "--step", "5", "--tasks", "tiny_mc", "--include", tasks], "no checkpoint at step 5"),
+        ([str(run_dir), "--step", "5", "--tasks", "tiny_mc", "--include", tasks], "no model at step 5"),
         ([str(tmp_path), "--tasks", "tiny_mc", "--include", tasks], "is not a run directory"),
         ([str(run_dir), "--tasks", "tiny_gen", "--include", tasks], "generate_until task"),
         ([str(run_dir), "--tasks", "tiny_mc", "--limit", "0", "--include", tasks], "--limit must be at least 1"),

@@ -152,6 +152,7 @@ def _wait_for_shards(proc, out, exclude: str = "", timeout: float = 120.0) -> st
     raise AssertionError("prep wrote no shards in time")
 
 
+@pytest.mark.slow
 def test_sigkill_then_sigint_leave_out_as_it_was(tmp_path, out_before):
     before = tree(out_before)
     killed = _start(out_before, tmp_path)

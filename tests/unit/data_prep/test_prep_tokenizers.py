@@ -89,6 +89,18 @@ def test_tiktoken_loads_or_fails_with_one_line():
     assert _roundtrip(tok, UNICODE_HEAVY[0]) == UNICODE_HEAVY[0]
 
 
+def test_tiktoken_offline_error_names_the_cache_variable(monkeypatch):
+    tiktoken = pytest.importorskip("tiktoken")
+
+    def offline(name):
+        raise ConnectionError("no route to host")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    with pytest.raises(UsageError) as err:
+        tk.build("tiktoken:gpt2")
+    assert "TIKTOKEN_CACHE_DIR" in str(err.value) and "gpt2" in str(err.value) and "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("spec, message", [
     ("word", "unknown tokenizer"),
     ("bpe:abc", "must be an integer"),
@@ -100,3 +112,23 @@ def test_tiktoken_loads_or_fails_with_one_line():
 def test_bad_specs(spec, message):
     with pytest.raises(UsageError, match=message):
         tk.parse_spec(spec)
+
+
+def test_hf_path_split_source_reads_the_named_split_of_a_local_folder(tmp_path, monkeypatch):
+    """`--source hf:PATH:SPLIT` (docs/data.md): a local folder of data files named by split, read offline; the
+    default split is train; a split it lacks is one line naming those it has."""
+    import json
+
+    from data_prep.sources import open_source
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "corpus"
+    (folder / "data").mkdir(parents=True)
+    for split, texts in (("train", ["one", "two"]), ("validation", ["held out"])):
+        (folder / "data" / f"{split}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    assert list(open_source(f"hf:{folder}:validation")) == ["held out"]
+    assert list(open_source(f"hf:{folder}")) == ["one", "two"]
+    with pytest.raises(UsageError) as err:
+        list(open_source(f"hf:{folder}:test"))
+    assert "\n" not in str(err.value) and "test" in str(err.value)

@@ -38,6 +38,19 @@ ALLOWLIST: dict[tuple[str, str, str], str] = {
     ("rrtrain/rundir/events.py", "EventFile._write", "os.open"):
         "the event file appended with O_APPEND | O_NOFOLLOW | O_NONBLOCK and an fstat check (the layer's rules), "
         "the records TensorBoard's RecordWriter framed written in one os.write",
+    # the seal runs on its own in a job script (`python -I`, the standard library alone), before anything of
+    # rrtrain may be imported: it keeps the layer's rules itself (O_NOFOLLOW at every step, regular files only,
+    # a bound, the user's own)
+    ("launchers/sweep/seal.py", "open_beneath", "os.open"):
+        "a snapshot's file, walked from the snapshot's root one O_NOFOLLOW directory at a time, checked regular",
+    ("launchers/sweep/seal.py", "config_digest", "os.open"):
+        "a run's config, O_NOFOLLOW | O_NONBLOCK, checked a regular file of the user's, read to a bound",
+    ("launchers/sweep/seal.py", "record_refusal", "os.open"):
+        "final.json's temporary, O_CREAT | O_EXCL | O_NOFOLLOW, 0600, linked into place without replacing",
+    ("launchers/sweep/seal.py", "record_refusal", "os.unlink"):
+        "that temporary, made by this very call",
+    ("launchers/sweep/seal.py", "inline_source", "Path.read_text"):
+        "rrtrain's own seal.py, read to be written into a job script at submission",
     ("launchers/cancel.py", "_stop_slurm_job", "scancel"):
         "the one place that cancels a job: an id that is a Slurm job id in full, recorded by this sweep, that "
         "squeue shows as this user's with the sweep directory's mark as its comment (docs/reliability.md, trust "
@@ -54,6 +67,9 @@ ALLOWLIST: dict[tuple[str, str, str], str] = {
     ("launchers/sweep/snapshot.py", "take", "os.rename"):
         "the directory mkdtemp made in this very call, renamed into place; rename(2) fails rather than replace "
         "a snapshot that appeared meanwhile",
+    ("data_prep/cluster.py", "run_task", "os.rename"):
+        "a prep task's own directory, made by make_temp_dir in this very call inside prep's private staging "
+        "directory, renamed into place once complete; rename(2) of a directory fails rather than replace one",
     ("data_prep/atomic.py", "_pid_alive", "os.kill"):
         "signal 0 to a pid named by a staging directory: asks whether it lives, sends nothing",
 }

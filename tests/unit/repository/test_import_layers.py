@@ -35,7 +35,9 @@ LAYERS: dict[str, int] = {
     "rrtrain.data": 1,
     "data_prep": 2,
     "rrtrain.config": 3,
+    "rrtrain.config_load": 3,  # YAML files and overrides into dataclasses: on errors and the file layer alone
     "rrtrain.budget": 3,  # steps and tokens from the train section: torch-free, for `rrtrain status` too
+    "rrtrain.schedule": 3,  # the learning-rate schedules and their settings' checks: on errors alone, below the config
     "rrtrain.residuals": 4,
     "rrtrain.model": 5,
     "rrtrain.sizing": 5,  # presets and the model's counts from a config's model section (rrtrain.model.spec's shape)
@@ -46,14 +48,14 @@ LAYERS: dict[str, int] = {
     "rrtrain.training": 8,
     "rrtrain.monitoring": 9,
     "rrtrain.eval": 9,  # downstream evaluation (lm-eval): the model class, and its callback on the loop
-    "rrtrain.model.from_run": 9,  # a run's model from its checkpoint: stands on the checkpoint manager (training/)
+    "rrtrain.artifact": 9,  # a trained run's model: its artifact, or its checkpoint through the engines' reader
     "rrtrain.train": 10,
     "rrtrain.planning": 11,
     "rrtrain.planning.plan": 7,  # the memory model (resolve and model below it): train.micro_batch=auto uses it
     "rrtrain.planning.auto_batch": 7,  # train.micro_batch=auto, resolved by the trainer
     "rrtrain.report": 11,
     "rrtrain.dashboard": 11,
-    "rrtrain.export": 11,  # a run's checkpoint as a Hugging Face directory (rrtrain.model.from_run)
+    "rrtrain.export": 11,  # a run's model as a Hugging Face directory (rrtrain.artifact)
     "rrtrain.cli": 12,
     "rrtrain.__main__": 12,
     # the sweep side, by stage: each stage imports only the stages before it
@@ -206,14 +208,10 @@ def test_no_import_circle_anywhere():
 
 #: the model package: what `rrtrain export` copies beside an exported model (rrtrain/export/bundle.py)
 MODEL_PACKAGE = ("rrtrain.model", "rrtrain.residuals")
-#: modules under those directories that are not part of the package, each with its reason (an export leaves
-#: them out too): a run's model from its checkpoint stands on the config, the resolver and the checkpoint
-#: manager; it moves out of rrtrain/model/ in a later step
-OUTSIDE_THE_PACKAGE = {"rrtrain.model.from_run": "stands on config, resolve and training.checkpoint"}
 
 
 def package_modules(graph: dict[str, set[str]]) -> set[str]:
-    return {m for m in graph if layer_of(m) in MODEL_PACKAGE and m not in OUTSIDE_THE_PACKAGE}
+    return {m for m in graph if layer_of(m) in MODEL_PACKAGE}
 
 
 def test_the_model_package_imports_nothing_else_of_rrtrain():
@@ -247,8 +245,7 @@ def test_the_model_package_imports_itself_by_one_dot():
 
 def test_the_package_checks_catch_an_import_of_the_config():
     """The rule itself, on a made-up graph: a residual module importing the config is reported."""
-    graph = {"rrtrain.residuals.base": {"rrtrain.config"}, "rrtrain.model.spec": set(), "rrtrain.config": set(),
-             "rrtrain.model.from_run": {"rrtrain.config"}}
+    graph = {"rrtrain.residuals.base": {"rrtrain.config"}, "rrtrain.model.spec": set(), "rrtrain.config": set()}
     members = package_modules(graph)
     assert members == {"rrtrain.residuals.base", "rrtrain.model.spec"}
     assert [f"{m} -> {d}" for m in sorted(members) for d in graph[m] if d not in members] == \
@@ -258,8 +255,14 @@ def test_the_package_checks_catch_an_import_of_the_config():
 def test_config_is_the_bottom_layer_on_errors_alone():
     graph = import_graph()
     assert "rrtrain.config" in graph["rrtrain.sizing"] and "rrtrain.config" in graph["rrtrain.knobs"]
-    # the bottom layer stands on errors alone, and on the stdlib-only reader of files it did not write
-    assert graph["rrtrain.config"] <= {"rrtrain.core.errors", "rrtrain.core.files"}
+    # the bottom layer stands on errors alone, and on the stdlib-only reader of files it did not write (through its
+    # loader, rrtrain.config_load), on the checks of the schedules' settings, which stand on errors alone, and on the
+    # checks of `data.sources`, which stand on errors and the manifest's reader (no torch, no streaming)
+    assert graph["rrtrain.config"] <= {"rrtrain.core.errors", "rrtrain.core.files", "rrtrain.schedule",
+                                       "rrtrain.data.sources", "rrtrain.config_load"}
+    assert graph["rrtrain.config_load"] <= {"rrtrain.core.errors", "rrtrain.core.files"}
+    assert graph["rrtrain.data.sources"] <= {"rrtrain.core.errors", "rrtrain.data.manifest"}
+    assert graph["rrtrain.schedule"] <= {"rrtrain.core.errors"}
 
 
 def test_importing_config_loads_neither_sizing_nor_the_registry():

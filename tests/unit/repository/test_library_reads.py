@@ -30,7 +30,7 @@ ALLOWLIST: dict[tuple[str, str, str], str] = {
         "the RNG file opened by files.open_regular",
     ("rrtrain/parallel/native.py", "NativeEngine.load", "dcp.load"):
         "RestrictedFileSystemReader: every file opened beneath the checkpoint by the layer (BeneathFileSystem)",
-    ("rrtrain/model/from_run.py", "load_dcp", "dcp.load"):
+    ("rrtrain/parallel/consolidate.py", "load_dcp", "dcp.load"):
         "RestrictedFileSystemReader, as for resume",
     ("rrtrain/export/tokenizer.py", "hf_tokenizer", "from_file"):
         "a tokenizer.json this very call wrote into a fresh TemporaryDirectory",

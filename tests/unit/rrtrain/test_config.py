@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rrtrain.config import Config, ModelConfig, apply_overrides, build, load_config, parse_override
+from rrtrain.config import Config, ModelConfig, load_config
+from rrtrain.config_load import apply_overrides, build, parse_override
 from rrtrain.core.errors import UsageError
 from rrtrain.resolve import load, with_knobs
 from trainutil import REPO
@@ -51,7 +52,7 @@ def test_unknown_key_in_file_suggests_closest(tmp_path):
 def test_unknown_section_suggests_closest(tmp_path):
     path = write(tmp_path, "c.yaml", "trian:\n  lr: 0.1\n")
     assert error(path) == \
-        "unknown key 'trian'; did you mean 'train'? (valid here: run, model, match, data, train, parallel, monitor, log, eval)"
+        "unknown key 'trian'; did you mean 'train'? (valid here: run, model, match, data, train, parallel, monitor, log, eval, init)"
 
 
 def test_unknown_nested_key_suggests_full_path():
@@ -257,7 +258,7 @@ def _keys(cls, prefix: str = ""):
         if dataclasses.is_dataclass(hints[f.name]):
             yield from _keys(hints[f.name], f"{prefix}{f.name}.")
         else:
-            yield f"{prefix}{f.name}"
+            yield f"{prefix}{f.name[:-1] if f.name.endswith('_') else f.name}"  # `init.from` is the field from_
 
 
 def test_every_key_is_documented():

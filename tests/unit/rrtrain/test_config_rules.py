@@ -19,7 +19,7 @@ from rrtrain.cli import plan as plan_cli
 from rrtrain.config import Config, ModelConfig, ParallelConfig, TrainConfig
 from rrtrain.core.errors import UsageError
 from rrtrain.planning import plan as planner
-from rrtrain.config import dotted_keys
+from rrtrain.config_load import dotted_keys
 from rrtrain.training.checkpoint import check_resume
 
 # the constants as they were written before the rules moved onto the fields
@@ -32,9 +32,11 @@ OLD_FREE = {
                                "spike_sigma", "spike_patience", "on_stall", "on_diverge", "heartbeat_s", "peer_mad")),
     "log.wandb", "log.wandb.project", "log.wandb.entity", "log.wandb.mode", "log.wandb.group",
     *(f"eval.downstream.{k}" for k in ("tasks", "every", "limit", "num_fewshot", "include", "batch_size")),
+    "train.artifact_every", "init.from_",  # issue 46: the artifact's cadence; a warm start (a resume loads its own)
 }
 OLD_LAYOUT = {"parallel.dp_shard", "parallel.dp_replicate"}  # and world_size, which is not a config key
-OLD_NEVER = {"data.path", "train.seed", "parallel.backend"}
+# data.sources: data.path's mixture form; train.branch_from: a cooldown branch's parent, which a run keeps
+OLD_NEVER = {"data.path", "data.sources", "train.seed", "parallel.backend", "train.branch_from"}
 OLD_NEVER_PREFIXES = ("model.", "match.")
 OLD_AXES = ("model.size", "model.variant", "train.seed", "run.dir")  # launchers/expand.py
 OLD_NOT_SETTING = ("train.seed", "run.dir", "run.name")  # the pruning pass's own tuple before the rule moved onto the fields

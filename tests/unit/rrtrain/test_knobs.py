@@ -10,9 +10,10 @@ import yaml
 import pytest
 
 from rrtrain import residuals
-from rrtrain.config import Config, build, load_config
+from rrtrain.config import Config, load_config
+from rrtrain.config_load import build
 from rrtrain.core.errors import UsageError
-from rrtrain.model.from_run import read_run_config
+from rrtrain.artifact import read_run_config
 from rrtrain.model.spec import ModelSpec
 from rrtrain.resolve import build_config, build_model, resolve, with_knobs
 from rrtrain.training.checkpoint import check_resume

@@ -41,6 +41,7 @@ def test_a_tiny_run_imports_no_heavy_package(tmp_path, stories_data):
     assert not heavy, f"a one-step tiny run imported {heavy[:10]}"
 
 
+@pytest.mark.slow
 def test_the_deferred_streaming_package_still_completes_on_demand():
     """After the trainer's deferred import, `from streaming import ...` and package attributes work as usual."""
     code = ("import sys\n"

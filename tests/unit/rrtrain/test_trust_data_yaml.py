@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from prep_helpers import write_id_dataset
-from rrtrain.config import load_config, parse_override, read_yaml
+from rrtrain.config import load_config
+from rrtrain.config_load import parse_override, read_yaml
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir import readers
 from trainutil import REPO, TINY, env, run_cmd

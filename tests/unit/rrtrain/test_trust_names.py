@@ -99,7 +99,7 @@ def test_an_evaluation_that_ran_no_batch_is_never_a_loss():
     from rrtrain.training.trainer import Trainer
 
     trainer = Trainer.__new__(Trainer)  # only what evaluate() reads: no run directory, no model
-    trainer.info, trainer.val_batches = SimpleNamespace(device=torch.device("cpu")), []
+    trainer.info, trainer.val_batches, trainer.val_sources = SimpleNamespace(device=torch.device("cpu")), [], []
     trainer.best_val = 4.0
     assert math.isnan(trainer.evaluate())
     assert math.isnan(trainer.last_val) and trainer.last_val_note == "no evaluation batch ran"

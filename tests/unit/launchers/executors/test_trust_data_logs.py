@@ -28,8 +28,14 @@ def fake_train(monkeypatch):
 
 
 def submit(sweep: Path, *ids: str):
-    return local_executor.submit([run(i) for i in ids], sys.executable, str(sweep), {i: sweep / f"{i}.yaml" for i in ids},
-                                 sweep / "slurm" / "logs", parallel=2)
+    """The runs as a sweep hands them over: a code snapshot and a config each (what the executor binds)."""
+    code = sweep.parent / "code"
+    code.mkdir(exist_ok=True)
+    configs = {i: sweep.parent / f"{i}.yaml" for i in ids}
+    for path in configs.values():
+        path.write_text("train: {max_steps: 1}\n")
+    return local_executor.submit([run(i) for i in ids], sys.executable, str(code), configs, sweep / "slurm" / "logs",
+                                 parallel=2)
 
 
 def test_a_log_planted_as_a_link_is_not_followed(tmp_path, fake_train, capsys):

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import yaml
 
 from launchers.sweep.expand import Run
@@ -41,6 +42,7 @@ def _listening(root: psutil.Process) -> set[tuple[int, str, int]]:
     return found
 
 
+@pytest.mark.slow
 def test_a_single_node_launch_listens_on_loopback_only(stories_data, tmp_path):
     cfg = yaml.safe_load(Path(TINY).read_text())
     cfg["data"] = {"path": str(stories_data), "eval_batches": 1}

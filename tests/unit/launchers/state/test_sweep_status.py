@@ -22,6 +22,7 @@ from launchers.sweep.expand import Run
 from launchers.sweep.record import RunEntry
 from launchers.sweep.spec import Resources
 from rrtrain.core import files
+from rrtrain.core.errors import UsageError
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir import readers
 from rrtrain.rundir.readers import parse_final
@@ -185,3 +186,23 @@ def test_status_cli_json_and_bad_dir(tmp_path):
     proc = subprocess.run([PY, "-m", "rrtrain", "status", str(tmp_path / "nope")], capture_output=True,
                           text=True, env=env, timeout=120)
     assert proc.returncode == 2 and "no sweep.json" in proc.stderr
+
+
+def test_status_reads_any_folder_of_runs_without_sweep_json(tmp_path):
+    """As `report` and `dashboard` do: no sweep.json, each run directory below the folder is a row named by its
+    path under it; a folder with no run is one line naming what is missing."""
+    fake_run(tmp_path / "group", "a", 20, final={"status": "completed", "step": 20, "variant": "review",
+                                                  "size": "tiny", "seed": 1})
+    (tmp_path / "group" / "a" / "config.yaml").write_text("model: {size: tiny, variant: review}\ntrain: {seed: 1}\n")
+    fake_run(tmp_path, "b", 7)
+    out = status_cli.collect(tmp_path)
+    rows = {r["id"]: r for r in out["runs"]}
+    assert sorted(rows) == ["b", "group/a"] and out["sweep"] == tmp_path.name
+    assert {k: rows["group/a"][k] for k in ("state", "step", "variant", "size", "seed")} == {
+        "state": "completed", "step": 20, "variant": "review", "size": "tiny", "seed": 1}
+    assert rows["b"]["step"] == 7 and rows["b"]["state"] == "failed"  # it ran, no final.json, no live lock
+    assert "group/a" in status_cli.table(out)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UsageError, match="no sweep.json and no run directory"):
+        status_cli.collect(empty)

@@ -12,7 +12,8 @@ from launchers.sweep import record, spec
 from launchers.sweep.expand import data_path, expand
 from launchers.executors.render import render
 from launchers.torchrun import rendezvous
-from rrtrain.config import Config, build
+from rrtrain.config import Config
+from rrtrain.config_load import build
 from rrtrain.core.errors import UsageError
 from rrtrain.sizing import count_params
 from rrtrain.resolve import resolve_model_shape
@@ -123,6 +124,10 @@ def test_rendered_scripts_pass_bash_n_and_quote(tmp_path):
         "seeds": 1, "tokens": 10 ** 9, "resources": {"nodes": 2, "gpus_per_node": 8, "partition": "gpu",
                                                       "extra_sbatch": ["--exclusive"]}}}})
     configs = {r.id: out / "configs" / f"{r.id}.yaml" for r in runs}
+    for r in runs:
+        configs[r.id].parent.mkdir(parents=True, exist_ok=True)
+        configs[r.id].write_text(yaml.safe_dump(r.config))
+    (out / "code").mkdir()
     scripts = render(out, "t", runs, "/usr/bin/python3", str(out / "code"), configs)
     assert [Path(s["script"]).name for s in scripts] == [
         "array-tiny.sbatch", "array-rr-60m.sbatch", "multinode-rr-1b-review-s0.sbatch",
@@ -132,8 +137,9 @@ def test_rendered_scripts_pass_bash_n_and_quote(tmp_path):
     tiny = Path(scripts[0]["script"]).read_text()
     assert "#SBATCH --array=0-5%5" not in tiny and "#SBATCH --array=0-5%6" in tiny
     assert "#SBATCH --signal=B:USR2@120" in tiny and "#SBATCH --requeue" in tiny
-    manifest = (out / "slurm" / "array-tiny.manifest").read_text().splitlines()
-    assert len(manifest) == 6 and manifest[0].split("\t")[0] == "tiny-review-s0"
+    rows = tiny.split("ROWS=$(cat <<'RRTRAIN_ROWS_END'\n", 1)[1].split("\nRRTRAIN_ROWS_END\n", 1)[0].splitlines()
+    assert len(rows) == 6 and rows[0].split("\t")[0] == "tiny-review-s0"  # in the script Slurm keeps, not a file
+    assert not list((out / "slurm").glob("*.manifest"))
     multi = Path(scripts[2]["script"]).read_text()
     assert "#SBATCH --nodes=2" in multi and "#SBATCH --partition=gpu" in multi and "#SBATCH --exclusive" in multi
     assert "GPUS_PER_NODE=8" in multi and 'srun --wait="$STEP_GRACE_S"' in multi
@@ -192,3 +198,23 @@ def test_slurm_executor_without_slurm_names_what_is_missing(tmp_path, monkeypatc
     monkeypatch.setenv("PATH", str(bin_dir))
     with pytest.raises(UsageError, match=f"--executor slurm: {named} not on PATH"):
         submit([], tmp_path / "sweep", "s", str(tmp_path))
+
+
+@pytest.mark.slow
+def test_dry_run_sizes_models_at_the_data_vocabulary(tmp_path, stories_data):
+    """The estimate counts parameters at the vocabulary the run will have: the manifest's where `data` is prepared,
+    the sweep's `prep:` tokenizer's before it has run; the preset's 50,257 only where neither says; the run's
+    recorded config leaves model.vocab_size to the data."""
+    import json
+
+    body = {"name": "t", "config": "tiny.yaml", "variants": ["review"], "sizes": {"tiny": {"seeds": 1, "tokens": 40960}}}
+    vocab = json.loads((stories_data / "manifest.json").read_text())["vocab_size"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    [prepared] = runs_of(tmp_path / "a", {**body, "data": str(stories_data)})[2]
+    [to_prep] = runs_of(tmp_path / "b", {**body, "prep": {"source": "synthetic:stories", "tokenizer": "bpe:1000"}})[2]
+    [unknown] = runs_of(tmp_path, {**body, "data": "/data/x"})[2]
+    assert prepared.resolved.shape.vocab_size == vocab != 50257
+    assert to_prep.resolved.shape.vocab_size == 1000 and to_prep.config["model"]["vocab_size"] is None
+    assert unknown.resolved.shape.vocab_size == 50257
+    assert prepared.resolved.params < unknown.resolved.params

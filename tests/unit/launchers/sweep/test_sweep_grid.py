@@ -177,6 +177,7 @@ def test_dry_run_prices_each_group(tmp_path):
     assert grid_costs(expand_body(tmp_path, body, "plain.yaml")[2], "H100", 0.4) == []
 
 
+@pytest.mark.slow
 def test_plan_sweep_knows_the_grid(tmp_path):
     p = tmp_path / "g.yaml"
     p.write_text(yaml.safe_dump(with_(BASE, config=str(REPO / "configs/train/tiny.yaml"))))

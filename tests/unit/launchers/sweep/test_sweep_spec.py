@@ -91,3 +91,16 @@ def test_command_line_overrides_of_sweep_keys(tmp_path):
     assert over.sha256 != plain.sha256  # the record tells the two apart
     with pytest.raises(UsageError, match="did you mean 'resources.partition'"):
         spec.load(p, ["resources.partitoin=debug"])
+
+
+def test_a_prep_section_passes_bos_to_rrtrain_prep(tmp_path, capsys):
+    from launchers.submit import prepare_data
+
+    body = {k: v for k, v in BASE.items() if k != "data"}
+    sweep = spec.load(write(tmp_path, {**body, "prep": {"tokenizer": "bpe:512", "bos": True}}))
+    prepare_data(sweep, tmp_path / "out", dry_run=True)
+    line = capsys.readouterr().out
+    assert "--bos" in line.split() and "--bos-token" not in line, line
+    sweep = spec.load(write(tmp_path, {**body, "prep": {"tokenizer": "bpe:512"}}))
+    prepare_data(sweep, tmp_path / "out", dry_run=True)
+    assert "--bos" not in capsys.readouterr().out.split()

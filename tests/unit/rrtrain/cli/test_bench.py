@@ -69,6 +69,7 @@ def test_bench_bad_input_exits_2(capsys, args, message):
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_bench_times_the_training_step(capsys, monkeypatch, tmp_path, stories_data):
     """Bench and a one-step training run call the one `rrtrain.training.step.optimizer_step`; from the same weights
     and the same micro-batches they leave bitwise-equal parameters (so bench cannot drift from training)."""

@@ -222,3 +222,21 @@ def test_a_broken_pipe_that_is_not_stdout_is_a_real_failure():
 
     with pytest.raises(BrokenPipeError, match="a child's stdin"):
         run_command("rrtrain x", entry, [])
+
+
+@pytest.mark.slow
+def test_train_print_config_prints_the_resolved_yaml_and_runs_nothing(capsys, tmp_path, stories_data):
+    """`rrtrain train CONFIG ... --print-config`: defaults, overrides and the rule's knobs, checked against the
+    dataset where data.path holds one; no run directory is made. A dataset it does not fit is the run's error."""
+    import yaml
+
+    run = tmp_path / "run"
+    argv = ["train", str(REPO / "configs" / "train" / "tiny.yaml"), "train.lr=0.01", "--print-config",
+            f"run.dir={run}", f"data.path={stories_data}"]
+    assert main(argv) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["train"]["lr"] == 0.01 and cfg["model"]["variant"] == "review" and cfg["run"]["dir"] == str(run)
+    assert cfg["train"]["max_steps"] == 200 and isinstance(cfg["model"]["residual"], dict) and cfg["model"]["residual"]
+    assert not run.exists()
+    line = usage_error(capsys, [*argv, "model.seq_len=32"])  # the dataset was packed at 64
+    assert "seq_len" in line and not run.exists()

@@ -306,6 +306,7 @@ def _holders(names: set[str]) -> dict[str, list[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
     """A job SIGKILLed while reading leaks /dev/shm segments registered to its cache dir. Its requeued
     successor (same cache dir, fresh TMPDIR as on Slurm) must start, and the leaked segments must go.
@@ -351,6 +352,7 @@ def test_stale_shared_memory_of_a_killed_run_does_not_break_the_next(tmp_path):
     assert not _still_ours(leaked, cache)
 
 
+@pytest.mark.slow
 def test_a_dataset_opened_after_a_run_died_does_not_keep_its_memory_alive(tmp_path):
     """Streaming's search for a free prefix maps every segment it looks past until the process exits. A process
     that opens a second dataset after a run died (a trainer's validation split, a sweep's long-lived worker)

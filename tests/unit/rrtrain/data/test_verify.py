@@ -86,6 +86,7 @@ def test_unwritable_reason(tmp_path: Path):
     assert unwritable_reason(tmp_path / "file" / "run").startswith("Not a directory")
 
 
+@pytest.mark.slow
 def test_compressed_shards_are_checked_without_importing_transformers(tmp_path):
     """A training rank checks zstd shards through streaming's decompressor; `import streaming` in full would
     pull in transformers and torchvision (seconds and ~1 GB per rank), which reading shards never needs."""

@@ -1,4 +1,4 @@
-"""`rrtrain export RUN_DIR --hf OUT` and the loader under it (rrtrain.model.from_run), issue 38.
+"""`rrtrain export RUN_DIR --hf OUT` and the loader under it (rrtrain.artifact), issue 38.
 
 Tiny real runs (d_model 32, 2 blocks, 3 steps) of `standard` (with RoPE, so that it also has a stock form),
 `review`, `mhc` and `attnres` are trained once, exported through the CLI, and loaded by transformers in ONE
@@ -34,7 +34,7 @@ from rrtrain.core.errors import UsageError  # noqa: E402
 from rrtrain.export import bundle  # noqa: E402
 from rrtrain.export.hf import write_into  # noqa: E402
 from rrtrain.export.tokenizer import SAMPLE, hf_tokenizer  # noqa: E402
-from rrtrain.model.from_run import LoadedRun, checkpoint_steps, load_run  # noqa: E402
+from rrtrain.artifact import LoadedRun, checkpoint_steps, load_run  # noqa: E402
 from rrtrain.sizing import resolve_shape  # noqa: E402
 from rrtrain.resolve import build_model  # noqa: E402
 from trainutil import train  # noqa: E402
@@ -159,7 +159,7 @@ def rrtrain_logits(run: Path) -> tuple[list[int], torch.Tensor]:
 def test_load_run_gives_the_model_config_step_and_tokenizer(runs: dict[str, Path]) -> None:
     r = load_run(runs["review"])
     assert checkpoint_steps(runs["review"]) == [3] and r.step == 3
-    assert r.checkpoint == runs["review"] / "checkpoints" / "step_00000003"
+    assert r.checkpoint == runs["review"] / "artifact" / "step_00000003"  # the artifact training wrote
     assert r.config.model.variant == "review" and isinstance(r.tokenizer, ByteTokenizer)
     assert not r.model.training and next(r.model.parameters()).dtype == torch.float32
     # the weights are the trained ones: the loss on a validation-like text is what 3 steps give, not chance
@@ -173,12 +173,101 @@ def test_load_run_gives_the_model_config_step_and_tokenizer(runs: dict[str, Path
 def test_load_run_checks_the_files_against_the_manifest(runs: dict[str, Path], tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(runs["review"], run)
+    shutil.rmtree(run / "artifact")  # a run from before artifacts: its checkpoint is read
     shard = next((run / "checkpoints" / "step_00000003" / "state").glob("*.distcp"))
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(UsageError, match="does not match its xxh64 checksum"):
         load_run(run, 3)
+
+
+@pytest.mark.slow  # trains tiny runs (rrtrain.train in a subprocess)
+def test_the_artifact_holds_the_checkpoints_weights_bit_for_bit(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Training's artifact (Engine.full_model_state) against the checkpoint read by the engines' offline reader
+    (rrtrain/parallel/consolidate.py), for a run that ended before artifacts existed: the same tensors, bit for
+    bit; model.json rebuilds the model and carries the tokenizer reference."""
+    for rule, run in runs.items():
+        from_artifact = load_run(run)
+        legacy = tmp_path / rule
+        shutil.copytree(run, legacy)
+        shutil.rmtree(legacy / "artifact")
+        from_checkpoint = load_run(legacy)
+        assert from_checkpoint.checkpoint.parent.name == "checkpoints" and from_checkpoint.step == from_artifact.step
+        a, b = from_artifact.model.state_dict(), from_checkpoint.model.state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), rule
+        record = from_artifact.record
+        assert record["step"] == 3 and record["model"]["variant"] == rule and record["tokenizer"]["tokenizer"] == "byte"
+        assert from_artifact.tokenizer.vocab_hash() == from_checkpoint.tokenizer.vocab_hash()
+    art = runs["review"] / "artifact" / "step_00000003"
+    assert sorted(p.name for p in art.iterdir() if not p.name.startswith(".")) == ["model.json", "model.safetensors"]
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in art.iterdir())
+
+
+@pytest.mark.slow  # trains tiny runs (rrtrain.train in a subprocess)
+def test_a_warm_start_from_an_export_starts_from_its_weights(runs: dict[str, Path], exports: dict[str, Path],
+                                                          stories_data: Path, tmp_path: Path) -> None:
+    """The HF round trip: `init.from=EXPORT_DIR` gives the new run the exported weights (its one step at a learning
+    rate of 1e-30 moves no weight measurably: its artifact's logits are the source's), a fresh optimizer, and
+    RUN/init.json names the source and its sha256."""
+    import hashlib
+
+    new = tmp_path / "warm"
+    train(new, stories_data, *SMALL, "model.variant=review", "train.max_steps=1", "train.lr=1e-30",
+          f"init.from={exports['review']}")
+    record = json.loads((new / "init.json").read_text())
+    weights = exports["review"] / "model.safetensors"
+    assert record["source"] == str(exports["review"]) and record["kind"] == "export"
+    assert record["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    ids, want = rrtrain_logits(runs["review"])
+    got = load_run(new)
+    assert got.step == 1
+    with torch.no_grad():
+        logits = got.model(torch.tensor([ids])).float()
+    assert torch.allclose(logits, want, rtol=0, atol=1e-5), (logits - want).abs().max()
+
+
+@pytest.mark.slow  # trains tiny runs (rrtrain.train in a subprocess)
+def test_the_export_has_a_model_card_no_marker_and_its_parent_made(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "new" / "parent" / "hf"
+    assert cli(["export", str(runs["review"]), "--hf", str(out)]) == 0
+    assert not any(p.name.startswith(".rrtrain") for p in out.rglob("*"))
+    card = (out / "README.md").read_text()
+    r = load_run(runs["review"])
+    for fact in ("`review`", f"{sum(p.numel() for p in r.model.parameters()):,} parameters", "tokens seen | 768",
+                 f"validation loss | {r.val_loss:.4f}", str(r.config.data.path)):
+        assert fact in card, fact
+
+
+def test_a_tampered_artifact_is_refused_in_one_line(tmp_path: Path) -> None:
+    """model.json's sha256 guards the weights; a record that is not one is one line."""
+    from rrtrain.artifact.run import load_artifact
+    from rrtrain.training import artifact
+
+    model = build_model(ModelConfig(variant="review", d_model=32, n_layers=1, n_heads=2, seq_len=16), 258, seed=0)
+
+    class Engine:
+        inner = model
+
+        def full_model_state(self):
+            return {k: v.float() for k, v in model.state_dict().items()}
+
+    ref = {"tokenizer": "byte", "tokenizer_file": None, "eos_id": 256, "bos_id": None, "vocab_size": 258,
+           "tokenizer_hash": ByteTokenizer().vocab_hash(), "data_dir": None}
+    out = artifact.write(Engine(), tmp_path, 7, 100, 1.5, ref, is_main=True)
+    assert out == tmp_path / "artifact" / "step_00000007"
+    loaded, record, tok = load_artifact(out)
+    assert record["step"] == 7 and isinstance(tok, ByteTokenizer)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    blob = bytearray((out / "model.safetensors").read_bytes())
+    blob[-1] ^= 1
+    (out / "model.safetensors").write_bytes(bytes(blob))
+    with pytest.raises(UsageError, match="does not match the sha256") as got:
+        load_artifact(out)
+    assert "\n" not in str(got.value)
+    (out / "model.json").write_text('{"format": 9}')
+    with pytest.raises(UsageError, match="is not a model artifact's record"):
+        load_artifact(out)
 
 
 # -- the exported model, loaded without rrtrain ---------------------------------------------
@@ -360,6 +449,7 @@ def generated(every_rule: dict[str, tuple[Path, torch.Tensor]], tmp_path_factory
     return torch.load(result, weights_only=False)
 
 
+@pytest.mark.slow  # one transformers process generates with every rule's export (~20 s)
 @pytest.mark.parametrize("name", GENERATION)
 def test_left_padded_batch_generates_as_each_prompt_alone(name: str, generated: dict) -> None:
     """Batched greedy generation over left-padded prompts gives each prompt's own tokens, and its logits at every
@@ -376,6 +466,7 @@ def test_left_padded_batch_generates_as_each_prompt_alone(name: str, generated: 
         assert diff <= 1e-5, (row, float(diff))
 
 
+@pytest.mark.slow  # one transformers process generates with every rule's export (~20 s)
 @pytest.mark.parametrize("name", GENERATION)
 def test_padded_forward_gives_the_unpadded_logits(name: str, generated: dict) -> None:
     """Left and right padding alike: the real tokens' logits are those of the prompt alone."""
@@ -389,6 +480,7 @@ def test_padded_forward_gives_the_unpadded_logits(name: str, generated: dict) ->
             assert torch.isfinite(logits[row]).all(), (side, row)  # padded positions stay finite too
 
 
+@pytest.mark.slow  # one transformers process generates with every rule's export (~20 s)
 @pytest.mark.parametrize("name", GENERATION)
 def test_cached_generation_equals_decoding_without_cache(name: str, generated: dict) -> None:
     """`generate` (a DynamicCache by default) gives the tokens of greedy decoding by whole forwards, for every
@@ -401,6 +493,7 @@ def test_cached_generation_equals_decoding_without_cache(name: str, generated: d
         assert got["no_cache_generate"][row].tolist() == got["no_cache"][row].tolist(), row
 
 
+@pytest.mark.slow  # one transformers process generates with every rule's export (~20 s)
 def test_tokenizer_output_goes_straight_into_generate(generated: dict) -> None:
     """`model.generate(**tokenizer(text))` works (the single-prompt generations above are made so): the
     tokenizer returns no token_type_ids, and the model ignores them when given."""
@@ -410,12 +503,14 @@ def test_tokenizer_output_goes_straight_into_generate(generated: dict) -> None:
         assert got["generate_with_token_type_ids"] is None  # generate passes them on, the model takes them
 
 
+@pytest.mark.slow  # one transformers process generates with every rule's export (~20 s)
 def test_text_generation_pipeline(generated: dict) -> None:
     for name, got in generated.items():
         assert got["pipeline"] == got["decoded_single"], name
         assert got["pipeline"].startswith(PROMPTS[1]) and len(got["pipeline"]) > len(PROMPTS[1]), name
 
 
+@pytest.mark.slow  # one transformers process generates with every rule's export (~20 s)
 def test_generating_past_the_length_is_a_clear_error(generated: dict) -> None:
     """The first forward past max_position_embeddings (64) is a ValueError naming both lengths; 64 is fine."""
     for name, got in generated.items():
@@ -430,12 +525,12 @@ def test_generating_past_the_length_is_a_clear_error(generated: dict) -> None:
 
 
 def test_the_model_package_is_copied_as_it_is() -> None:
-    """rrtrain/model/ and rrtrain/residuals/ file by file, unchanged, less the registry and from_run.py; every
+    """rrtrain/model/ and rrtrain/residuals/ file by file, unchanged, less the registry; every
     relative import names a copied file, none reaches rrtrain; the modeling file names each copied file."""
     files = bundle.package_files()
     root = Path(bundle.__file__).resolve().parents[1]
     expected = {p.name for d in ("model", "residuals") for p in (root / d).glob("*.py")}
-    expected -= {"__init__.py", "from_run.py"}
+    expected -= {"__init__.py"}
     assert set(files) == expected and {"transformer.py", "spec.py", "builtin.py", "base.py", "mhc.py"} <= expected
     for name, text in files.items():
         assert text == next((root / d / name) for d in ("model", "residuals") if (root / d / name).exists()).read_text()
@@ -496,7 +591,7 @@ def test_not_a_run_dir(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
 
 @pytest.mark.slow  # trains tiny runs (rrtrain.train in a subprocess)
 def test_step_without_a_checkpoint(capsys: pytest.CaptureFixture, runs: dict[str, Path], tmp_path: Path) -> None:
-    _refused(capsys, [str(runs["review"]), "--step", "2"], tmp_path / "out", "no checkpoint at step 2 (checkpoints: 3)")
+    _refused(capsys, [str(runs["review"]), "--step", "2"], tmp_path / "out", "no model at step 2 (steps: 3)")
 
 
 def test_run_without_any_checkpoint(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:

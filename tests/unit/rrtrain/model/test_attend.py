@@ -124,7 +124,7 @@ def test_training_runs_plain_causal_attention(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(transformer.F, "scaled_dot_product_attention", spy)
     model = perturbed("review", "rope")
     model(IDS, IDS).backward()
-    assert calls == [{"is_causal": True}] * 2
+    assert calls == [{"is_causal": True, "scale": None}] * 2  # SDPA's own 1/sqrt(d_head) (sp)
     calls.clear()
     model(IDS, attention_mask=torch.ones_like(IDS))  # nothing padded: still the fused causal kernel
     assert [c["is_causal"] for c in calls] == [True, True] and all(c["attn_mask"] is None for c in calls)

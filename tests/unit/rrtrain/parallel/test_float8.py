@@ -168,6 +168,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_float8_composes_with_fsdp2_and_activation_checkpointing_in_emulation():
     """The trainer's engine path on one gloo rank: conversion, AC, FSDP2 (tensorwise: float8 all-gather and the
     scales computed after each step), materialisation; three AdamW steps train like bf16's."""

@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from rrtrain.config import Config, apply_overrides, build
+from rrtrain.config import Config
+from rrtrain.config_load import apply_overrides, build
 from rrtrain.core.dist import DistInfo
 from rrtrain.resolve import build_model
 from rrtrain.parallel import build_engine

@@ -169,7 +169,8 @@ def test_fit_recovers_a_known_power_law(tmp_path):
 def test_fit_suggests_for_the_sweeps_larger_sizes(tmp_path):
     """The sizes in sweep.json that are larger than every fitted one get a suggested lr (their parameter count
     resolved from the recorded config); two fitted sizes give the line but no interval."""
-    from rrtrain.config import Config, build
+    from rrtrain.config import Config
+    from rrtrain.config_load import build
 
     for size, n, best in (("a", 1e6, 1e-2), ("b", 1e7, 3e-3)):
         for j, lr in enumerate([best / 3, best, best * 3]):

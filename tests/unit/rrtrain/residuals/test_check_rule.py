@@ -15,7 +15,8 @@ import torch
 from rrtrain import residuals
 from rrtrain.cli.main import main as cli_main
 from rrtrain.cli.rule_checks import RuleUnderCheck, run_check
-from rrtrain.config import Config, build
+from rrtrain.config import Config
+from rrtrain.config_load import build
 from rrtrain.core.errors import UsageError
 from rrtrain.residuals import RuleKnobs, RuleSpec, require
 from rrtrain.resolve import check_model, with_knobs

@@ -72,6 +72,17 @@ RULES = {
     "hc": (["model.variant=hc"], 1),
     "hc_static": (["model.variant=hc", "model.residual.hc_dynamic=false"], 1),
     "mhc": (["model.variant=mhc"], 1),
+    # a per-block constant (1/sqrt(l)) and a pair state whose two tensors are one at the first block
+    "ln_scaling": (["model.variant=ln_scaling"], 1),
+    "layer_scalars": (["model.variant=layer_scalars"], 1),
+    # one weight per slot, the unread ones masked: one graph; with a period of 2, blocks with and without a DWA
+    "denseformer": (["model.variant=denseformer"], 1),
+    "denseformer_2x2": (["model.variant=denseformer", "model.residual.denseformer_dilation=2",
+                         "model.residual.denseformer_period=2"], 2),
+    "laurel_pa": (["model.variant=laurel", "model.residual.laurel_form=pa"], 1),
+    # block 0 keeps its values as V_1, the others mix theirs with it
+    "value_residual": (["model.variant=value_residual"], 2),
+    "frac": (["model.variant=frac"], 1),
 }
 
 
@@ -81,6 +92,7 @@ def compiled_config(overrides: list[str]):
     return load_config("configs/train/tiny.yaml", shape + overrides)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", RULES)
 def test_blocks_compile_to_one_graph_per_block_shape(label, monkeypatch):
     overrides, graphs = RULES[label]

@@ -12,6 +12,8 @@ import sys
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
 from launchers.prune.rungs import Values
 from launchers.sweep.spec import PruneSpec
 from rrtrain.rundir import readers, tail
@@ -66,6 +68,7 @@ def report_peak(sweep: Path) -> tuple[int, int]:
     return proc.returncode, usage.ru_maxrss
 
 
+@pytest.mark.slow
 def test_report_on_a_sparse_metrics_file_stays_small(tmp_path):
     """`rrtrain report` over a run whose metrics.jsonl holds a 1 GiB line of zeros: the run is reported with the
     line counted in its problems, and the report's peak memory is that of the same report without the line (the

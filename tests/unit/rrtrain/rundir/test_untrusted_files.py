@@ -30,7 +30,8 @@ from launchers.sweep import record
 from launchers.state import runstate
 from launchers.state import status as status_cli
 from rrtrain.cli.main import main as rrtrain_main
-from rrtrain.config import load_config, read_yaml
+from rrtrain.config import load_config
+from rrtrain.config_load import read_yaml
 from rrtrain.core.command import run_command
 from rrtrain.core.errors import UsageError
 from rrtrain.dashboard.tensorboard import build_logdir
@@ -263,6 +264,7 @@ def test_prep_and_report_out_through_a_file_is_one_line(tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_prep_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
     disk = tmp_path / "small"
     disk.mkdir()

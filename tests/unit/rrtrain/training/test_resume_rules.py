@@ -69,3 +69,11 @@ def test_a_checkpoint_that_recorded_every_rules_knobs_resumes():
         bad = {**old, "model": {**old["model"], "residual": {**old["model"]["residual"], **stray}}}
         with pytest.raises(UsageError, match="cannot resume"):
             check_resume(bad, current, 1, 1, allow=False)
+
+
+def test_a_checkpoint_older_than_a_setting_resumes_while_the_setting_keeps_its_default():
+    saved = cfg()
+    del saved["model"]["doc_mask"], saved["model"]["parametrization"], saved["data"]["sources"]
+    assert check_resume(saved, cfg(), 1, 1, allow=False) == []
+    with pytest.raises(UsageError, match="model.doc_mask: None -> True"):  # a setting the old run did not have
+        check_resume(saved, cfg(model__doc_mask=True), 1, 1, allow=False)

@@ -1,0 +1,59 @@
+"""The rules of issue 49 (peri_ln, ln_scaling, layer_scalars, laurel, denseformer, laurel's PA form, value_residual,
+frac) under the real trainer: each trains 2 steps under FSDP2 on 2 CPU ranks (gloo), resumes from that checkpoint to
+step 4 and ends exactly where 4 steps straight end (losses and parameters, bit for bit); then bf16 under FSDP2's
+policy. A constant learning rate after warm-up
+(`min_lr_ratio=1`), so the 2-step run follows the 4-step run's schedule. Runtime: about 1 minute per rule on 2
+cores; `rrtrain check-rule NAME` runs the resume and one-process parity checks on any rule as well.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainutil import checkpoint_tensors, final, losses, max_rel_diff, train
+
+pytestmark = pytest.mark.distributed
+
+NEW = ["peri_ln", "ln_scaling", "layer_scalars", "laurel", "denseformer", "laurel_pa", "value_residual", "frac"]
+# a label that is not a rule's name: the rule and its knobs
+LABELS = {"laurel_pa": ["model.variant=laurel", "model.residual.laurel_form=pa"]}
+
+
+ARGS = ["train.log_every=1", "train.eval_every=0", "train.ckpt_every=2", "train.global_batch=4",
+        "train.micro_batch=2", "train.warmup_steps=1", "train.min_lr_ratio=1.0", "parallel.backend=fsdp"]
+
+
+def rule_args(label: str) -> list[str]:
+    return LABELS.get(label, [f"model.variant={label}"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", NEW)
+def test_trains_two_steps_under_fsdp_and_resumes_exactly(tmp_path, stories_data, variant):
+    args = [*ARGS, *rule_args(variant)]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(straight, stories_data, *args, "train.max_steps=4", nproc=2)
+    train(split, stories_data, *args, "train.max_steps=2", nproc=2)
+    assert sorted(losses(split)) == [1, 2]
+    train(split, stories_data, *args, "train.max_steps=4", "train.allow_config_change=true", nproc=2)
+    assert sorted(losses(split)) == sorted(losses(straight)) == [1, 2, 3, 4]
+    assert max_rel_diff(losses(straight), losses(split)) == 0.0
+    pa, pb = checkpoint_tensors(straight), checkpoint_tensors(split)
+    assert pa.keys() == pb.keys()
+    for key in pa:
+        assert torch.equal(pa[key], pb[key]), key
+    assert final(split)["world_size"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", NEW)
+def test_fsdp_bf16(tmp_path, stories_data, variant):
+    """FSDP2 casts the blocks' inputs and parameters to bf16 (layer_scalars' pair state, ln_scaling's fp32 buffer)."""
+    run = tmp_path / variant
+    train(run, stories_data, *ARGS, *rule_args(variant), "train.max_steps=4", "parallel.precision=bf16",
+          nproc=2)
+    got = losses(run)
+    assert sorted(got) == [1, 2, 3, 4] and all(math.isfinite(v) for v in got.values())
