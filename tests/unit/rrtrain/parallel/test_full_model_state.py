@@ -51,5 +51,10 @@ def test_deepspeed_engine_consolidates_its_fp32_masters():
     torch.manual_seed(0)
     cfg = tiny("deepspeed")
     cfg.parallel.zero_stage = 2
-    engine = build_engine(build_model(cfg.model), cfg, DistInfo(0, 1, 0, torch.device("cpu")))
-    check_round_trip(engine)
+    started = not torch.distributed.is_initialized()
+    try:
+        engine = build_engine(build_model(cfg.model), cfg, DistInfo(0, 1, 0, torch.device("cpu")))
+        check_round_trip(engine)
+    finally:  # DeepSpeed starts a process group in this process: the worker's next tests must find none
+        if started and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
