@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
@@ -70,14 +71,9 @@ def main(argv: list[str]) -> int:
     require_lm_eval("rrtrain eval")
     import torch
 
-    from rrtrain.artifact import load_run, model_steps, require_run_dir
+    from rrtrain.artifact import load_run
 
-    run_dir = require_run_dir(args.run_dir)
-    steps = model_steps(run_dir)
-    if not steps:
-        raise UsageError(f"{run_dir} has no checkpoint and no model artifact")
-    if args.step is not None and args.step not in steps:
-        raise UsageError(f"{run_dir} has no model at step {args.step} (steps: {', '.join(map(str, steps))})")
+    run_dir = run_with_model(args)
     from rrtrain.core import dist
 
     info = dist.setup(timeout_s=1800)  # under torchrun: one rank per device; else one process
@@ -159,11 +155,9 @@ def validation_line(run, data: str, batch_size: int, device) -> str:  # noqa: AN
     return f"rrtrain eval: validation loss on {data}: {total / count:.4f} ({count} sequences, step {run.step})"
 
 
-def data_loss(args: argparse.Namespace) -> int:
-    """`rrtrain eval RUN --data DIR` without tasks: the loss on DIR's validation split, nothing written."""
-    import torch
-
-    from rrtrain.artifact import load_run, model_steps, require_run_dir
+def run_with_model(args: argparse.Namespace) -> Path:
+    """RUN_DIR, checked to hold a model (an artifact or a checkpoint) at `--step` when one is given; one line else."""
+    from rrtrain.artifact import model_steps, require_run_dir
 
     run_dir = require_run_dir(args.run_dir)
     steps = model_steps(run_dir)
@@ -171,6 +165,16 @@ def data_loss(args: argparse.Namespace) -> int:
         raise UsageError(f"{run_dir} has no checkpoint and no model artifact")
     if args.step is not None and args.step not in steps:
         raise UsageError(f"{run_dir} has no model at step {args.step} (steps: {', '.join(map(str, steps))})")
+    return run_dir
+
+
+def data_loss(args: argparse.Namespace) -> int:
+    """`rrtrain eval RUN --data DIR` without tasks: the loss on DIR's validation split, nothing written."""
+    import torch
+
+    from rrtrain.artifact import load_run
+
+    run_dir = run_with_model(args)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device}: no CUDA device here")

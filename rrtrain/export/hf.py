@@ -21,6 +21,7 @@ import torch
 from rrtrain.core import files as rrfiles
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import replace_dir
+from rrtrain.artifact.stock import state_dict as stock_weights, stock_problem
 from rrtrain.export import bundle, stock as stock_mod, tokenizer as tok_mod
 from rrtrain.artifact import LoadedRun, load_run
 
@@ -100,7 +101,7 @@ def write_into(tmp: Path, run: LoadedRun, dtype: torch.dtype, stock: bool) -> No
     if stock:
         cfg = stock_mod.config(run.shape, run.config.model.norm_eps, run.config.model.rope_base, tok.eos_id,
                                pad_id, dtype)
-        save_weights(stock_mod.state_dict(state, run.shape), tmp / WEIGHTS, dtype)
+        save_weights(stock_weights(state, run.shape), tmp / WEIGHTS, dtype)
     else:
         cfg = remote_config(run, dtype, pad_id)
         save_weights({f"model.{k}": v for k, v in state.items()}, tmp / WEIGHTS, dtype)
@@ -145,7 +146,7 @@ def export_hf(run_dir: str | Path, out: str | Path, step: Optional[int] = None, 
     run = load_run(run_dir, step, data_path=data_path)
     if stock:
         assert run.shape is not None
-        problem = stock_mod.stock_problem(run.config.model.variant, run.shape, run.model.knobs.values())
+        problem = stock_problem(run.config.model.variant, run.shape, run.model.knobs.values())
         if problem:
             raise UsageError(f"--stock: {problem}")
     else:

@@ -1,16 +1,5 @@
-"""`standard` as a stock transformers architecture, loaded without remote code: Arcee (`ArceeForCausalLM`).
-
-rrtrain's `standard` is pre-RMSNorm (gain, no bias, statistics in fp32), fused QKV without bias, causal attention
-with 1/sqrt(head_dim) scaling, a non-gated GELU (erf) MLP without biases, a final RMSNorm and a tied LM head;
-positions are learned absolute embeddings (`model.pos=learned`, the default) or RoPE on interleaved pairs
-(`model.pos=rope`). Arcee is that block exactly (RMSNorm, `down(act(up(x)))` with `hidden_act="gelu"`, no biases,
-tied embeddings, RoPE) with RoPE on the two halves of each head instead of interleaved pairs: permuting the query
-and key rows of each head (0, 2, 4, ..., 1, 3, 5, ...) turns one into the other, and the attention scores,
-products of a query and a key permuted alike, are unchanged. Arcee has no learned position table, and no other
-architecture in transformers pairs RMSNorm with learned absolute positions (GPT-2, OPT, BioGPT, XGLM, GPT-BigCode
-and Falcon use LayerNorm, whose mean subtraction no weights undo), so `standard` with learned positions has no
-stock form; docs/evaluation.md lists what was checked.
-"""
+"""`rrtrain export --stock`'s config: `standard` as transformers' `ArceeForCausalLM`, loaded without remote code.
+The weights' mapping both ways, and why Arcee is `standard` exactly, are rrtrain/artifact/stock.py's."""
 
 from __future__ import annotations
 
@@ -18,14 +7,7 @@ from typing import Any
 
 import torch
 
-from rrtrain.artifact.stock import (  # noqa: F401  (the adapter, both ways: rrtrain/artifact/stock.py)
-    ARCHITECTURE,
-    from_hf,
-    interleaved_to_halves,
-    state_dict,
-    stock_problem,
-    to_hf,
-)
+from rrtrain.artifact.stock import ARCHITECTURE
 from rrtrain.core.errors import UsageError
 from rrtrain.sizing import ModelShape
 
@@ -46,4 +28,3 @@ def config(shape: ModelShape, norm_eps: float, rope_base: float, eos_id: int, pa
         architectures=[ARCHITECTURE])
 
 
-__all__ = ["ARCHITECTURE", "config", "from_hf", "interleaved_to_halves", "state_dict", "stock_problem", "to_hf"]
