@@ -59,14 +59,19 @@ def to_submit(runs: list[Run], rec: Optional[record.SweepRecord]) -> tuple[list[
     return todo, skipped
 
 
-def prepare_data(sweep: Sweep, out: Path, dry_run: bool) -> None:
-    """`prep:` sweeps prepare their data once, into DIR/data, before anything is submitted."""
+def prepare_data(sweep: Sweep, out: Path, dry_run: bool, executor: str = "local") -> None:
+    """`prep:` sweeps prepare their data once, into DIR/data, before anything is submitted; with `prep.tasks` > 1
+    in that many array tasks of the sweep's executor (`rrtrain prep --executor --tasks`: the same dataset)."""
     p = sweep.spec.prep
     if p is None or (out / "data" / "manifest.json").exists():
         return
     cmd = command(PrepOptions.given(p.source, str(out / "data"), tokenizer=p.tokenizer, seq_len=p.seq_len,
                                     seed=p.seed, num_docs=p.num_docs, val_fraction=p.val_fraction, bos=p.bos,
                                     bos_token=p.bos_token))
+    if p.tasks > 1:
+        cmd += ["--executor", "slurm" if executor == "slurm" else "local", "--tasks", str(p.tasks)]
+        if executor == "slurm" and sweep.spec.resources.partition:
+            cmd += ["--partition", sweep.spec.resources.partition]
     if dry_run:
         print(f"would prepare the data: {' '.join(cmd[1:])}")
         return
@@ -108,7 +113,7 @@ def submit(sweep: Sweep, out: Path, runs: list[Run], rungs: list[str], executor:
     todo, skipped = to_submit(runs, old)
     python = check_safe(sys.executable, "python path")
 
-    prepare_data(sweep, out, dry_run)
+    prepare_data(sweep, out, dry_run, executor)
     rec.code = snapshot.take(out, rec.code)
     configs = {r.id: config_path(out, r.id) for r in runs}
     for r in runs:

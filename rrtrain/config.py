@@ -130,7 +130,7 @@ class TrainConfig:
     tokens: Optional[int] = None  # the token budget; steps = tokens // (global_batch * seq_len)
     global_batch: int = 8  # sequences per optimizer step, whatever the world size
     # sequences per rank per forward/backward; "auto" (CUDA only): the largest that divides global_batch / world
-    # size and that the planner fits in the GPU's free memory (rrtrain/planning/auto_batch.py)
+    # size and that the planner fits in the GPU's free memory (rrtrain/parallel/auto_batch.py)
     micro_batch: Union[int, Literal["auto"]] = 8
     lr: float = 3e-4
     min_lr_ratio: float = 0.1  # the decay's floor as a fraction of lr

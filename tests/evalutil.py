@@ -1,5 +1,5 @@
 """Helpers shared by the downstream-evaluation tests (tests/e2e/test_eval.py, tests/distributed/test_eval_fsdp.py):
-two small local lm-eval tasks, and the run's downstream records."""
+three small local lm-eval tasks (multiple choice, perplexity, generation), and the run's downstream records."""
 
 from __future__ import annotations
 
@@ -8,14 +8,18 @@ from pathlib import Path
 
 from trainutil import records
 
-TASKS = ["tiny_mc", "tiny_ppl"]
+TASKS = ["tiny_gen", "tiny_mc", "tiny_ppl"]
 LIMIT = 6
-KEY = f"tiny_mc+tiny_ppl-limit{LIMIT}"
+KEY = f"tiny_gen+tiny_mc+tiny_ppl-limit{LIMIT}"
+#: the generation task's limit on new tokens (the tiny runs' seq_len is 64)
+GEN_TOKENS = 8
 COLORS = ["red", "blue", "green", "yellow"]
 
 
 def write_tasks(root: Path) -> Path:
-    """A multiple-choice task of 8 items, a rolling-perplexity task of 4 texts, and a generation task."""
+    """A multiple-choice task of 8 items, a rolling-perplexity task of 4 texts, a generation task on the
+    multiple-choice questions (greedy, up to GEN_TOKENS tokens or a full stop), and the same asking for lm-eval's
+    default 256 tokens (more than the tiny runs' 64: refused)."""
     root.mkdir()
     mc = [{"question": f"Tom had a {COLORS[i % 4]} ball and a {COLORS[(i + 1) % 4]} cup. The ball was",
            "choices": [f" {c}." for c in COLORS], "answer": i % 4} for i in range(8)]
@@ -31,9 +35,12 @@ def write_tasks(root: Path) -> Path:
         "task: tiny_ppl\n" + source.format(root / "ppl.jsonl") + "output_type: loglikelihood_rolling\n"
         'doc_to_text: ""\ndoc_to_target: "{{text}}"\n'
         "metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n  - metric: bits_per_byte\n")
+    gen = ("output_type: generate_until\ndoc_to_text: \"{{question}}\"\ndoc_to_target: \"{{choices[answer]}}\"\n"
+           "metric_list:\n  - metric: exact_match\n")
     (root / "tiny_gen.yaml").write_text(
-        "task: tiny_gen\n" + source.format(root / "ppl.jsonl") + "output_type: generate_until\n"
-        'doc_to_text: "{{text}}"\ndoc_to_target: "{{text}}"\nmetric_list:\n  - metric: exact_match\n')
+        "task: tiny_gen\n" + source.format(root / "mc.jsonl") + gen
+        + f'generation_kwargs: {{until: ["."], max_gen_toks: {GEN_TOKENS}, do_sample: false}}\n')
+    (root / "tiny_gen_long.yaml").write_text("task: tiny_gen_long\n" + source.format(root / "mc.jsonl") + gen)
     return root
 
 

@@ -35,13 +35,21 @@ def config_path(sweep_dir: Path, run_id: str) -> Path:
     return Path(sweep_dir) / "configs" / f"{run_id}.yaml"
 
 
+def submitit_dir(sweep_dir: Path) -> Path:
+    """Where submitit keeps a sweep's jobs: a folder per job (`%j`) holding its payload, `JOB/JOB_submitted.pkl`,
+    which the job script checks before submitit unpickles it (launchers.sweep.payload)."""
+    return Path(sweep_dir) / "slurm" / "submitit"
+
+
 def rendezvous_path(sweep_dir: Path, run_id: str) -> Path:
     """Where `--executor slurm` draws the port a run of several tasks meets at (mode 600, at submission)."""
-    return Path(sweep_dir) / "slurm" / "submitit" / "rendezvous" / f"{run_id}.json"
+    return submitit_dir(sweep_dir) / "rendezvous" / f"{run_id}.json"
 
 
 class RunJob:
-    """A picklable callable: `RunJob(sweep_dir)(run_id)` trains that run; submitit requeues it by `checkpoint`."""
+    """A picklable callable: `RunJob(sweep_dir)(run_id)` trains that run; submitit requeues it by `checkpoint`.
+    Its one attribute is `sweep_dir`: the job script accepts submitit's payload only as exactly this call
+    (launchers.sweep.payload), so a field added here is one added there."""
 
     def __init__(self, sweep_dir: str) -> None:
         self.sweep_dir = str(sweep_dir)
@@ -88,7 +96,8 @@ def run_dir_of(sweep_dir: Path, run_id: str) -> Path:
 def wants_requeue(sweep_dir: Path, run_id: str) -> bool:
     """Whether a run that stopped at a step boundary asks to be requeued: only when the time-limit warning
     (submitit's USR2) stopped it. A TERM is `scancel` — the user's stop, also `--cancel-flagged`'s — or a
-    preemption, which Slurm requeues by itself: requeueing after it would undo a cancel."""
+    preemption, which Slurm requeues by itself: requeueing after it would undo a cancel. (The sbatch scripts
+    keep the same rule in launchers.sweep.seal.ending; submitit counts the requeues.)"""
     run_dir = run_dir_of(sweep_dir, run_id)
     final = readers.read_final(run_dir)
     return (final.signal if final else None) != "SIGTERM" and readers.read_cancelled(run_dir) is None

@@ -1,7 +1,9 @@
-"""sbatch scripts from the templates in `slurm/`: one array script + manifest per resource shape, one
-multi-node script per multi-node run, with the run's rendezvous drawn beside it (launchers.torchrun.rendezvous).
-Every value is shell-quoted, and names and paths that could break a script are refused before anything is
-written (`launchers.sweep.expand.check_safe`)."""
+"""sbatch scripts from the templates in `slurm/`: one array script per resource shape (its rows in its own text),
+one multi-node script per multi-node run, with the run's rendezvous drawn beside it
+(launchers.torchrun.rendezvous). Each holds the job side's program (`launchers.sweep.seal.inline_source`), which
+checks what the job reads at its start and reads the run's files at its end. Every value is shell-quoted, and
+names and paths that could break a script are refused before anything is written
+(`launchers.sweep.expand.check_safe`)."""
 
 from __future__ import annotations
 
@@ -112,8 +114,8 @@ def render(out: Path, name: str, runs: list[Run], python: str, code: str, config
             rows = [f"{m.id}\t{m.dir}\t{run_command(m, python, code, configs[m.id], bound)}" for m in members]
             array = f"0-{len(members) - 1}%{min(len(members), r.array_parallelism)}"
             header = sbatch_lines(r, f"{name}-{group}", str(slurm_dir / "logs" / f"array-{group}-%A_%a.out"), array)
-            variables = ['MANIFEST="${1:-}"', f"MAX_REQUEUES={r.max_requeues}", *heredoc("ROWS", "\n".join(rows)),
-                         *heredoc("RRTRAIN_SEAL", source, export=True)]
+            variables = ['MANIFEST="${1:-}"', f"MAX_REQUEUES={r.max_requeues}", f"PYTHON={q(python)}",
+                         *heredoc("ROWS", "\n".join(rows)), *heredoc("RRTRAIN_SEAL", source, export=True)]
             script = slurm_dir / f"array-{group}.sbatch"
             atomic_write_text(script, _fill((TEMPLATES / "array.sbatch").read_text(), header, variables))
             scripts.append({"script": str(script), "runs": [m.id for m in members], "array": array,

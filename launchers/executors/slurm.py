@@ -1,10 +1,12 @@
 """`--executor slurm`: one submitit job array per resource shape (`map_array`), one task per GPU.
 
-Each array task runs `launchers.executors.entry.RunJob` with the sweep's code snapshot first on PYTHONPATH. A run of
-several tasks gets a rendezvous drawn at submission (launchers.torchrun.rendezvous), whose port its ranks meet
-at instead of the one submitit derives from the job id, which anyone can see. Time-limit
-warnings (USR2, `signal_delay_s` before the limit) and preemptions make the run checkpoint; the entry point
-requeues it through submitit, at most `max_requeues` times for time limits (submitit's max_num_timeout).
+Each array task runs `launchers.executors.entry.RunJob` with the sweep's code snapshot first on PYTHONPATH, once
+the first lines of its script have checked the snapshot, the task's config and submitit's payload against what
+was submitted (`seal_lines`). A run of several tasks gets a rendezvous drawn at submission
+(launchers.torchrun.rendezvous), whose port its ranks meet at instead of the one submitit derives from the job id,
+which anyone can see. Time-limit warnings (USR2, `signal_delay_s` before the limit) and preemptions make the run
+checkpoint; the entry point requeues it through submitit, at most `max_requeues` times for time limits
+(submitit's max_num_timeout).
 Returns as soon as the arrays are queued.
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launchers.executors.base import ArrayTask, Interrupted, SubmitError, Submitted
-from launchers.executors.entry import RunJob, config_path, rendezvous_path
+from launchers.executors.entry import RunJob, config_path, rendezvous_path, submitit_dir
 from launchers.sweep.expand import Run
 from launchers.sweep import seal
 from launchers.sweep.job_token import job_mark
@@ -39,21 +41,23 @@ def extra_parameters(r: Resources) -> dict[str, Any]:
     return out
 
 
-def seal_lines(python: str, code: str, bound: seal.Bound, members: list[tuple[str, Path, Path]]) -> list[str]:
+def seal_lines(python: str, code: str, bound: seal.Bound, members: list[tuple[str, Path, Path]],
+               sweep_dir: Path) -> list[str]:
     """Lines of the job script (which Slurm keeps from submission) that check, before anything of the sweep
-    directory is imported, that the code snapshot and the array task's config are what was submitted
+    directory is imported or unpickled, that the code snapshot, the array task's config and submitit's payload
+    of the task (`RunJob(sweep_dir)` of its run, launchers.sweep.payload) are what was submitted
     (`launchers.sweep.seal`, run from its text in the script with `python -I`), and hand the config's digest
     to the trainer; a mismatch ends the task with exit status 2 and the run's final.json saying why.
     `members`: (run id, config, run directory) in array order."""
     q = shlex.quote
-    cases = [f"    {i}) rrtrain_run=({q(str(config))} {q(bound.configs[rid])} {q(str(run_dir))});;"
+    cases = [f"    {i}) rrtrain_run=({q(str(config))} {q(bound.configs[rid])} {q(str(run_dir))} {q(rid)});;"
              for i, (rid, config, run_dir) in enumerate(members)]
     return [*heredoc("RRTRAIN_SEAL", seal.inline_source()),
             'case "${SLURM_ARRAY_TASK_ID:-0}" in', *cases,
             '    *) echo "rrtrain: array task ${SLURM_ARRAY_TASK_ID:-} is not one this sweep submitted" >&2; exit 2;;',
             "esac",
-            f'{q(python)} -I -c "$RRTRAIN_SEAL" {q(code)} {q(bound.code_sha256)} "${{rrtrain_run[@]:0:2}}" '
-            '"${rrtrain_run[2]}" || exit 2',
+            f'{q(python)} -I -c "$RRTRAIN_SEAL" {q(code)} {q(bound.code_sha256)} "${{rrtrain_run[@]:0:3}}" '
+            f'{q(str(submitit_dir(sweep_dir)))} {q(str(sweep_dir))} "${{rrtrain_run[3]}}" || exit 2',
             f'export {seal.CONFIG_DIGEST_ENV}="${{rrtrain_run[1]}}"']
 
 
@@ -87,11 +91,11 @@ def submit(runs: list[Run], out: Path, name: str, code: str) -> dict[str, Option
     mark = job_mark(out)  # what --cancel-flagged later asks Slurm for before it cancels a job of this sweep
     for group, members in group_runs(runs).items():
         r = members[0].resources
-        executor = submitit.AutoExecutor(folder=str(out / "slurm" / "submitit" / "%j"), cluster="slurm",
+        executor = submitit.AutoExecutor(folder=str(submitit_dir(out) / "%j"), cluster="slurm",
                                          slurm_max_num_timeout=r.max_requeues)
         params = parameters(r, f"{name}-{group}", code)
         params["slurm_setup"] += seal_lines(sys.executable, code, bound,
-                                            [(m.id, config_path(out, m.id), m.dir) for m in members])
+                                            [(m.id, config_path(out, m.id), m.dir) for m in members], out)
         executor.update_parameters(**params, slurm_comment=mark)
         if r.world_size > 1:  # the ranks' store: a port drawn now, not submitit's (derived from the job id)
             for m in members:

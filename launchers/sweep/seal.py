@@ -11,10 +11,15 @@ runs this file with `python -I` (no environment, no user site, not the sweep dir
   entry's name, kind, mode and contents) the one recorded;
 - the config: a regular file of this user's whose SHA-256 is the one recorded. The trainer checks the bytes it
   parses against the same digest again (`RRTRAIN_CONFIG_SHA256`), so a config swapped after this check is
-  refused too.
+  refused too;
+- under submitit, its payload (`SWEEP/slurm/submitit/JOB/JOB_submitted.pkl`, written by submitit at submission
+  and again at each requeue, unpickled on the node): a regular file of this user's, read as data and never
+  unpickled (`launchers.sweep.payload`), that must be exactly the call submitted for this task's run.
 
-A mismatch is one line on stderr and exit status 2: nothing of the snapshot runs. The file is the standard
-library alone, so that a copy of its text (`inline_source`) can live in a script and run on its own.
+A mismatch is one line on stderr and exit status 2: nothing of the snapshot runs. After the run, the same
+program says what the job script does next (`ending`, `started`, `field`), so the scripts read no JSON
+themselves. It is the standard library alone (this file and payload.py), so that a copy of its text
+(`inline_source`) can live in a script and run on its own.
 """
 
 from __future__ import annotations
@@ -22,11 +27,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
+
+from launchers.sweep import payload
 
 #: the environment variable the trainer reads the config's digest from (rrtrain.config_load.read_yaml)
 CONFIG_DIGEST_ENV = "RRTRAIN_CONFIG_SHA256"
@@ -131,6 +140,54 @@ def problem(code: Optional[str], code_digest: Optional[str], config: Optional[st
     return None
 
 
+#: how long a task waits for its payload: submitit moves an array's payloads into place only after sbatch
+#: returns, and its own job waits as long for them
+PAYLOAD_WAIT_S = 60.0
+
+
+def submitit_job_id(env: Mapping[str, str]) -> Optional[str]:
+    """The id submitit names a job's files by (submitit's JobEnvironment.job_id): ARRAY_TASK for an array's
+    task, else the job id; None when the environment holds no Slurm job id."""
+    array_job = env.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{env.get('SLURM_ARRAY_TASK_ID', '')}" if array_job else env.get("SLURM_JOB_ID", "")
+    return job if re.fullmatch(r"[0-9]+(_[0-9]+)?", job) else None
+
+
+def read_payload(submitit_dir: Path, job_id: str, wait_s: float = PAYLOAD_WAIT_S) -> bytes:
+    """The bytes of `submitit_dir/JOB/JOB_submitted.pkl`, a regular file of this user's reached through no link
+    (`open_beneath`), at most payload.MAX_BYTES, waited for `wait_s`; OSError otherwise."""
+    rel, deadline = f"{job_id}/{job_id}_submitted.pkl", time.monotonic() + wait_s
+    while True:
+        try:
+            fd = open_beneath(submitit_dir, rel)
+            break
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+    with os.fdopen(fd, "rb") as fh:
+        if os.fstat(fh.fileno()).st_uid != os.getuid():
+            raise OSError(f"{submitit_dir / rel}: not a file of yours")
+        data = fh.read(payload.MAX_BYTES + 1)
+    if len(data) > payload.MAX_BYTES:
+        raise OSError(f"{submitit_dir / rel}: larger than {payload.MAX_BYTES} bytes")
+    return data
+
+
+def submitit_problem(submitit_dir: str, sweep_dir: str, run_id: str,
+                     env: Mapping[str, str] = os.environ) -> Optional[str]:
+    """Why this job's submitit payload under `submitit_dir` is not the call submitted for `run_id`, or None."""
+    job_id = submitit_job_id(env)
+    if job_id is None:
+        return "no Slurm job id in the environment to find submitit's payload by"
+    try:
+        data = read_payload(Path(submitit_dir), job_id)
+    except OSError as err:
+        return f"submitit's payload for job {job_id} cannot be read ({err.strerror or err})"
+    why = payload.problem(data, sweep_dir, run_id)
+    return None if why is None else f"submitit's payload for job {job_id} is not the call submitted ({why})"
+
+
 @dataclass(frozen=True)
 class Bound:
     """A submission's digests: the snapshot's tree hash and each run's config's SHA-256, by run id."""
@@ -174,15 +231,58 @@ def record_refusal(run_dir: Optional[str], why: str) -> None:
         pass
 
 
-def main(argv: Sequence[str]) -> int:
-    """`python -I seal.py CODE CODE_SHA256 CONFIG CONFIG_SHA256 RUN_DIR` ("-" for a part not checked or not
-    known): exit 0 when the snapshot and the config are what was submitted, else one line on stderr, the run's
-    final.json saying it (`record_refusal`), and exit 2."""
-    if len(argv) != 5:
-        print("usage: seal.py CODE CODE_SHA256 CONFIG CONFIG_SHA256 RUN_DIR", file=sys.stderr)
-        return 2
-    code, code_sha, config, config_sha, run_dir = (None if a == "-" else a for a in argv)
+#: a run that stopped at a step boundary to be requeued (rrtrain.rundir.outcome.EXIT_CODES["preempted"])
+PREEMPTED_EXIT = 75
+
+
+def read_object(root: Path, rel: str) -> dict:
+    """The JSON object in `root/rel` (`open_beneath`: a regular file, no link below `root`; at most
+    MAX_CONFIG_BYTES); {} when it is absent, unreadable or not an object (anyone may have written it)."""
+    try:
+        with os.fdopen(open_beneath(root, rel), "rb") as fh:
+            data = json.loads(fh.read(MAX_CONFIG_BYTES + 1))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def ending(run_dir: Optional[str], status: int, timelimit: bool, restart: int, max_requeues: int) -> str:
+    """What a job script does once its run ended: `requeue` a run the time-limit warning stopped at a step
+    boundary (exit PREEMPTED_EXIT, or final.json `preempted` where torchrun's exit status hides it), unless it
+    was cancelled as flagged (`cancelled`: its cancelled.json exists, read or not) or was requeued
+    `max_requeues` times already (`exhausted`); `end` for every other ending. A TERM is never requeued: it is
+    scancel (the user's stop) or a preemption, which Slurm requeues by itself. (submitit's jobs keep the same
+    rule in launchers.executors.entry.wants_requeue.)"""
+    if not timelimit:
+        return "end"
+    root = Path(run_dir) if run_dir else None
+    if status != PREEMPTED_EXIT and (root is None or read_object(root, "final.json").get("status") != "preempted"):
+        return "end"
+    if root is not None and os.path.lexists(root / "cancelled.json"):
+        return "cancelled"
+    return "exhausted" if restart >= max_requeues else "requeue"
+
+
+def started(run_dir: str, job_id: str, restart: int) -> bool:
+    """Whether a rank of this attempt of the job (`job_id`, `restart`) recorded its host in `run_dir/ranks/`
+    (rrtrain.rundir.ranks): the job got as far as training."""
+    try:
+        names = sorted(n for n in os.listdir(Path(run_dir) / "ranks") if re.fullmatch(r"rank[0-9]+\.json", n))
+    except OSError:
+        return False
+    for name in names[:65536]:
+        rec = read_object(Path(run_dir), f"ranks/{name}")
+        if rec.get("job_id") == job_id and rec.get("restart") == restart:
+            return True
+    return False
+
+
+def _check(argv: Sequence[str]) -> int:
+    code, code_sha, config, config_sha, run_dir, *task = (None if a == "-" else a for a in argv)
     why = problem(code, code_sha, config, config_sha)
+    if why is None and task:
+        submitit_dir, sweep_dir, run_id = task
+        why = submitit_problem(str(submitit_dir), str(sweep_dir), str(run_id))
     if why is not None:
         print(refusal(why), file=sys.stderr, flush=True)
         record_refusal(run_dir, why)
@@ -190,9 +290,68 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _ended(argv: Sequence[str]) -> int:
+    run_dir, status, timelimit, restart, max_requeues = argv
+    print(ending(None if run_dir in ("", "-") else run_dir, int(status), timelimit == "1", int(restart),
+                 int(max_requeues)))
+    return 0
+
+
+def _field(argv: Sequence[str]) -> int:
+    value = read_object(Path(argv[0]).parent, Path(argv[0]).name).get(argv[1])
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return 1
+    print(value)
+    return 0
+
+
+#: subcommand -> (usage, number of arguments, what runs it)
+COMMANDS: dict[str, tuple[str, Sequence[int], Callable[[Sequence[str]], int]]] = {
+    "check": ("CODE CODE_SHA256 CONFIG CONFIG_SHA256 RUN_DIR [SUBMITIT_DIR SWEEP_DIR RUN_ID]", (5, 8), _check),
+    "ended": ("RUN_DIR STATUS TIMELIMIT(0|1) RESTART MAX_REQUEUES", (5,), _ended),
+    "started": ("RUN_DIR JOB_ID RESTART", (3,), lambda a: 0 if started(a[0], a[1], int(a[2])) else 1),
+    "field": ("JSON_FILE KEY", (2,), _field),
+}
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -I seal.py check CODE CODE_SHA256 CONFIG CONFIG_SHA256 RUN_DIR [SUBMITIT_DIR SWEEP_DIR RUN_ID]`
+    ("-" for a part not checked or not known; `check` may be left out): exit 0 when the snapshot, the config
+    and (for submitit's job of RUN_ID) submitit's payload are what was submitted, else one line on stderr, the
+    run's final.json saying it (`record_refusal`), and exit 2. `ended` prints what a job script does after its
+    run (`ending`); `started` exits 0 when a rank of this attempt recorded itself (`started`); `field` prints an
+    integer or text field of a JSON object file (exit 1 when it has none)."""
+    name = argv[0] if argv and argv[0] in COMMANDS else "check"
+    args = argv[1:] if argv and argv[0] == name else argv
+    usage, counts, run = COMMANDS[name]
+    try:
+        if len(args) not in counts:
+            raise ValueError
+        return run(args)
+    except ValueError:
+        print(f"usage: seal.py {name} {usage}", file=sys.stderr)
+        return 2
+
+
+#: the modules of the job side's program, in order: each imports the standard library and those before it only
+PROGRAM = ("launchers.sweep.payload", "launchers.sweep.seal")
+
+
 def inline_source() -> str:
-    """This file's text, for a script to run with `python -I -c` (it imports nothing of the sweep directory)."""
-    return Path(__file__).read_text(encoding="utf-8")
+    """The job side's program, for a script to run with `python -I -c` (it imports nothing of the sweep directory,
+    nor of rrtrain as installed): the text of each module of PROGRAM, defined as that module, then `main`."""
+    lines = ["import sys, types", "for name in ('launchers', 'launchers.sweep'):",
+             "    sys.modules[name] = types.ModuleType(name)", "def define(name, text):",
+             "    module = sys.modules[name] = types.ModuleType(name)",
+             "    exec(compile(text, name.replace('.', '/') + '.py', 'exec'), module.__dict__)",
+             "    return module"]
+    quote = "'" * 3  # each text as a raw string between three single quotes, which neither file holds
+    for name in PROGRAM:
+        text = (Path(__file__).parent / f"{name.rsplit('.', 1)[1]}.py").read_text(encoding="utf-8")
+        if quote in text:
+            raise ValueError(f"{name} holds {quote}: it cannot be quoted in the program")
+        lines += [f"module = define({name!r}, r{quote}", *text.splitlines(), f"{quote})"]
+    return "\n".join([*lines, "sys.exit(module.main(sys.argv[1:]))", ""])
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ class PrepSpec:
     seed: int = prep_default("seed")
     bos: bool = False  # a beginning-of-document token before each document (`rrtrain prep --bos`)
     bos_token: Optional[str] = None  # its name, where the tokenizer's is not one prep knows (`--bos-token`)
+    tasks: int = 1  # more: tokenized in this many array tasks of the sweep's executor (`--executor --tasks`)
 
 
 @dataclass
@@ -164,6 +165,8 @@ def load(path: str | Path, overrides: Optional[list[str]] = None) -> Sweep:
     base = _find_config(path, spec.config)
     if spec.data is not None and spec.prep is not None:
         raise UsageError("set either 'data' (a prepared directory) or 'prep' (the sweep prepares it), not both")
+    if spec.prep is not None and spec.prep.tasks < 1:
+        raise UsageError(f"prep.tasks must be at least 1, got {spec.prep.tasks}")
     if not spec.variants:
         raise UsageError("'variants' is empty: list the residual rules to compare, e.g. [review, highway, standard]")
     check_variants(list(spec.variants) + ([spec.match] if spec.match else []), "variants")

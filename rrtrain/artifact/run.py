@@ -45,6 +45,7 @@ from rrtrain.rundir import layout, readers
 from rrtrain.sizing import ModelShape
 from rrtrain.training import artifact as artifact_out
 from rrtrain.training.checkpoint import CheckpointManager
+from rrtrain.training.continuation import checkpoint_steps as published_checkpoints
 
 STEP_DIR = re.compile(r"^step_(\d{1,18})$")
 #: a tokenizer.json larger than this is not one a dataset of rrtrain's holds (GPT-2's is 1.4 MB)
@@ -70,17 +71,11 @@ class LoadedRun:
 
 
 def checkpoint_steps(run_dir: str | Path) -> list[int]:
-    """The steps of the run's published checkpoints (renamed into place: complete when written), ascending.
-    Links and files named like a checkpoint are not checkpoints."""
-    root = Path(run_dir) / layout.CHECKPOINTS
-    if root.is_symlink() or not root.is_dir():
-        return []
-    steps = []
-    for p in root.iterdir():
-        step = _step_of(p)
-        if step is not None and not p.is_symlink() and p.is_dir():
-            steps.append(step)
-    return sorted(steps)
+    """The steps of the run's published checkpoints (renamed into place: complete when written), ascending, listed
+    as training lists them: through a link the user made at `checkpoints/` (whose target `choose_checkpoint`'s
+    manager resolves once and checks is theirs alone, as training does); a link or a file named like a checkpoint
+    is not one."""
+    return sorted(published_checkpoints(Path(run_dir)))
 
 
 def _step_of(path: Path) -> Optional[int]:
@@ -120,19 +115,22 @@ def require_run_dir(run_dir: str | Path) -> Path:
 
 def choose_checkpoint(run_dir: Path, cfg: Config, step: Optional[int]) -> Path:
     """The checkpoint to load, its files checked against its manifest as resume checks them: `step`'s, or the
-    newest usable one (newer unusable ones are passed over with a warning, as resume does)."""
-    steps = checkpoint_steps(run_dir)
-    if not steps:
+    newest usable one (newer unusable ones are passed over with a warning, as resume does). The manager resolves a
+    link at `checkpoints/` once and refuses, in one line, a place someone else could change, as training does."""
+    if not checkpoint_steps(run_dir):
         raise UsageError(f"{run_dir} has no checkpoint (nothing under {run_dir / layout.CHECKPOINTS})")
-    manager = CheckpointManager(run_dir, keep=len(steps), info=DistInfo(0, 1, 0, torch.device("cpu")),
-                                allow_unverified=cfg.train.allow_unverified_checkpoint)
+    manager = CheckpointManager(run_dir, keep=1, info=DistInfo(0, 1, 0, torch.device("cpu")),
+                                allow_unverified=cfg.train.allow_unverified_checkpoint)  # only read: no save, no prune
+    found = {s: p for p in manager.complete() if (s := _step_of(p)) is not None}
     if step is None:
         path = manager.latest()
-        assert path is not None  # checkpoints exist: latest() raises when none is usable
+        if path is None:  # gone since they were listed
+            raise UsageError(f"{run_dir} has no checkpoint (nothing under {manager.root})")
         return path
-    if step not in steps:
-        raise UsageError(f"{run_dir} has no checkpoint at step {step} (checkpoints: {', '.join(map(str, steps))})")
-    path = next(p for p in manager.complete() if _step_of(p) == step)
+    if step not in found:
+        raise UsageError(f"{run_dir} has no checkpoint at step {step} (checkpoints: "
+                         f"{', '.join(map(str, sorted(found))) or 'none'})")
+    path = found[step]
     problem = manager.problem(path)
     if problem is not None:
         raise UsageError(f"checkpoint {path} is unusable: {problem}")

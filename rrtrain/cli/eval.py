@@ -2,18 +2,21 @@
 downstream tasks of lm-evaluation-harness on one checkpoint of a run (`pip install 'rrtrain[eval]'`).
 
 Tasks come from lm-eval's registry (their data from the Hugging Face cache or hub, as lm-eval fetches it) or
-from task YAML files of your own (`--include`: a directory or one file; lm-eval's `include_path`). Prints a
+from task YAML files of your own (`--include`: a directory or one file; lm-eval's `include_path`): multiple-choice,
+log-likelihood and perplexity tasks, and generation tasks (`generate_until`, decoded greedily with a key/value
+cache, as `lm_eval --model hf` decodes an export; rrtrain/eval/generate.py). Prints a
 table (task, metric, value, stderr) and writes `RUN_DIR/eval/step_NNNNNNNN-KEY.json` (written aside and
 renamed; docs/evaluation.md). Bad input (an unknown task, a step without a checkpoint, a directory that is not
-a run, a tokenizer that does not match the checkpoint) is one line, exit status 2, and nothing is written.
+a run, a tokenizer that does not match the checkpoint, a generation task that samples or leaves no room for its
+context) is one line, exit status 2, and nothing is written.
 
 `--data DIR` names a prepared dataset: the model's tokenizer is read from its manifest (where the run's own dataset
 has moved, or another dataset prepared with the same tokenizer; a mixture run without it uses its first source),
 and the mean loss over DIR's validation split is printed (`--tasks` may then be left out).
 
 On several GPUs, launch it with torchrun (`python -m launchers.torchrun.local --nproc_per_node=N -m rrtrain eval
-...`): each rank loads the model on its own device, scores every N-th batch of the requests, and the scores are
-gathered, as in-loop evaluation does; rank 0 prints the table and writes the file.
+...`): each rank loads the model on its own device, scores (or generates) every N-th batch of the requests, and the results
+are gathered, as in-loop evaluation does; rank 0 prints the table and writes the file.
 """
 
 from __future__ import annotations
@@ -85,18 +88,20 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--device {args.device}: no CUDA device here")
 
     from rrtrain.eval import harness, results
+    from rrtrain.eval.generate import cached_forward
     from rrtrain.eval.lm import RRTrainLM, Share
-    from rrtrain.eval.tasks import load_tasks, task_manager
+    from rrtrain.eval.tasks import check_generation, load_tasks, task_manager
 
     manager = task_manager(tasks, include)
     loaded = load_tasks(manager, tasks, args.num_fewshot)
     run = load_run(run_dir, args.step, dtype=torch.bfloat16 if args.dtype == "bf16" else torch.float32,
                    device=device, data_path=dataset_of(args, run_dir))
+    check_generation(loaded, run.model.shape.seq_len)
     if args.data is not None and info.is_main:
         print(validation_line(run, args.data, args.batch_size, device), flush=True)
     share = Share(info.rank, info.world_size, dist.gather_objects) if info.world_size > 1 else Share()
     lm = RRTrainLM(run.model, run.tokenizer, run.model.shape.seq_len, device=device, batch_size=args.batch_size,
-                   share=share)
+                   share=share, cached=cached_forward(run.model))
     t0 = time.perf_counter()
     with torch.no_grad():
         found = harness.run(lm, loaded, args.limit, args.bootstrap_iters)

@@ -17,7 +17,7 @@ from rrtrain.config_load import apply_overrides, build
 from rrtrain.core.args import CommandParser
 from rrtrain.core.errors import UsageError
 from rrtrain import sizing
-from rrtrain.planning import plan as planner
+from rrtrain.parallel import memory as planner
 
 GIB = 2**30
 
@@ -110,8 +110,8 @@ def sweep_setups(path: str, gpu: Optional[str], mfu: Optional[float]) -> list[tu
 
 def auto_setup(s: planner.Setup) -> planner.Setup:
     """`train.micro_batch: auto` planned: the micro-batch the trainer would pick on an empty GPU of this kind
-    (rrtrain.planning.auto_batch), or 1 when none fits (the plan then says it does not fit)."""
-    from rrtrain.planning.auto_batch import pick_micro_batch
+    (rrtrain.parallel.auto_batch), or 1 when none fits (the plan then says it does not fit)."""
+    from rrtrain.parallel.auto_batch import pick_micro_batch
 
     capacity = planner.gpu_spec(s.gpu, s.precision)[1]
     m = pick_micro_batch(s.batch // s.gpus, lambda mb: planner.plan(dataclasses.replace(s, micro_batch=mb)).total(),

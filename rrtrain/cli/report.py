@@ -45,7 +45,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--shared", metavar="KEY=VALUE,...",
                    help="the shared setting every variant is also compared at (default: the middle value of each key)")
     g.add_argument("--lr-for", metavar="SIZE,N", default="",
-                   help="also suggest a learning rate for these size presets or parameter counts (e.g. rr-1b,7B)")
+                   help="also suggest a learning rate for these size presets or parameter counts (e.g. rr-1b,7B); "
+                   "for a mup/completep sweep, beside the fitted law, the base shape's, which transfers")
     return p
 
 
@@ -212,7 +213,9 @@ def grid_report(runs: list, opts, sweep: Path, out: Path) -> int:
     ga = grid.analyze_grid(runs, opts, sweep)
     with_downstream(ga.selected)  # the downstream tables at the points the loss chose, on the test seeds
     where = output_dir(out)
-    head = grid_render.grid_md(ga, sweep.resolve().name)
+    transfer_plot = plots.write_transfer(ga.transfer, where) if ga.transfer else None
+    shown = transfer_plot["file"] if transfer_plot and "skipped" not in transfer_plot else None
+    head = grid_render.grid_md(ga, sweep.resolve().name, shown)  # type: ignore[arg-type]
     body, drawn = "", {}
     if ga.selected is not None:
         drawn = plots.write_all(ga.selected, where)
@@ -220,6 +223,8 @@ def grid_report(runs: list, opts, sweep: Path, out: Path) -> int:
         body = render.report_md(ga.selected, drawn, f"{sweep.resolve().name}, at the selected settings")
     summary = render.summary(ga.selected, drawn, str(sweep)) if ga.selected is not None else {"sweep_dir": str(sweep)}
     summary["grid"] = grid_render.grid_summary(ga)
+    if transfer_plot is not None:
+        summary["grid"]["transfer_plot"] = transfer_plot
     write_text(where / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
     write_text(where / "report.md", head + ("\n" + body if body else ""))
     print(grid_render.grid_text(ga))

@@ -12,7 +12,10 @@ evaluations included, since they fall at the same steps; the checkpoint remember
 (this callback's state), so the last step is evaluated once even when a run was stopped on it before its
 evaluation. On several ranks, each scores its share of the requests through the wrapped model (every rank runs
 as many forwards) and the scores are gathered (rrtrain.eval.lm); every rank computes the same metrics and rank 0
-logs them. Python's, NumPy's and torch's random state are left as found (rrtrain.eval.harness).
+logs them. Python's, NumPy's and torch's random state are left as found (rrtrain.eval.harness). A generation task
+(`generate_until`) decodes greedily through the training model's plain forward at the shape of every other
+evaluation forward (eval.downstream.batch_size x seq_len, so a compiled model sees no new shape), one forward per
+generated token: its cost grows with the task's `max_gen_toks` (rrtrain.eval.generate).
 """
 
 from __future__ import annotations
@@ -54,10 +57,11 @@ class DownstreamEval(Callback):
     def on_start(self, loop: Loop) -> None:
         from data_prep.tokenizer import load_from_dataset
         from rrtrain.data.sources import tokenizer_path
-        from rrtrain.eval.tasks import load_tasks
+        from rrtrain.eval.tasks import check_generation, load_tasks
 
         with quiet():
             self.loaded = load_tasks(self.manager, self.tasks, self.cfg.num_fewshot, "eval.downstream.tasks")
+        check_generation(self.loaded, loop.facts.seq_len, "eval.downstream.tasks")
         self.tokenizer = load_from_dataset(str(tokenizer_path(loop.facts.config.data)))
         self.mark = (time.perf_counter(), loop.step)
 

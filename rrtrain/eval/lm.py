@@ -7,17 +7,23 @@ agree with `lm_eval --model hf` on an exported model: the end-of-document token 
 context and of each rolling window; a context and continuation longer than the model's `seq_len` lose tokens
 on the left; requests are sorted longest first and padded on the right into batches, one forward per batch.
 
-In a run of several ranks each rank scores every `world_size`-th batch and the scores are gathered to every
-rank (`Share`); every rank runs the same number of forwards (a short share is padded with a one-row batch),
-since a sharded model's forward is a collective. lm-eval itself sees one process (rank 0 of 1): every rank
-builds the same requests and computes the same metrics from the gathered scores.
+Generation requests (`generate_until`) are decoded greedily as HFLM has transformers' `generate` decode them on an
+exported model (rrtrain.eval.generate): through the model's cached inference path when the class is given one
+(`cached`: `rrtrain eval`, the path the exported model's class calls), else through `forward` at each step (the
+in-loop evaluation). Requests with the same generation settings are batched, longest context first.
+
+In a run of several ranks each rank scores (or generates) every `world_size`-th batch and the results are gathered
+to every rank (`Share`); every rank runs the same number of forwards (a short share is padded with a one-row
+batch, a finished generation keeps stepping while another rank's goes on), since a sharded model's forward is a
+collective. lm-eval itself sees one process (rank 0 of 1): every rank builds the same requests and computes the
+same metrics from the gathered results.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +32,8 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
 from rrtrain.core.errors import UsageError
+from rrtrain.eval.generate import Cached, Job, cached_forward, decode_cached, decode_plain
+from rrtrain.eval.tasks import MAX_GEN_TOKS, generation_problem
 
 #: token ids (B, T) int64 on the model's device -> logits (B, T, V)
 Forward = Callable[[torch.Tensor], torch.Tensor]
@@ -50,18 +58,22 @@ class Share:
 @register_model("rrtrain")
 class RRTrainLM(TemplateLM):
     """Log-likelihood requests (`loglikelihood`, `loglikelihood_rolling`, hence multiple-choice and perplexity
-    tasks) over `forward`; generation tasks are refused (`generate_until`)."""
+    tasks) over `forward`, and greedy generation (`generate_until`) over `cached` or `forward`."""
 
     def __init__(self, forward: Forward, tokenizer: Any, seq_len: int, *, device: torch.device | str = "cpu",
-                 batch_size: int = 16, share: Share = Share(), fixed_shape: bool = False) -> None:
-        """`tokenizer`: rrtrain's (data_prep.tokenizer: `encode_batch`, `eos_id`). `fixed_shape`: every forward
-        gets (batch_size, seq_len) tokens, so a compiled model never sees a new shape (in training)."""
+                 batch_size: int = 16, share: Share = Share(), fixed_shape: bool = False,
+                 cached: Optional[Cached] = None, max_gen_toks: int = MAX_GEN_TOKS) -> None:
+        """`tokenizer`: rrtrain's (data_prep.tokenizer: `encode_batch`, `decode`, `eos_id`). `fixed_shape`: every
+        forward gets (batch_size, seq_len) tokens, so a compiled model never sees a new shape (in training).
+        `cached`: the model's cached inference path for generation (rrtrain.eval.generate.cached_forward), used
+        when this process holds the whole model; `max_gen_toks`: a generation task's default limit (HFLM's)."""
         super().__init__()
         if batch_size < 1:
             raise UsageError(f"batch size must be at least 1, got {batch_size}")
         self.forward, self.rr_tokenizer, self.seq_len = forward, tokenizer, int(seq_len)
         self._device, self.batch_size = torch.device(device), batch_size
         self.share, self.fixed_shape = share, fixed_shape
+        self.cached, self.max_gen_toks = cached, int(max_gen_toks)
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None
@@ -79,7 +91,8 @@ class RRTrainLM(TemplateLM):
         run = load_run(str(args["run_dir"]), None if step in (None, "") else int(step), device=device)
         size = args.get("batch_size")
         batch = int(size) if isinstance(size, int) or (isinstance(size, str) and size.isdigit()) else 16
-        return cls(run.model, run.tokenizer, run.model.shape.seq_len, device=device, batch_size=batch)
+        return cls(run.model, run.tokenizer, run.model.shape.seq_len, device=device, batch_size=batch,
+                   cached=cached_forward(run.model))
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict[str, Any] | None = None
@@ -126,8 +139,48 @@ class RRTrainLM(TemplateLM):
         return out
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        raise UsageError("generation tasks (output_type: generate_until) are not supported: rrtrain evaluates "
-                         "log-likelihood tasks (multiple_choice, loglikelihood, loglikelihood_rolling)")
+        """Each request's greedy continuation (rrtrain.eval.generate), in order. Collective when `share` spans
+        several ranks: every rank passes the same requests."""
+        args = [req.args for req in requests]
+        jobs = [self.job(context, kwargs) for context, kwargs in args]
+        groups: dict[tuple[tuple[str, ...], int], list[int]] = {}
+        for i in sorted(range(len(jobs)), key=lambda i: (-len(jobs[i].context), str(args[i][0]), i)):  # as HFLM
+            groups.setdefault((jobs[i].until, jobs[i].max_new), []).append(i)
+        batches = [ids[i:i + self.batch_size] for ids in groups.values() for i in range(0, len(ids), self.batch_size)]
+        world, rank = self.share.world_size, self.share.rank
+        mine = batches[rank::world]
+        mine += [[]] * (math.ceil(len(batches) / world) - len(mine))  # equal batch counts on every rank
+        done: dict[int, str] = {}
+        for batch in mine:
+            done.update(zip(batch, self._generate([jobs[i] for i in batch])))
+        if world > 1:
+            for part in self.share.gather(done):
+                done.update(part)
+        return [done[i] for i in range(len(jobs))]
+
+    def job(self, context: str, gen_kwargs: Any) -> Job:
+        """A request's context tokens and settings, as HFLM reads them (lm-eval's `normalize_gen_kwargs`; the
+        context left-truncated to leave `max_gen_toks` of the model's length; an empty one is the end-of-document
+        token, as for log-likelihoods)."""
+        from lm_eval.models.utils import normalize_gen_kwargs
+
+        problem = generation_problem(gen_kwargs, self.max_length, self.max_gen_toks)
+        if problem:
+            raise UsageError(f"a generation request: {problem}")
+        kwargs = normalize_gen_kwargs(dict(gen_kwargs or {}), self.max_gen_toks)
+        until, max_new = kwargs.get("until") or [], int(kwargs["max_gen_toks"])
+        context = self.tok_encode(context)[-(self.max_length - max_new):] or [self.eot_token_id]
+        return Job(context, tuple(str(u) for u in until), max_new)
+
+    def _generate(self, jobs: list[Job]) -> list[str]:
+        if self.cached is not None:  # this process's own model: no collective, no lockstep
+            if not jobs:
+                return []
+            return decode_cached(self.cached, jobs, self.eot_token_id, self.tok_decode, self._device)
+        gather = self.share.gather if self.share.world_size > 1 else None
+        return decode_plain(self.forward, jobs, self.eot_token_id, self.tok_decode, self._device,
+                            shape=(self.batch_size, self.max_length) if self.fixed_shape else None,
+                            more=(lambda live: any(gather(live))) if gather else (lambda live: live))
 
     # -- scoring -------------------------------------------------------------------------------
 

@@ -17,8 +17,10 @@ from rrtrain.core.errors import UsageError
 
 #: a key longer than this is replaced by the first 12 hex digits of its sha256
 MAX_KEY_CHARS = 120
-#: the request types rrtrain's model answers (generation is refused)
-SCORED_TYPES = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")
+#: the request types rrtrain's model answers (generation greedily: rrtrain.eval.generate)
+OUTPUT_TYPES = ("loglikelihood", "loglikelihood_rolling", "multiple_choice", "generate_until")
+#: a generation task's limit on new tokens when it names none (lm-eval's HFLM's default)
+MAX_GEN_TOKS = 256
 
 
 def parse_tasks(text: str | Sequence[str], where: str = "--tasks") -> list[str]:
@@ -100,7 +102,8 @@ def task_manager(tasks: Sequence[str], include: Optional[Path], where: str = "--
 def load_tasks(manager: Any, tasks: Sequence[str], num_fewshot: Optional[int], where: str = "--tasks") -> dict:
     """The tasks loaded (their data read: lm-eval's `TaskManager.load`), few-shot counts set as
     `lm_eval.simple_evaluate` sets them (`num_fewshot` overrides a task's own count unless that is 0; none
-    given and none in the task: 0; the few-shot sampler's seed 1234); a generation task is refused."""
+    given and none in the task: 0; the few-shot sampler's seed 1234); a task of another output type is refused.
+    A generation task's settings are checked against the model's length once it is known (`check_generation`)."""
     import datasets
 
     shown = datasets.is_progress_bar_enabled()
@@ -115,9 +118,9 @@ def load_tasks(manager: Any, tasks: Sequence[str], num_fewshot: Optional[int], w
             datasets.enable_progress_bars()
     for name, task in loaded["tasks"].items():
         kind = task.get_config("output_type")
-        if kind not in SCORED_TYPES:
-            raise UsageError(f"{where}: task {name!r} is a {kind} task; rrtrain evaluates log-likelihood tasks "
-                             f"only ({', '.join(SCORED_TYPES)})")
+        if kind not in OUTPUT_TYPES:
+            raise UsageError(f"{where}: task {name!r} is a {kind} task; rrtrain evaluates {', '.join(OUTPUT_TYPES)} "
+                             "tasks")
         if num_fewshot is not None and task.get_config("num_fewshot") != 0:
             task.set_config(key="num_fewshot", value=num_fewshot)
         elif task.get_config("num_fewshot") is None:
@@ -128,3 +131,31 @@ def load_tasks(manager: Any, tasks: Sequence[str], num_fewshot: Optional[int], w
 
 #: lm-eval's default few-shot seed (simple_evaluate's fewshot_random_seed)
 FEWSHOT_SEED = 1234
+
+
+def generation_problem(gen_kwargs: Any, seq_len: int, default: int = MAX_GEN_TOKS) -> Optional[str]:
+    """Why rrtrain cannot generate as a task's `generation_kwargs` ask (None: it can): it decodes greedily, and the
+    limit on new tokens must leave room for a context in the model's length (HFLM's own condition)."""
+    from lm_eval.models.utils import normalize_gen_kwargs
+
+    try:
+        kwargs = normalize_gen_kwargs(dict(gen_kwargs or {}), default)
+    except (TypeError, ValueError) as err:
+        return f"its generation_kwargs cannot be read ({err})"
+    if kwargs.get("do_sample"):
+        return "it samples (do_sample, or a temperature above 0); rrtrain decodes greedily"
+    if kwargs.get("num_beams") not in (None, 1):
+        return f"it searches {kwargs['num_beams']} beams; rrtrain decodes greedily"
+    if kwargs["max_gen_toks"] >= seq_len:
+        return (f"it generates up to {kwargs['max_gen_toks']} tokens, leaving no room for a context in the model's "
+                f"{seq_len}: set its generation_kwargs.max_gen_toks below {seq_len}")
+    return None
+
+
+def check_generation(loaded: dict, seq_len: int, where: str = "--tasks") -> None:
+    """Every generation task of `loaded` one that rrtrain's model of length `seq_len` can run; one line if not."""
+    for name, task in loaded["tasks"].items():
+        if task.get_config("output_type") == "generate_until":
+            problem = generation_problem(task.get_config("generation_kwargs"), seq_len)
+            if problem:
+                raise UsageError(f"{where}: task {name!r}: {problem}")

@@ -9,8 +9,9 @@ settings scale with the width and the depth (docs/transfer.md). Pure arithmetic 
                factor: the depth is fixed when the width is transferred)
     completep  width and depth (CompleteP, arXiv 2505.01618; nanoGPT-mup's completep branch): mup's rules, and
                m_L = n_layers / base_n_layers; every residual branch x m_L^-alpha; no 1/sqrt(2L) on the output
-               projections; in the blocks LR x m_L^(alpha-1) (hidden matrices: x 1/m_w too), Adam eps
-               x m_w^-1 m_L^-alpha; weight decay on hidden matrices x m_w (so lr x wd keeps its base value)
+               projections; in the blocks LR x m_L^(alpha-1) (hidden matrices: x 1/m_w too; a rule's carry
+               scalars x 1/m_L), Adam eps x m_w^-1 m_L^-alpha; weight decay on hidden matrices x m_w (so lr x wd
+               keeps its base value)
 
 A rule's own parameters follow its declared composition (`RuleSpec.composition`, rrtrain/residuals/composition.py);
 a rule without one is refused under mup and completep (`refusal`). Nothing here imports torch or the rules.
@@ -83,20 +84,22 @@ class Parametrization:
         """Adam learning-rate multiplier per role (see `role_of`)."""
         m_w, m_l = self.width_mult(shape), self.depth_mult(shape)
         depth = m_l ** (self.alpha - 1.0) if self.depth else 1.0
-        return {"embedding": 1.0, "hidden_matrix": depth / m_w, "hidden_vector": depth, "end_matrix": 1.0 / m_w,
-                "end_vector": 1.0}
+        carry = 1.0 / m_l if self.depth else 1.0  # a rule's carry scalars: their product spans the stack
+        return {"embedding": 1.0, "hidden_matrix": depth / m_w, "hidden_vector": depth, "carry_scalar": carry,
+                "end_matrix": 1.0 / m_w, "end_vector": 1.0}
 
     def eps_scales(self, shape: Any) -> dict[str, float]:
         """Adam epsilon multiplier per role: 1/m_w, and m_L^-alpha inside the blocks under completep."""
         m_w, m_l = self.width_mult(shape), self.depth_mult(shape)
         hidden = (m_l ** -self.alpha if self.depth else 1.0) / m_w
-        return {"embedding": 1.0 / m_w, "hidden_matrix": hidden, "hidden_vector": hidden, "end_matrix": 1.0 / m_w,
-                "end_vector": 1.0 / m_w}
+        return {"embedding": 1.0 / m_w, "hidden_matrix": hidden, "hidden_vector": hidden, "carry_scalar": hidden,
+                "end_matrix": 1.0 / m_w, "end_vector": 1.0 / m_w}
 
     def wd_scales(self, shape: Any) -> dict[str, float]:
         """Weight-decay multiplier per role (on parameters that decay at all): m_w on matrices under completep."""
         m_w = self.width_mult(shape) if self.depth else 1.0
-        return {"embedding": 1.0, "hidden_matrix": m_w, "hidden_vector": 1.0, "end_matrix": m_w, "end_vector": 1.0}
+        return {"embedding": 1.0, "hidden_matrix": m_w, "hidden_vector": 1.0, "carry_scalar": 1.0, "end_matrix": m_w,
+                "end_vector": 1.0}
 
     def to_dict(self) -> dict[str, Any]:
         return {"parametrization": self.name, "base_d_model": self.base_d_model,
@@ -116,7 +119,7 @@ class Parametrization:
 SP = Parametrization()
 
 #: the roles of a model's parameters; each gets its own optimizer settings (`Parametrization.lr_scales`, ...)
-ROLES = ("embedding", "hidden_matrix", "hidden_vector", "end_matrix", "end_vector")
+ROLES = ("embedding", "hidden_matrix", "hidden_vector", "carry_scalar", "end_matrix", "end_vector")
 
 #: the model's own hidden matrices (name suffixes inside a block)
 MODEL_MATRICES = ("attn.qkv.weight", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")
@@ -153,10 +156,12 @@ def role_of(name: str, local: Optional[str], in_stream: bool, comp: Any) -> str:
     where = "end" if in_stream else "hidden"
     if matches(local, comp.matrices):
         return f"{where}_matrix"
-    if matches(local, comp.vectors):
+    if not in_stream and matches(local, comp.carry_scalars):
+        return "carry_scalar"
+    if matches(local, comp.vectors) or matches(local, comp.carry_scalars):
         return f"{where}_vector"
-    raise ValueError(f"parameter '{name}' ('{local}' of the rule's {'stream' if in_stream else 'site'}) is in neither "
-                     "Composition.matrices nor Composition.vectors of its rule: declare it")
+    raise ValueError(f"parameter '{name}' ('{local}' of the rule's {'stream' if in_stream else 'site'}) is in none of "
+                     "Composition.matrices, .vectors or .carry_scalars of its rule: declare it")
 
 
 def carry_start(logit: float, depth_mult: float) -> float:

@@ -137,6 +137,13 @@ class Block(nn.Module):
         # completep's m_L^-alpha on each sublayer's update u, for a rule whose composition puts it there; None: u as
         # it is (sp, mup, or a rule that applies it in its own write). The same in every block (one compiled graph).
         self.branch_mult: Optional[float] = None
+        self.attach_sites()
+
+    def attach_sites(self) -> None:
+        """Show each site its sublayer (a rule may hook its layers: Fixup's scalar biases); again after anything
+        swaps those layers (float8's conversion), so the hooks sit on the layers that run."""
+        self.attn_site.attach(self.attn)
+        self.mlp_site.attach(self.mlp)
 
     def forward(self, state: Any, attend: Optional[Attend] = None) -> Any:
         x, ctx = self.attn_site.read(state)  # x: (B, T, D)
@@ -201,8 +208,6 @@ class Transformer(nn.Module):
                       self.rule.make_site(d, 2 * i + 1, n_sub, "mlp", eps, knobs, **extra), self.rope_base, layer=i)
         block.attn.scale = self.param.attention_scale(shape)
         block.branch_mult = None if in_write else mult
-        block.attn_site.attach(block.attn)
-        block.mlp_site.attach(block.mlp)
         return block
 
     # -- initialisation, one unit at a time ---------------------------------------------------

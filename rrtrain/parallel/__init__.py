@@ -6,6 +6,8 @@ the same way (`prepare.py`: activation checkpointing, then torch.compile), then 
 FSDP2/HSDP (`fsdp.py`) or DeepSpeed ZeRO (`deepspeed.py`); all build AdamW in `adamw.py`. A model built on the
 meta device (training's path) is materialised after sharding, each rank's shards initialised unit by unit
 (`materialize.py`). The interface is `engine.py`, the dispatch `build.py`; no backend imports another.
+`memory.py` predicts what each backend holds per rank (`rrtrain plan`), and `auto_batch.py` sizes
+`train.micro_batch: auto` from it; both build nothing.
 """
 
 from __future__ import annotations

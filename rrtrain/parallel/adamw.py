@@ -114,9 +114,12 @@ def parametrization_record(model: nn.Module, t: TrainConfig) -> dict | None:
     p = parametrization_of(model)
     if p is None or p.is_sp:
         return None
-    return {**p.multipliers(model.spec.shape), "rule": model.rule.name,
-            "composition": model.rule.composition.table_row(),
-            "groups": describe_groups(model, t.weight_decay, t.adam_eps)}
+    record = {**p.multipliers(model.spec.shape), "rule": model.rule.name,
+              "composition": model.rule.composition.table_row(),
+              "groups": describe_groups(model, t.weight_decay, t.adam_eps)}
+    if not model.rule.composition.applies_branch(model.knobs):
+        record["branch_multiplier"] = None  # switched off by the rule's knob: nothing multiplied
+    return record
 
 
 def group_names(model: nn.Module, weight_decay: float) -> list[set[str]]:

@@ -227,6 +227,20 @@ class DeepSpeedEngine(Engine):
     def step(self, lr: float) -> None:
         set_lr(self.base_opt, lr)
         self.ds.step()
+        self.after_step()
+
+    def after_step(self, nonfinite: torch.Tensor | None = None) -> None:
+        """The rule's hook (`Engine.after_step`) on what DeepSpeed keeps: each parameter's fp32 master gathered
+        whole (a collective, every rank, every parameter, in order), fn applied, then set as `load_model_state`
+        sets it. Only after a step that updated the weights (`step`; `step_unless` reads the flag on the host)."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        hook = getattr(self.inner.rule, "after_step", None)
+        if hook is None or (nonfinite is not None and bool(nonfinite.item())):
+            return
+        for p, fn in hook(self.inner):
+            full = safe_get_full_fp32_param(p)
+            self._set_full(p, fn((p.detach() if full is None else full).to(self.device, torch.float32)))
 
     def skip(self) -> None:
         before = self.ds.skipped_steps
@@ -303,23 +317,26 @@ class DeepSpeedEngine(Engine):
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         """Each parameter's fp32 master (DeepSpeed's `safe_set_full_fp32_param`) and its working copy in the module
         (gathered at stage 3, rank 0 writing) set from `state`; buffers copied in place."""
-        from deepspeed.utils import safe_set_full_fp32_param
-
-        deepspeed = import_deepspeed()
         for name, p in self.inner.named_parameters():
-            full = state[name].to(self.device, torch.float32)
-            safe_set_full_fp32_param(p, full)
-            if hasattr(p, "ds_id"):  # ZeRO-3: partitioned
-                with deepspeed.zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
-                    p.data.copy_(full.to(p.dtype))
-            else:
-                with torch.no_grad():
-                    p.data.copy_(full.to(p.dtype))
+            self._set_full(p, state[name].to(self.device, torch.float32))
         params = dict(self.inner.named_parameters())
         with torch.no_grad():
             for name, buf in self.inner.named_buffers():
                 if name not in params and name in state:
                     buf.copy_(state[name].to(buf.device, buf.dtype))
+
+    def _set_full(self, p: nn.Parameter, full: torch.Tensor) -> None:
+        """Collective: a parameter's fp32 master (DeepSpeed's `safe_set_full_fp32_param`) and its working copy in the
+        module (gathered at stage 3, rank 0 writing) set to `full`, the whole fp32 value, the same on every rank."""
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        safe_set_full_fp32_param(p, full)
+        if hasattr(p, "ds_id"):  # ZeRO-3: partitioned
+            with import_deepspeed().zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
+                p.data.copy_(full.to(p.dtype))
+        else:
+            with torch.no_grad():
+                p.data.copy_(full.to(p.dtype))
 
     # -- bookkeeping --------------------------------------------------------------------------
 

@@ -58,6 +58,18 @@ class Engine:
         else:
             self.step(lr)
 
+    def after_step(self, nonfinite: Optional[torch.Tensor] = None) -> None:
+        """The rule's optimizer-side hook (`RuleSpec.after_step`, nGPT's renormalisation), run by `step` and
+        `step_unless` right after the optimizer: each parameter it names set to fn(parameter), in place, where the
+        step changed the weights (`nonfinite` 0 or None), decided on the device. A parameter is what the engine holds:
+        whole, or an FSDP2 DTensor shard (fn's reductions over dim 0 then span the ranks); DeepSpeed overrides this."""
+        hook = getattr(getattr(self.inner, "rule", None), "after_step", None)
+        if hook is None:
+            return
+        with torch.no_grad():
+            for p, fn in hook(self.inner):
+                p.copy_(fn(p) if nonfinite is None else torch.where(nonfinite.bool(), p, fn(p)))
+
     def save(self, path: Path) -> None:
         """Collective: every rank writes its part of model + optimizer state under `path`."""
         raise NotImplementedError

@@ -121,6 +121,8 @@ def convert(model: nn.Module, setting: str, fsdp: bool, *, device: Optional[torc
         return False
 
     f8.convert_to_float8_training(blocks, config=config, module_filter_fn=keep)
+    for block in blocks:  # the swapped layers lost the hooks a rule put on the old ones
+        block.attach_sites()
     return [f"blocks.{name}" for name in chosen]
 
 

@@ -43,6 +43,7 @@ class NativeEngine(Engine):
     def step(self, lr: float) -> None:
         set_lr(self.optimizer, lr)
         self.optimizer.step()
+        self.after_step()
         self.optimizer.zero_grad(set_to_none=True)
 
     def skip(self) -> None:
@@ -57,6 +58,7 @@ class NativeEngine(Engine):
             self.optimizer.step()
         finally:
             self.optimizer.found_inf = None
+        self.after_step(nonfinite)
         self.optimizer.zero_grad(set_to_none=True)
 
     def _state(self) -> dict:

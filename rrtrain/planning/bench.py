@@ -103,7 +103,7 @@ def run_bench(cfg: Config, steps: int, warmup: int, info: Optional[dist.DistInfo
     from rrtrain.data.manifest import read_manifest
     from rrtrain.parallel import build_training_engine
     from rrtrain.parallel.float8 import require_hardware as require_float8
-    from rrtrain.planning.auto_batch import resolve_micro_batch
+    from rrtrain.parallel.auto_batch import resolve_micro_batch
 
     info = info or dist.setup(cfg.parallel.timeout_s)
     require_float8(cfg.parallel.float8, info.device)

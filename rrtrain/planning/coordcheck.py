@@ -13,9 +13,10 @@ For each shape (a width: `model.d_model`, or a depth: `model.n_layers` blocks), 
     logits_delta   mean |z_t - z_0| (layer = n_layers)
     gate_mean      per sublayer (layer = its index over the model): the gate's mean, for a rule that records one
 
-Training is in process, one device, fp32: the model as `rrtrain.resolve` builds it, AdamW with the run's own
-parameter groups (`rrtrain.parallel.adamw.build_optimizer`, so the per-group learning rates, eps and weight
-decay of mup/completep are those a run uses), a constant learning rate, no clipping. The data: the built-in
+Training is in process, eager, on one device (`Plan.device`, the CPU by default), fp32: the model as
+`rrtrain.resolve` builds it, AdamW with the run's own parameter groups (`rrtrain.parallel.adamw.build_optimizer`,
+so the per-group learning rates, eps and weight decay of mup/completep are those a run uses), a constant learning
+rate, no clipping. The data: the built-in
 synthetic stories, byte-level and packed in memory (rrtrain/planning/depth_data.py), or `data.path`'s
 validation rows when the config names a prepared dataset.
 """
@@ -52,6 +53,7 @@ class Plan:
     batch: int = 4
     seq_len: int = 32
     docs: int = 40  # synthetic stories: ~600 rows of 33 bytes, plenty for a few steps of a few rows
+    device: str = "cpu"  # where each shape trains ("cuda": tests/benchmarks/gpu_coordcheck.sh)
 
 
 def parse_sizes(text: str, what: str) -> tuple[int, ...]:
@@ -125,23 +127,27 @@ def state_tensors(state: Any) -> list[torch.Tensor]:
 
 def probe(model: Any, idx: torch.Tensor) -> dict[str, Any]:
     """One forward of `idx` with every site recording: per block its state and attention logits, the logits, the
-    gates' means."""
+    gates' means. The attention logits are taken from the q and k its `attend_qkv` receives, whoever projected them
+    (a site that feeds attention its own q, k, v never calls the QKV module)."""
     blocks, attn, hooks = {}, {}, []
     for i, block in enumerate(model.blocks):
         hooks.append(block.register_forward_hook(lambda mod, args, out, i=i: blocks.__setitem__(i, state_tensors(out))))
+        att = block.attn
+        plain = att.attend_qkv
 
-        def qkv_hook(mod: Any, args: Any, out: torch.Tensor, i: int = i, att: Any = block.attn) -> None:
-            b, t, three_d = out.shape
-            d = three_d // 3
-            q, k, _ = (z.view(b, t, att.n_heads, -1).transpose(1, 2) for z in out.split(d, dim=-1))
+        def attend_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: Any, i: int = i, att: Any = att,
+                       plain: Any = plain) -> torch.Tensor:
+            b, t, _ = q.shape
+            qh, kh = (z.view(b, t, att.n_heads, -1).transpose(1, 2) for z in (q, k))
             if att.rotary is not None:
-                q, k = att.rotary(q), att.rotary(k)
-            scale = att.scale if att.scale is not None else q.shape[-1] ** -0.5
-            logits = (q @ k.transpose(-1, -2)).float() * scale  # (B, H, T, T)
-            causal = torch.ones(t, t, dtype=torch.bool, device=out.device).tril()
+                qh, kh = att.rotary(qh), att.rotary(kh)
+            scale = att.scale if att.scale is not None else qh.shape[-1] ** -0.5
+            logits = (qh @ kh.transpose(-1, -2)).float() * scale  # (B, H, T, T)
+            causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
             attn[i] = float(logits.abs()[..., causal].mean())
+            return plain(q, k, v, *rest)
 
-        hooks.append(block.attn.qkv.register_forward_hook(qkv_hook))
+        att.attend_qkv = attend_qkv  # this instance only, until the forward is done
     sites = model.sites()
     for s in sites:
         s.record = True
@@ -151,6 +157,8 @@ def probe(model: Any, idx: torch.Tensor) -> dict[str, Any]:
     finally:
         for h in hooks:
             h.remove()
+        for block in model.blocks:
+            del block.attn.attend_qkv  # the class's method again
         for s in sites:
             s.record = False
     gates = {k: float(s.stats["gate_mean"]) for k, s in enumerate(sites) if "gate_mean" in s.stats}
@@ -172,13 +180,15 @@ def measure_shape(cfg: Config, plan: Plan, size: int, seed: int, data: torch.Ten
     check_model(scfg)
     spec = model_spec(scfg.model, vocab)
     torch.manual_seed(seed)
-    model = build_model(spec, seed=seed)
-    info = DistInfo(0, 1, 0, torch.device("cpu"))  # one process: the trainer's engine and step, unsharded
-    local = dataclasses.replace(scfg, parallel=dataclasses.replace(scfg.parallel, backend="none"))
+    model = build_model(spec, seed=seed)  # drawn on the CPU, so every device starts from the same weights
+    info = DistInfo(0, 1, 0, torch.device(plan.device))  # one process: the trainer's engine and step, unsharded
+    # eager: a few steps never repay a compile (and train.compile's "auto" is only made definite by the trainer)
+    local = dataclasses.replace(scfg, parallel=dataclasses.replace(scfg.parallel, backend="none"),
+                                train=dataclasses.replace(scfg.train, compile=False))
     engine = build_engine(model, local, info)
     lr = plan.lr if plan.lr is not None else scfg.train.lr
     gen = torch.Generator().manual_seed(seed)
-    probe_rows = data[torch.randint(0, len(data), (plan.batch,), generator=gen)]
+    probe_rows = data[torch.randint(0, len(data), (plan.batch,), generator=gen)].to(info.device)
     width, depth = spec.shape.d_model, spec.shape.n_layers
     base = {"parametrization": plan.parametrization, "width": width, "depth": depth, "seed": seed}
     records: list[dict] = []
@@ -237,6 +247,24 @@ def last_layer_series(records: list[dict], quantity: str, axis: str) -> dict[int
     return out
 
 
+def log_slope(points: dict[int, float]) -> Optional[float]:
+    """Least-squares slope of log(value) against log2(size): the change in log per doubling of the width or depth
+    (flat: near 0). None for fewer than two sizes or a value that is not positive."""
+    xs = sorted(points)
+    if len(xs) < 2 or any(not points[x] > 0 for x in xs):
+        return None
+    lx, ly = [math.log2(x) for x in xs], [math.log(points[x]) for x in xs]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def delta_summary(records: list[dict], plan: Plan) -> dict[str, Any]:
+    """The check's headline: the last block's mean |h_t - h_0| after the last step per size (mean over seeds), and
+    its change in log per doubling."""
+    points = last_layer_series(records, "h_delta", plan.axis).get(plan.steps, {})
+    return {"quantity": "h_delta", "step": plan.steps, "values": points, "slope_per_doubling": log_slope(points)}
+
+
 def plot(records: list[dict], plan: Plan, out: Path) -> list[str]:
     """One PNG per quantity recorded: the last layer's value against the width or depth, a line per step."""
     from matplotlib.figure import Figure
@@ -274,4 +302,4 @@ def coordcheck(config: Optional[str], overrides: list[str], plan: Plan, out: Pat
 
     files.make_dirs(out)
     atomic_write_json(out / "coordcheck.json", records)
-    return {"records": len(records), "plots": plot(records, plan, out)}
+    return {"records": len(records), "plots": plot(records, plan, out), "h_delta": delta_summary(records, plan)}

@@ -134,6 +134,11 @@ class Run:
     downstream_step: int | None = None
     #: a cooldown branch's parent (config.yaml `train.branch_from`): its run directory and the step branched at
     branch_from: tuple[str, int] | None = None
+    #: config.yaml's `model.parametrization` ("sp" where it records none), and the model's width and depth
+    #: (`model.d_model`, `model.n_layers`, else its size preset's; None where neither says)
+    parametrization: str = "sp"
+    width: int | None = None
+    depth: int | None = None
 
     @property
     def category(self) -> str:
@@ -213,6 +218,7 @@ def read_run(run_dir: Path, root: Path) -> Run:
     run.point = read_point(config)
     run.branch_from = read_branch(config)
     run.variant, run.size, run.seed = who.variant, who.size, who.seed
+    run.parametrization, run.width, run.depth = read_shape(config, run.size)
     metrics = readers.metrics_path(run_dir)
     records: downstream.Table = {}
     if metrics.is_file():
@@ -225,6 +231,24 @@ def read_run(run_dir: Path, root: Path) -> Run:
     if records or files:
         run.downstream_step, run.downstream = downstream.final(downstream.merge(records, files))
     return run
+
+
+def read_shape(config: dict, size: str | None) -> tuple[str, int | None, int | None]:
+    """A recorded config's parametrization, width and depth, as untrusted data: no parametrization is sp (a run from
+    before it existed), one rrtrain does not know is "unknown"; a width or depth that is not a positive integer
+    reads as the size preset's (None for an unknown preset)."""
+    from rrtrain.model.parametrization import PARAMETRIZATIONS
+    from rrtrain.sizing import presets
+
+    raw = fields.dig(config, "model", "parametrization")
+    param = "sp" if raw is None else raw if raw in PARAMETRIZATIONS else "unknown"
+    preset = presets().get(size) if isinstance(size, str) else None
+
+    def dim(key: str) -> int | None:
+        n = fields.count(fields.dig(config, "model", key))
+        return n if n else (getattr(preset, key) if preset is not None else None)
+
+    return param, dim("d_model"), dim("n_layers")
 
 
 def read_branch(config: dict) -> tuple[str, int] | None:

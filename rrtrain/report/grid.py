@@ -22,13 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from rrtrain.core import files
-from rrtrain.report import stats
+from rrtrain.report import stats, transfer
 from rrtrain.report.analysis import Analysis, analyze
 from rrtrain.report.collect import Run
 from rrtrain.report.options import Options
+from rrtrain.report.transfer import TransferLine
 from rrtrain.rundir.points import point_label
 
 LR_KEY = "train.lr"
+#: the parametrizations under which the base shape's best lr is meant to be every size's (docs/transfer.md)
+TRANSFERRING = ("mup", "completep")
 
 
 @dataclass
@@ -49,6 +52,8 @@ class GroupChoice:
     params: float | None  # mean parameter count of the chosen point's runs (any seed)
     #: numeric keys whose chosen value is the smallest or largest tried: the best may lie beyond the grid
     edge: list[str] = field(default_factory=list)
+    #: the chosen point's runs' model.parametrization ("mixed" where they differ)
+    parametrization: str = "sp"
 
     @property
     def failed_everywhere(self) -> bool:
@@ -76,6 +81,18 @@ class LrFit:
     b_hi: float | None = None
     reason: str = ""
     predictions: list[LrPrediction] = field(default_factory=list)
+    parametrization: str = "sp"
+    other: str = ""  # the other grid keys' values of a transfer line (`rrtrain.report.transfer`)
+    #: under mup/completep, the base shape's best lr: what the parametrization says transfers to every size
+    base_lr: float | None = None
+    #: whether the sweep measured it to transfer (`transfer.TransferLine.holds`); None: not measured
+    transfers: bool | None = None
+    #: (size, parameters) beyond the fitted ones (the sweep's larger sizes, --lr-for) that base_lr is claimed for
+    base_for: list[tuple[str, float]] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.variant} ({self.parametrization}{', ' + self.other if self.other else ''})"
 
 
 @dataclass
@@ -90,6 +107,9 @@ class GridAnalysis:
     at_shared: Analysis | None  # the same at the shared point
     lr_fits: list[LrFit]
     notes: list[str]
+    #: the best lr against the width or depth per parametrization (`rrtrain.report.transfer`); [] where no line of
+    #: the grid takes two shapes
+    transfer: list[TransferLine] = field(default_factory=list)
 
 
 def has_grid(runs: list[Run]) -> bool:
@@ -128,29 +148,37 @@ def choose(runs: list[Run], k: int) -> list[GroupChoice]:
         groups.setdefault((r.size, r.variant), {}).setdefault(pk, []).append(r)
     out = []
     for (size, variant), by_point in groups.items():
-        scores = []
-        for pk, members in by_point.items():
-            sel = [r for r in members if (s := _seed_int(r.seed)) is not None and s < k]
-            statuses = {str(r.seed): (r.status if r.category != "unusable" else "unusable") if r.has_final
-                        else "unfinished" for r in sorted(members, key=lambda r: str(r.seed))}
-            bad = [r for r in sel if r.category != "ok"]
-            if not sel:
-                why = f"no run with seed < {k}"
-            elif bad:
-                why = "; ".join(f"seed {r.seed}: {r.reason}" for r in bad)
-            else:
-                why = ""
-            score = statistics.fmean(float(r.final_val_loss) for r in sel) if sel and not bad else None
-            scores.append(PointScore(points[pk], score, sorted(r.seed for r in sel), why, statuses))
-        scores.sort(key=lambda p: _key(p.point))
+        scores = sorted((score_point(points[pk], members, k) for pk, members in by_point.items()),
+                        key=lambda p: _key(p.point))
         usable = [p for p in scores if p.score is not None]
         chosen = min(usable, key=lambda p: (p.score, _key(p.point))).point if usable else None
-        params = None
+        params, param = None, "sp"
         if chosen is not None:
-            ps = [r.params for r in by_point[_key(chosen)] if r.params]
+            at = by_point[_key(chosen)]
+            ps = [r.params for r in at if r.params]
             params = statistics.fmean(ps) if ps else None
-        out.append(GroupChoice(size, variant, scores, chosen, params, _at_edge(chosen, [p.point for p in scores])))
+            kinds = {r.parametrization for r in at}
+            param = kinds.pop() if len(kinds) == 1 else "mixed"
+        out.append(GroupChoice(size, variant, scores, chosen, params, _at_edge(chosen, [p.point for p in scores]),
+                               param))
     return out
+
+
+def score_point(point: dict[str, Any], members: list[Run], k: int) -> PointScore:
+    """One grid point's selection score: the mean final validation loss of its runs with seed < k, None (with why)
+    when there is none or one of them did not complete cleanly."""
+    sel = [r for r in members if (s := _seed_int(r.seed)) is not None and s < k]
+    statuses = {str(r.seed): (r.status if r.category != "unusable" else "unusable") if r.has_final
+                else "unfinished" for r in sorted(members, key=lambda r: str(r.seed))}
+    bad = [r for r in sel if r.category != "ok"]
+    if not sel:
+        why = f"no run with seed < {k}"
+    elif bad:
+        why = "; ".join(f"seed {r.seed}: {r.reason}" for r in bad)
+    else:
+        why = ""
+    score = statistics.fmean(float(r.final_val_loss) for r in sel) if sel and not bad else None
+    return PointScore(point, score, sorted(r.seed for r in sel), why, statuses)
 
 
 def _at_edge(chosen: dict[str, Any] | None, tried: list[dict[str, Any]]) -> list[str]:
@@ -262,9 +290,12 @@ def analyze_grid(runs: list[Run], opts: Options, sweep_dir: Path | None = None) 
             notes.append(f"{g.size} {g.variant}: the chosen {', '.join(g.edge)} is at the edge of the values tried; "
                          "the best may lie beyond them (widen the grid)")
     keys = sorted({key for r in grid_runs for key in r.point})
-    fits = lr_fits(groups, opts, sweep_dir, notes) if LR_KEY in keys else []
+    tl = [t for t in transfer.lines(grid_runs, k, lambda p, m, n: score_point(p, m, n).score) if len(t.shapes) >= 2] if LR_KEY in keys else []
+    fits = []
+    if LR_KEY in keys:  # a grid over the shape or the parametrization: a fit per transfer line
+        fits = lr_fits(groups, opts, sweep_dir, notes, tl if transfer.has_shape_keys(keys) else None)
     pruned = any(r.status == "pruned" for r in grid_runs)
-    return GridAnalysis(rule_text(k, pruned), k, keys, groups, shared, source, selected, at_shared, fits, notes)
+    return GridAnalysis(rule_text(k, pruned), k, keys, groups, shared, source, selected, at_shared, fits, notes, tl)
 
 
 # -- the learning rate across sizes ------------------------------------------------------------------------
@@ -282,19 +313,41 @@ def fit_power_law(params: list[float], lrs: list[float], level: float = 0.95) ->
     return fit, half
 
 
-def lr_fits(groups: list[GroupChoice], opts: Options, sweep_dir: Path | None, notes: list[str]) -> list[LrFit]:
-    by_variant: dict[str, list[GroupChoice]] = {}
-    for g in groups:
-        if g.chosen is not None and LR_KEY in g.chosen and g.params:
-            by_variant.setdefault(g.variant, []).append(g)
-    targets = larger_sizes(sweep_dir, opts, notes)
+def lr_fits(groups: list[GroupChoice], opts: Options, sweep_dir: Path | None, notes: list[str],
+            lines: list[TransferLine] | None = None) -> list[LrFit]:
+    """lr = a·N^b per variant and parametrization over the sizes' chosen points, or per transfer line over its
+    shapes (`lines`: a grid over the shape or the parametrization); under mup/completep with the base shape's lr,
+    which the parametrization says transfers, beside the law."""
     out = []
-    for variant, gs in sorted(by_variant.items()):
-        gs = sorted(gs, key=lambda g: g.params or 0.0)
-        f = LrFit(variant, [g.size for g in gs], [float(g.params) for g in gs],  # type: ignore[arg-type]
-                  [float(g.chosen[LR_KEY]) for g in gs])  # type: ignore[index]
-        out.append(f)
-        if len(gs) < 2:
+    edges: dict[int, list[str]] = {}
+    if lines is not None:
+        for t in lines:
+            names, params, lrs = transfer.fit_points(t)
+            if names:
+                f = LrFit(t.variant, names, params, lrs, parametrization=t.parametrization,
+                          other=" ".join(f"{k}={v}" for k, v in sorted(t.rest.items())), transfers=t.holds,
+                          base_lr=t.base.best if t.base is not None else lrs[0])
+                edges[id(f)] = [transfer.shape_name(s, t.axis) for s in t.shapes if s.edge]
+                out.append(f)
+    else:
+        by_variant: dict[tuple[str, str], list[GroupChoice]] = {}
+        for g in groups:
+            if g.chosen is not None and LR_KEY in g.chosen and g.params:
+                by_variant.setdefault((g.variant, g.parametrization), []).append(g)
+        for (variant, param), gs in sorted(by_variant.items()):
+            gs = sorted(gs, key=lambda g: g.params or 0.0)
+            f = LrFit(variant, [g.size for g in gs], [float(g.params) for g in gs],  # type: ignore[arg-type]
+                      [float(g.chosen[LR_KEY]) for g in gs], parametrization=param)  # type: ignore[index]
+            edges[id(f)] = [g.size for g in gs if LR_KEY in g.edge]
+            out.append(f)
+    targets = larger_sizes(sweep_dir, opts, notes)
+    for f in out:
+        if f.parametrization in TRANSFERRING:  # the base shape's lr is the one that should carry over
+            f.base_lr = f.base_lr if f.base_lr is not None else f.lrs[0]  # the smallest size's
+            f.base_for = [(name, n) for name, n in targets if n > max(f.params) and name not in f.sizes]
+        else:
+            f.base_lr = None
+        if len(f.sizes) < 2:
             f.reason = "one size: a fit needs the best lr at two sizes or more"
             continue
         try:
@@ -308,7 +361,7 @@ def lr_fits(groups: list[GroupChoice], opts: Options, sweep_dir: Path | None, no
             f.b_lo, f.b_hi = fit.slope - half, fit.slope + half
         else:
             reasons.append("two sizes: the line goes through both, so b has no interval (needs three sizes)")
-        edge = [g.size for g in gs if LR_KEY in g.edge]
+        edge = edges[id(f)]
         if edge:
             reasons.append(f"the best lr at {', '.join(edge)} is at the edge of the grid: the fit may be off")
         f.reason = "; ".join(reasons)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rrtrain.report import transfer
 from rrtrain.report.grid import GridAnalysis, LrFit, describe_point
 from rrtrain.report.render import DASH, _clean, _table, count, fixed, table2
 from rrtrain.rundir.points import point_label
@@ -46,6 +47,19 @@ def _points_table(ga: GridAnalysis) -> list[str]:
     return _table(["Size", "variant", "point", "selection loss", "verdict", "runs (seed: outcome)"], rows)
 
 
+def _fit_name(f: LrFit) -> str:
+    return f.variant if f.parametrization == "sp" and not f.other else f.label
+
+
+def _base_cell(f: LrFit) -> str:
+    """Under mup/completep: the base shape's lr, which the parametrization says every size shares, and what the
+    sweep measured of it."""
+    if f.base_lr is None:
+        return ""
+    measured = "" if f.transfers is None else "; measured: " + ("transfers" if f.transfers else "does not transfer")
+    return f"{_lr(f.base_lr)} transfers ({f.parametrization}{measured})"
+
+
 def _lr_section(fits: list[LrFit]) -> list[str]:
     if not fits:
         return []
@@ -55,21 +69,59 @@ def _lr_section(fits: list[LrFit]) -> list[str]:
         pts = ", ".join(f"{s} ({count(n)}): {_lr(lr)}" for s, n, lr in zip(f.sizes, f.params, f.lrs))
         law = f"{f.a:.3g} · N^{f.b:+.3f}" if f.a is not None and f.b is not None else DASH
         ci = f"[{f.b_lo:+.3f}, {f.b_hi:+.3f}]" if f.b_lo is not None and f.b_hi is not None else DASH
-        rows.append([f.variant, pts, law, ci, f.reason or ""])
-    L += _table(["variant", "best lr per size", "fit: lr = a · N^b", "95% interval of b", "note"], rows)
-    preds = [(f.variant, p) for f in fits for p in f.predictions]
+        rows.append([_fit_name(f), pts, law, ci, _base_cell(f) or DASH, f.reason or ""])
+    L += _table(["variant", "best lr per size", "fit: lr = a · N^b", "95% interval of b",
+                 "base lr (mup, completep)", "note"], rows)
+    preds = []
+    for f in fits:
+        by_size = {p.size: p for p in f.predictions}
+        names = list(by_size) + [name for name, _ in f.base_for if name not in by_size]
+        for name in names:
+            p = by_size.get(name)
+            n = p.params if p is not None else dict(f.base_for)[name]
+            interval = DASH
+            if p is not None:
+                interval = f"[{_lr(p.pi_lo)}, {_lr(p.pi_hi)}]" if p.pi_lo is not None else DASH + " (needs 3 sizes)"
+            preds.append([_fit_name(f), name, count(n), _lr(p.lr) if p is not None else DASH, interval,
+                          _base_cell(f) or DASH])
     if preds:
-        L += ["", "Suggested learning rate at the larger sizes (the fit's value; 95% prediction interval):", ""]
-        L += _table(["variant", "size", "parameters", "suggested lr", "interval"],
-                    [[v, p.size, count(p.params), _lr(p.lr),
-                      f"[{_lr(p.pi_lo)}, {_lr(p.pi_hi)}]" if p.pi_lo is not None else DASH + " (needs 3 sizes)"]
-                     for v, p in preds])
+        L += ["", "Suggested learning rate at the larger sizes (the fit's value; 95% prediction interval; under mup "
+              "and completep the base shape's learning rate, which the parametrization carries to every size):", ""]
+        L += _table(["variant", "size", "parameters", "suggested lr", "interval", "under mup/completep"], preds)
     L += ["", "Least squares of log10(lr) on log10(parameters) over the sizes where the variant's chosen point has "
           "a learning rate; the interval of b is Student's t with sizes − 2 degrees of freedom."]
     return L
 
 
-def grid_md(ga: GridAnalysis, sweep_name: str) -> str:
+def _transfer_section(ga: GridAnalysis, plot: str | None) -> list[str]:
+    """The best lr against the width or depth per parametrization, and whether the base's transfers."""
+    if not ga.transfer:
+        return []
+    L = ["", "### The best learning rate against the width or depth", ""]
+    rows = []
+    for t in ga.transfer:
+        for s in t.shapes:
+            base = t.base is not None and s is t.base
+            own = s.tests.get(s.best) if s.best is not None else None
+            at_base = s.tests.get(t.base.best) if t.base is not None and t.base.best is not None else None
+            rows.append([t.label, s.size, s.width if s.width is not None else "?",
+                         s.depth if s.depth is not None else "?", count(s.params),
+                         (_lr(s.best) + (" (edge)" if s.edge else "")) if s.best is not None else "failed",
+                         "base" if base else (DASH if s.steps is None else str(s.steps)),
+                         fixed(own, 4), DASH if base else fixed(at_base, 4),
+                         DASH if base or s.cost is None else f"{100 * s.cost:+.2f}%"])
+    L += _table(["line", "size", "d_model", "blocks", "parameters", "best lr", "grid steps from the base's",
+                 "loss at its best (test seeds)", "at the base's lr", "cost of the base's lr"], rows)
+    L += [""] + [f"- {t.label}: {t.verdict}" + (f" ({'; '.join(t.notes)})" if t.notes else "") for t in ga.transfer]
+    L += ["", "Per line (variant, parametrization, other grid keys) and shape, the learning rate with the lowest "
+          "selection loss; the base is the line's smallest shape. The base's learning rate transfers where every "
+          "shape's best is within 1 grid step of it and it costs at most 0.5% of loss (docs/transfer.md)."]
+    if plot:
+        L += ["", f"![best learning rate against the width or depth]({plot})"]
+    return L
+
+
+def grid_md(ga: GridAnalysis, sweep_name: str, transfer_plot: str | None = None) -> str:
     L = [f"# rrtrain report: {sweep_name}", "", "## A grid over " + ", ".join(f"`{k}`" for k in ga.keys), "",
          f"Selection rule: {ga.rule}. Shared point: {point_label(ga.shared)} ({ga.shared_source}).", ""]
     L += _side_by_side(ga)
@@ -85,6 +137,7 @@ def grid_md(ga: GridAnalysis, sweep_name: str) -> str:
     if ga.at_shared is not None:
         L += ["", f"### The paper's table at the shared point {point_label(ga.shared)} (test seeds)", ""]
         L += table2(ga.at_shared)
+    L += _transfer_section(ga, transfer_plot)
     L += _lr_section(ga.lr_fits)
     if ga.notes:
         L += ["", "### Notes", ""] + [f"- {n}" for n in ga.notes]
@@ -101,12 +154,24 @@ def grid_text(ga: GridAnalysis) -> str:
         else:
             edge = f" (at the edge of the grid: {', '.join(g.edge)})" if g.edge else ""
             L.append(f"  {g.size} {g.variant}: {point_label(g.chosen)}{edge}")
+    for t in ga.transfer:
+        L.append(f"  transfer {t.label}: {t.verdict}")
     for f in ga.lr_fits:
+        base = _base_cell(f)
         if f.b is not None:
             ci = f" (95% interval of b [{f.b_lo:+.3f}, {f.b_hi:+.3f}])" if f.b_lo is not None else ""
-            L.append(f"  lr fit {f.variant}: lr = {f.a:.3g} * N^{f.b:+.3f}{ci}")
-        for p in f.predictions:
-            L.append(f"    suggested lr for {p.size} ({count(p.params)}): {_lr(p.lr)}")
+            L.append(f"  lr fit {_fit_name(f)}: lr = {f.a:.3g} * N^{f.b:+.3f}{ci}"
+                     + (f"; base lr {base}" if base else ""))
+        elif base:
+            L.append(f"  lr {_fit_name(f)}: base lr {base}")
+        by_size = {p.size: p for p in f.predictions}
+        for name in list(by_size) + [name for name, _ in f.base_for if name not in by_size]:
+            p = by_size.get(name)
+            n = p.params if p is not None else dict(f.base_for)[name]
+            fitted = f"{_lr(p.lr)} (fit)" if p is not None else "no fit"
+            L.append(f"    suggested lr for {name} ({count(n)}): {fitted}"
+                     + (f"; {f.parametrization}: the base lr {_lr(f.base_lr)} transfers" if f.base_lr is not None
+                        else ""))
     return "\n".join(L)
 
 
@@ -118,5 +183,6 @@ def grid_summary(ga: GridAnalysis) -> dict[str, Any]:
                     "params": g.params, "edge": g.edge, "points": [dataclasses.asdict(p) for p in g.points]}
                    for g in ga.groups],
         "lr_fits": [dataclasses.asdict(f) for f in ga.lr_fits],
+        "transfer": transfer.summary(ga.transfer),
         "notes": ga.notes,
     })

@@ -17,6 +17,7 @@ from matplotlib.lines import Line2D
 from rrtrain.core.io import atomic_path
 from rrtrain.report.analysis import Analysis
 from rrtrain.report.collect import is_convex
+from rrtrain.report.transfer import TransferLine
 
 SERIES = "series"
 DPI = 110
@@ -194,3 +195,46 @@ def write_all(a: Analysis, out: Path) -> dict[str, dict[str, object]]:
             continue
         done[name] = save(fig, expected, out / name)
     return done
+
+
+TRANSFER_PLOT = "transfer_lr.png"
+AXIS_LABELS = {"width": "d_model", "depth": "blocks", "shape": "parameters"}
+PARAM_STYLES = {"sp": "-", "mup": "--", "completep": "--"}
+
+
+def build_transfer_lr(lines: list[TransferLine]) -> tuple[Figure, list[int]]:
+    """The best learning rate against the width or the depth (the parameters where both change), one panel per
+    axis, a line per (variant, parametrization, other keys), sp solid: flat where the base's transfers."""
+    kinds = [k for k in AXIS_LABELS if any(t.axis == k for t in lines)]
+    fig = Figure(figsize=(5.5 * max(1, len(kinds)) + 2.0, 4.5), layout="constrained")
+    col = colours(sorted({t.variant for t in lines}))
+    expected = []
+    for i, kind in enumerate(kinds):
+        ax = fig.add_subplot(1, len(kinds), i + 1)
+        n = 0
+        attr = {"width": "width", "depth": "depth", "shape": "params"}[kind]
+        for t in (t for t in lines if t.axis == kind):
+            pts = [(getattr(s, attr), s.best) for s in t.shapes if s.best is not None and getattr(s, attr)]
+            if not pts:
+                continue
+            _tag(ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", color=col[t.variant],
+                         linestyle=PARAM_STYLES.get(t.parametrization, ":"), label=t.label)[0])
+            n += 1
+        expected.append(n)
+        ax.set_xscale("log", base=2 if kind != "shape" else 10)
+        ax.set_yscale("log")
+        ax.set_xlabel(AXIS_LABELS[kind])
+        ax.set_ylabel("best learning rate")
+        ax.set_title(f"Best learning rate against {AXIS_LABELS[kind]}", fontsize="medium")
+        if n:
+            ax.legend(fontsize="small")
+        ax.grid(True, which="both", alpha=0.3)
+    return fig, expected
+
+
+def write_transfer(lines: list[TransferLine], out: Path) -> dict[str, object]:
+    """The transfer plot, when a line has a best learning rate; {skipped: why} otherwise."""
+    fig, expected = build_transfer_lr(lines)
+    if sum(expected) == 0:
+        return {"file": TRANSFER_PLOT, "skipped": "nothing to draw"}
+    return save(fig, expected, out / TRANSFER_PLOT)

@@ -10,6 +10,10 @@ Legend:  b batch · t tokens · d model width · m sources visible to a sublayer
 Full AttnRes (`attnres_block_size` = 0) is Block AttnRes with one sublayer per block. A block opens at every
 sublayer index that is a multiple of the block size; the last block may be shorter.
 readout: one more aggregator (own query, own key norm) over all sources, then the final RMSNorm.
+Under completep (docs/transfer.md) each sublayer's output enters the sources as it is: the depth softmax, a convex
+combination of the sources, already keeps the depth from adding up (the coordinate check's update is near flat in
+the depth so, and falls as ~L^-0.57 with the multiplier); `attnres_branch_multiplier=true` makes it m·y,
+m = m_L^-alpha (never the embedding source).
 
 Why a fixed number of slots (S = 1 + the number of blocks the model opens): `train.compile` compiles each
 transformer block, and a state whose length grew by one per sublayer made dynamo compile one graph per
@@ -47,6 +51,8 @@ class Sources(NamedTuple):
 @dataclass
 class AttnResKnobs:
     attnres_block_size: int = 0  # AttnRes: sublayers per block; 0 = Full AttnRes
+    # completep only: each new source is m_L^-alpha * y (true) or y (false: the depth softmax alone normalises)
+    attnres_branch_multiplier: bool = False
 
     def check(self) -> None:
         require(self, non_negative=("attnres_block_size",))
@@ -128,6 +134,8 @@ class AttnResSite(Site):
         self.agg = DepthQuery(info.d_model, info.eps)
         self.opens_block = info.index % block_size(info.cfg) == 0
         self.visible = visible_sources(info.index, info.cfg)  # read eagerly only: no guard in a compiled block
+        # completep's m_L^-alpha on what this site writes with attnres_branch_multiplier=true; 1 otherwise
+        self.mult = info.branch_multiplier if info.cfg.attnres_branch_multiplier else 1.0
         self.reset_parameters()
 
     @staticmethod
@@ -138,6 +146,8 @@ class AttnResSite(Site):
         return self.norm(self.agg(*read_slots(state, self.visible)).to(state.slots[-1].dtype)), None
 
     def write(self, state: Sources, y: torch.Tensor, ctx: Any) -> Sources:
+        if self.mult != 1.0:
+            y = y * self.mult
         if self.opens_block:  # a bool per site: at most 3 block shapes whatever the depth (Full, size 2: one)
             return open_slot(state, y)
         return Sources(state.slots[:-1] + (state.slots[-1] + y,), state.bias)
@@ -182,7 +192,9 @@ class AttnResStream(Stream):
 SPEC = RuleSpec(
     name="attnres", site=AttnResSite, stream=AttnResStream, knobs=(AttnResKnobs,),
     # the pseudo-query is a readout over the width (w . RMSN(v), fan-in d; zero at start): a matrix; the multiplier
-    # scales each new source (the sublayer's output), never the embedding source
-    composition=Composition(matrices=("agg.query",), vectors=("norm.weight", "agg.key_gain")),
+    # would scale each new source (the sublayer's output), never the embedding source: the site applies it
+    # ("write") where attnres_branch_multiplier is true
+    composition=Composition(branch="write", branch_switch="attnres_branch_multiplier", matrices=("agg.query",),
+                            vectors=("norm.weight", "agg.key_gain")),
     summary="x = softmax_j(w.RMSN(v_j)) v_j over earlier outputs (Attention Residuals; Full, or Block)",
 )

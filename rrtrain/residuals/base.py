@@ -240,6 +240,8 @@ class Stream(nn.Module):
 
 
 Count = Callable[[int, int, RuleKnobs], int]  # (d_model, n_sublayers, cfg) -> all the rule's parameters
+# (model) -> the (parameter, fn) pairs the engine sets to fn(parameter) after an optimizer step (`RuleSpec.after_step`)
+AfterStep = Callable[[nn.Module], Iterable[tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,6 +274,11 @@ class RuleSpec:
     # for every rule, as matmul weights): (d_model, n_sublayers, cfg) -> FLOPs; None: nothing beyond (DenseFormer's
     # weighted sums over earlier outputs give it: 6 per source per width per token)
     flops: Optional[Count] = None
+    # the rule's optimizer-side hook: (model) -> the (parameter, fn) pairs the engine sets to fn(parameter) after
+    # every optimizer step that changed the weights (none after a skipped step); None: nothing (every rule but nGPT,
+    # which puts its matrices back on the unit sphere). fn receives the parameter as the engine holds it: the whole
+    # fp32 tensor, or an FSDP2 DTensor shard of dim 0, whose reductions over a sharded dim span the ranks
+    after_step: Optional[AfterStep] = None
 
     def __post_init__(self) -> None:
         if self.params is None:

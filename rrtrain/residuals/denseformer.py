@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .base import RuleKnobs, RuleSpec, Site, SiteInfo, Stream, StreamInfo, require
+from .composition import Composition
 from .norm import RMSNorm
 from .streams import upcast
 
@@ -179,4 +180,7 @@ def dwa_flops(d: int, n_sublayers: int, cfg: RuleKnobs) -> int:
 
 SPEC = RuleSpec(name="denseformer", site=make_site, stream=DenseStream, params=params, knobs=(DenseFormerKnobs,),
                 flops=dwa_flops,
+                # the multiplier on each sublayer's update u; a DWA's weights mix the carried states (Y = sum_j
+                # alpha_j X_j): carry scalars
+                composition=Composition(vectors=("norm.weight",), carry_scalars=("alpha",)),
                 summary="after block i: h = sum_j alpha_ij X_j over every earlier block output (DenseFormer DWA)")

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import RuleKnobs, RuleSpec, Site, SiteInfo, require
+from .composition import Composition
 from .norm import RMSNorm
 from .single import SingleStream
 from .streams import upcast
@@ -109,4 +110,9 @@ def flops(d: int, n_sublayers: int, cfg: RuleKnobs) -> int:
 
 
 SPEC = RuleSpec(name="frac", site=FracSite, stream=SingleStream, knobs=(FracKnobs,), flops=flops,
+                # the multiplier on the update u (beta y); W_alpha and W_beta read a fraction (fan-in d/m, zero at
+                # start); the static alpha mixes the carried fractions (and the input's): carry scalars
+                composition=Composition(matrices=("dynamic_alpha", "dynamic_beta"), carry_scalars=("static_alpha",),
+                                        vectors=("norm.weight", "frac_gain", "alpha_scale", "static_beta",
+                                                 "beta_scale")),
                 summary="m fractions of the state mixed HC-style (Frac-connections, n = 1/m; lucidrains' num_fracs)")

@@ -11,6 +11,9 @@ Legend:  b batch · t tokens · d model width · r rank · h the state (b, t, d)
 init: A ~ N(0, 1/d); B = 0 (the rule starts as `standard`), or N(0, 1/r) with `laurel_norm` (an RMSNorm of a zero
 vector has a gradient of g/√eps). A and B are matmul weights (nn.Linear): weight-decayed like the branch's; α, β
 and the norm gain are not. readout: RMSN_f(h).
+Under completep (docs/transfer.md) the branch multiplier m scales what the site writes besides the state itself:
+y, and the low-rank term (a learned function of h written into the state: with `laurel_norm` its unit RMS would
+otherwise add up over the stack), h ← m y + h + m B A h; β and PA's γ weigh the carried state: carry scalars.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from torch import nn
 
 from .base import KnobError, RuleKnobs, RuleSpec, Site, SiteInfo, Stream, StreamInfo, require
+from .composition import Composition
 from .norm import RMSNorm
 from .single import PreNormSite, SingleStream
 
@@ -73,10 +77,14 @@ class LaurelSite(PreNormSite):
         return n
 
     def write(self, state: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
+        m = self.info.branch_multiplier  # completep's m_L^-alpha (1 otherwise): on y and on the low-rank term
         carry = state
         if self.low_rank:
             z = self.right(self.left(state))
-            carry = state + (self.lr_norm(z) if self.lr_norm is not None else z)
+            z = self.lr_norm(z) if self.lr_norm is not None else z
+            carry = state + (z if m == 1.0 else z * m)
+        if m != 1.0:
+            y = y * m
         if self.weights:
             return self.alpha.to(y.dtype) * y + self.beta.to(y.dtype) * carry
         return carry + y
@@ -121,7 +129,8 @@ class LaurelPASite(Site):
 
     def write(self, state: tuple[torch.Tensor, ...], y: torch.Tensor, ctx: Any) -> tuple[torch.Tensor, ...]:
         w = (self.gamma * self.pa_mask.to(self.gamma.dtype)).to(y.dtype)
-        out = y
+        m = self.info.branch_multiplier  # completep's m_L^-alpha (1 otherwise)
+        out = y if m == 1.0 else y * m
         for j, x in enumerate(state):
             out = out + w[j] * x
         return (out,) + state[:-1]
@@ -176,5 +185,12 @@ def flops(d: int, n_sublayers: int, cfg: RuleKnobs) -> int:
     return 6 * d * cfg.laurel_pa_window * n_sublayers if cfg.laurel_form == "pa" else 0
 
 
+# every form in one declaration (a pattern that names no parameter of a form is harmless): A reads the width (fan-in
+# d, drawn with 1/d variance); B's fan-in is the rank, d/32 by default, so it grows with the width too (a fixed
+# laurel_rank makes it an input-like weight, whose LR / m_w is then conservative); B starts at 0 or with 1/r variance
+COMPOSITION = Composition(branch="write", matrices=("left.weight", "right.weight"),
+                          vectors=("norm.weight", "lr_norm.weight", "alpha"), carry_scalars=("beta", "gamma"))
+
 SPEC = RuleSpec(name="laurel", site=make_site, stream=make_stream, params=params, knobs=(LaurelKnobs,), flops=flops,
+                composition=COMPOSITION,
                 summary="h + F(RMSN(h)) + B A h (LAuReL-LR, rank laurel_rank); rw: alpha*u + beta*h; pa: u + sum_j g_j x_(i-j)")

@@ -6,6 +6,8 @@ l the block index
     expand    x0 = RMSN_unit(e);  h = x0                    (nanochat's norm after the embedding, no gain)
     block l   h ← λ_l h + μ_l x0, then the pre-norm sublayers as in `standard`
 readout: RMSN_f(h). λ_l = `layer_scalars_resid_init` (1), μ_l = `layer_scalars_x0_init` (0.1), nanochat's start.
+Under completep (docs/transfer.md) the branch multiplier m scales what each block writes, u and the x0 injection
+(h ← λ_l h + m μ_l x0, then m u), never λ_l h; λ_l is a carry scalar (λ's product spans the stack).
 
 The state is the pair (h, x0): x0 travels with it from block to block (the block passes the pair along, as it passes
 AttnRes's sources), so the rule needs nothing from the model beyond the interface. The scalars belong to the
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 
 from .base import RuleKnobs, RuleSpec, Site, SiteInfo
+from .composition import Composition
 from .single import PreNormSite, SingleStream
 from .norm import unit_rms
 
@@ -53,7 +56,8 @@ class PreNormPairSite(PreNormSite):
         return self.norm(state[0]), state[0]
 
     def write(self, state: Pair, y: torch.Tensor, ctx: Any) -> Pair:
-        return ctx + y, state[1]
+        m = self.info.branch_multiplier  # completep's m_L^-alpha (1 otherwise)
+        return ctx + (y if m == 1.0 else y * m), state[1]
 
 
 class ScalarMixSite(PreNormPairSite):
@@ -73,7 +77,8 @@ class ScalarMixSite(PreNormPairSite):
 
     def read(self, state: Pair) -> tuple[torch.Tensor, Any]:
         h, x0 = state
-        m = self.resid_lambda.to(h.dtype) * h + self.x0_lambda.to(h.dtype) * x0
+        mu = self.x0_lambda if self.info.branch_multiplier == 1.0 else self.x0_lambda * self.info.branch_multiplier
+        m = self.resid_lambda.to(h.dtype) * h + mu.to(h.dtype) * x0
         return self.norm(m), m
 
     def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
@@ -93,4 +98,6 @@ def params(d: int, n_sublayers: int, cfg: RuleKnobs) -> int:
 
 
 SPEC = RuleSpec(name="layer_scalars", site=make_site, stream=X0Stream, params=params, knobs=(LayerScalarKnobs,),
+                composition=Composition(branch="write", vectors=("norm.weight", "x0_lambda"),
+                                        carry_scalars=("resid_lambda",)),
                 summary="h <- lambda_l*h + mu_l*x0 before each block, x0 the normed embedding (nanochat scalars)")

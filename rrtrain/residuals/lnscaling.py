@@ -7,6 +7,9 @@ block l share it, as OLMo-core's `LayerNormScaledTransformerBlock` and the autho
 init: the output projections are drawn N(0, init_std) without GPT-2's 1/√(2N) (`depth_scaled_output_init =
 False`): the paper puts its scaling in place of the scaled initialisation. No parameters beyond `standard`'s.
 
+Under mup the width rules apply and 1/√l stays; completep refuses the rule (docs/transfer.md): 1/√l is a depth
+scaling of its own, per layer rather than per stack, and with m_L^-alpha on u the depth would be counted twice.
+
 1/√l is a non-persistent 0-d buffer (rebuilt by `reset_parameters`, like the rotary tables), not a Python float:
 a float that differs from block to block would compile one graph per block.
 """
@@ -19,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from .base import RuleSpec, SiteInfo
+from .composition import Composition
 from .single import PreNormSite, SingleStream
 
 
@@ -46,4 +50,7 @@ class LNScaledSite(PreNormSite):
 
 
 SPEC = RuleSpec(name="ln_scaling", site=LNScaledSite, stream=SingleStream, depth_scaled_output_init=False,
+                composition=Composition(vectors=("norm.weight",), depth="LayerNorm Scaling is a depth scheme of its "
+                                        "own (1/sqrt(l) on each pre-norm's output in place of the depth-scaled "
+                                        "init); m_L^-alpha on top would count the depth twice"),
                 summary="h + F(RMSN(h)/sqrt(l)), l the 1-based block; no 1/sqrt(2N) output init (LayerNorm Scaling)")

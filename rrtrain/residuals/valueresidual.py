@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .base import KnobError, RuleKnobs, RuleSpec, Site, SiteInfo
+from .composition import Composition
 from .single import PreNormSite, SingleStream
 
 Pair = tuple[torch.Tensor, torch.Tensor]  # (h, V_1)
@@ -118,4 +119,7 @@ def flops(d: int, n_sublayers: int, cfg: RuleKnobs) -> int:
 
 SPEC = RuleSpec(name="value_residual", site=make_site, stream=PairStream, params=params, flops=flops,
                 knobs=(ValueResidualKnobs,),
+                # the stream is standard's (the multiplier on each sublayer's update u); λ1, λ2 mix values inside
+                # the attention, not the state: scalars
+                composition=Composition(vectors=("norm.weight", "lambdas")),
                 summary="V_n <- l1*V_n + l2*V_1: every attention's values mixed with the first's (ResFormer)")

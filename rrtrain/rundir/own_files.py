@@ -6,8 +6,10 @@ a file a regular file (readable, not larger than rrtrain ever writes it), a dire
 file belongs (an append would write through it, wherever it points), a file that cannot be read -- is refused
 in one line naming the file and what it is, and is left exactly as it is: the user moves it away and starts
 the run again. A directory may be a symbolic link to a directory (checkpoints or TensorBoard files on another
-filesystem, on purpose). Under `checkpoints/`: `latest` is a file, each `step_*` a directory. `run.lock` is the
-lock's own business (`rrtrain.rundir.lock`).
+filesystem, on purpose), except `artifact/`, which `rrtrain export`, `rrtrain eval` and a warm start read as the
+run's own: of the model's state, a link is followed at `checkpoints/` alone (docs/reliability.md, "Where rrtrain
+follows a link"). Under `checkpoints/`: `latest` is a file, each `step_*` a directory and not a link. `run.lock` is
+the lock's own business (`rrtrain.rundir.lock`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ FILES: dict[str, Optional[int]] = {
 }
 #: directories the trainer writes into
 DIRS = (layout.TENSORBOARD, layout.CHECKPOINTS, layout.ARTIFACT, layout.RANKS, layout.DATA_CACHE, layout.WANDB)
+#: of those, the ones that must not be a link (the model's state is followed through a link at checkpoints/ alone)
+UNLINKED = frozenset({layout.ARTIFACT})
+#: what a refused link is told
+LINK_RULE = "rrtrain follows a link at checkpoints/ only"
 
 _KINDS = ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -44,6 +50,13 @@ _KINDS = ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIF
 def kind(mode: int) -> str:
     """What a file of this mode is, in words ("a FIFO")."""
     return next((words for test, words in _KINDS if test(mode)), "not a regular file")
+
+
+def _target(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
 
 
 def file_problem(path: Path, limit: Optional[int]) -> Optional[str]:
@@ -56,11 +69,7 @@ def file_problem(path: Path, limit: Optional[int]) -> Optional[str]:
     except OSError as err:
         return f"cannot be examined ({err.strerror or err})"
     if stat.S_ISLNK(st.st_mode):
-        try:
-            target = os.readlink(path)
-        except OSError:
-            target = "?"
-        return f"is a symbolic link (to {target!r}); rrtrain writes this file itself, in the run directory"
+        return f"is a symbolic link (to {_target(path)!r}); rrtrain writes this file itself, in the run directory"
     if not stat.S_ISREG(st.st_mode):
         return f"is {kind(st.st_mode)}, not a file"
     if limit is not None and st.st_size > limit:
@@ -72,9 +81,11 @@ def file_problem(path: Path, limit: Optional[int]) -> Optional[str]:
     return None
 
 
-def dir_problem(path: Path) -> Optional[str]:
+def dir_problem(path: Path, link: bool = True) -> Optional[str]:
     """Why `path` cannot be one of the run's own directories (None: missing, or a directory, through a
-    symbolic link or not)."""
+    symbolic link or, when not `link`, only as a directory itself)."""
+    if not link and os.path.islink(path):
+        return f"is a symbolic link (to {_target(path)!r}): {LINK_RULE}"
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -86,13 +97,14 @@ def dir_problem(path: Path) -> Optional[str]:
 
 def checkpoint_entries(root: Path) -> list[tuple[Path, Optional[str]]]:
     """The names under `checkpoints/` that a save replaces or a resume reads: `latest` (a file), `step_*` and
-    rrtrain's own `.tmp_step_*` (directories); anything else there is not rrtrain's and is left alone."""
+    rrtrain's own `.tmp_step_*` (directories, not links); anything else there is not rrtrain's and is left alone."""
     try:
         names = sorted(os.listdir(root))
     except OSError:  # missing; or not a directory, which `dir_problem` says
         return []
     found = [(root / "latest", file_problem(root / "latest", MAX_JSON_BYTES))]
-    return found + [(root / n, dir_problem(root / n)) for n in names if n.startswith(("step_", ".tmp_step_"))]
+    return found + [(root / n, dir_problem(root / n, link=False)) for n in names
+                    if n.startswith(("step_", ".tmp_step_"))]
 
 
 def problem(run_dir: str | os.PathLike[str]) -> Optional[str]:
@@ -101,7 +113,7 @@ def problem(run_dir: str | os.PathLike[str]) -> Optional[str]:
     root = Path(run_dir)
     found = [(root / name, file_problem(root / name, limit)) for name, limit in FILES.items()]
     dirs = (*DIRS, f"{layout.DATA_CACHE}/{socket.gethostname()}")  # this node's loader cache
-    found += [(root / name, dir_problem(root / name)) for name in dirs]
+    found += [(root / name, dir_problem(root / name, link=name not in UNLINKED)) for name in dirs]
     found += checkpoint_entries(root / layout.CHECKPOINTS)
     for path, why in found:
         if why:

@@ -18,6 +18,7 @@ resumes from, and export can still consolidate that.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -78,6 +79,8 @@ def write(engine: Any, run_dir: Path, step: int, tokens: int, val_loss: Optional
 def _publish(spec: dict[str, Any], state: dict[str, Any], run_dir: Path, step: int, tokens: int,
              val_loss: Optional[float], tokenizer: dict[str, Any]) -> Path:
     root = run_dir / layout.ARTIFACT
+    if root.is_symlink():  # refused at the start (rrtrain.rundir.own_files); one made since is not written through
+        raise OSError(errno.ELOOP, f"{root} is a symbolic link: rrtrain follows a link at checkpoints/ only")
     rrfiles.make_dirs(root)
     key = rrfiles.directory_key(root)
     final = root / step_name(step)

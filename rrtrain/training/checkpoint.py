@@ -6,7 +6,9 @@ last, so a crash at any point leaves the previous checkpoint usable. The last `k
 
 Where: `RUN/checkpoints` is resolved once, when the manager is made (a link the user made to scratch space is
 followed then, and only then): every later save, and the pruning of old checkpoints, uses that directory even
-when the link is changed meanwhile. It must be the user's alone (`files.check_private_path`). A directory a
+when the link is changed meanwhile. It must be the user's alone (`files.check_private_path`). Below it no link is
+followed: a `step_*` link is not a checkpoint. `rrtrain eval`, `rrtrain export` and a warm start read a run's
+checkpoints through this manager too, so they follow the same link under the same check. A directory a
 save made is marked under the durable key in `checkpoints/.rrtrain-key` (`files.directory_key`), so a later
 invocation of the same run may prune it; a directory whose marker does not prove that is kept and named in a
 one-line warning, never deleted.
@@ -207,10 +209,11 @@ class CheckpointManager:
             self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rrtrain-ckpt")
 
     def complete(self) -> list[Path]:
-        """Renamed (hence complete when written) checkpoint directories, newest first."""
+        """Renamed (hence complete when written) checkpoint directories, newest first; a link named like one is
+        not one (a link is followed at `checkpoints/` alone)."""
         if not self.root.is_dir():
             return []
-        return sorted((p for p in self.root.glob("step_*") if p.is_dir()), reverse=True)
+        return sorted((p for p in self.root.glob("step_*") if p.is_dir() and not p.is_symlink()), reverse=True)
 
     def problem(self, path: Path) -> Optional[str]:
         """Collective. What is wrong with a checkpoint, checked by all ranks in turn (None: usable)."""
@@ -383,7 +386,7 @@ class CheckpointManager:
         self._prune()
 
     def _prune(self) -> None:
-        done = sorted(p for p in self.root.glob("step_*") if p.is_dir())
+        done = sorted(self.complete())
         for old in done[: max(0, len(done) - self.keep)]:
             self._discard(old)  # only a checkpoint a save of this run made there: never a planted or moved one
         for stale in self.root.glob(".tmp_*"):

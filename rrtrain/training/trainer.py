@@ -33,8 +33,8 @@ from rrtrain.parallel import build_training_engine
 from rrtrain.parallel.adamw import parametrization_record
 from rrtrain.parallel.compile_policy import resolve_compile
 from rrtrain.parallel.float8 import require_hardware as require_float8
-from rrtrain.planning.auto_batch import require_device as require_auto_device
-from rrtrain.planning.auto_batch import resolve_micro_batch
+from rrtrain.parallel.auto_batch import require_device as require_auto_device
+from rrtrain.parallel.auto_batch import resolve_micro_batch
 from rrtrain.resolve import ResolvedRun, resolve
 from rrtrain.rundir import layout, own_files, writers
 from rrtrain.rundir import lock as runlock

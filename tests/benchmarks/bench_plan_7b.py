@@ -2,7 +2,7 @@
 AdamW step at a short sequence (fp32), its measured peak against the plan's (target: within 20%).
 
 The model is built on meta and sharded with FSDP2 over torch's fake process group, as
-tests/unit/rrtrain/planning/test_plan_fake_world.py does, but here rank 0's shards are real CPU tensors and the step
+tests/unit/rrtrain/parallel/test_memory_fake_world.py does, but here rank 0's shards are real CPU tensors and the step
 runs for real on them (the fake all-gathers return uninitialised buffers of the right size, so the values are
 meaningless and the memory is real). Memory is counted by torch's MemTracker. Needs about 5 GB of RAM and
 a few minutes of one core: not part of `make test`.
@@ -21,7 +21,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from rrtrain.config import ModelConfig, TrainConfig
 from rrtrain.resolve import build_model
 from rrtrain.parallel.adamw import build_optimizer
-from rrtrain.planning.plan import Setup, plan
+from rrtrain.parallel.memory import Setup, plan
 
 WORLD, SEQ, MICRO = 64, 32, 1
 

@@ -6,7 +6,7 @@
 # 1. a float8 vs bf16 pair at FLOAT8_SIZE: tokens/s, and the loss over LOSS_STEPS steps on the same seeded batches
 #    (the difference must stay within LOSS_BOUND, relative);
 # 2. one step of BIG_SIZE with the AC mode and micro-batch `rrtrain plan` recommends for one GPU of this kind, its
-#    measured peak memory against the plan's (within ±20%);
+#    measured peak memory against the plan's (within ±20%), or "not run" where the plan finds no setting that fits;
 # 3. tokens/s/GPU, MFU, peak memory and step time for rr-60m ... rr-1b with `standard`, `standard` matched to
 #    `review` (`standard@review`: match.reference=review) and `review`, bf16, FSDP2, compiled, at
 #    train.micro_batch=auto; then review's time per token against its matched baseline beside their FLOP ratio.
@@ -18,8 +18,9 @@
 # pyyaml, and torchao for float8: when that cannot be imported and WHEELS holds a torchao wheel, it is installed
 # from there into a temporary directory (no network; see docs/performance.md, "GPU").
 # A measurement that fails (e.g. out of memory) is reported and the others go on; measurements that would
-# start too late are skipped (the pair and the large model first, then the sizes from the largest down); a run
-# still going at TIME_LIMIT is stopped and the tables show what was measured. Exit status 0 when every
+# start too late are skipped (the pair and the large model first, then the sizes from the largest down): the
+# driver starts none within 25 s of TIME_LIMIT, and one still going 10 s before it is stopped, so the tables
+# show what was measured. gpu_device.sh runs this script for three of its parts. Exit status 0 when every
 # planned measurement was made (float8 may be reported as unsupported on a GPU without it) and the float8 loss
 # stayed within its bound, else 1.
 #
@@ -27,13 +28,14 @@
 #   SIZES [rr-60m rr-150m rr-320m rr-590m rr-1b]   presets from configs/sizes/
 #   VARIANTS [standard standard@review review]   residual rules; A@B: A parameter-matched to B
 #   COMPILE_MODES [true]   train.compile settings to measure ("false true": eager too)
-#   MICRO [auto]           sequences per GPU per step for every size: N, auto, or table (gpu_matrix.py's old table)
+#   MICRO [auto]           sequences per GPU per step for every size: N, auto, shared (the largest auto chooses for
+#                          every variant), or table (gpu_matrix.py's old table)
 #   MICRO_<size> (e.g. MICRO_rr_1b)   the same for one size
 #   STEPS [5] WARMUP [2]   timed and untimed optimizer steps per size measurement (warm-up covers compilation)
 #   FLOAT8_SIZE [rr-1b]    the float8 pair's size ("" skips the pair); FLOAT8 [rowwise] the recipe (or tensorwise)
 #   FLOAT8_MICRO [16] LOSS_STEPS [60] LOSS_BOUND [0.02] FLOAT8_COMPILE [true]
 #   BIG_SIZE [frontier-7b] the large model ("" skips it); BIG_STEPS [2] BIG_WARMUP [1] BIG_COMPILE [true]
-#   TIME_LIMIT [480]       seconds for the whole script
+#   TIME_LIMIT [480]       seconds for the whole script (at least 60)
 #   NGPU [1]               ranks (one per GPU; >1 runs under torchrun); the global batch is MICRO x NGPU
 #   EXTRA []               more key=value overrides for every measurement (e.g. parallel.ac=selective)
 #   RESULTS [a temporary file]   where the JSON lines of the measurements are kept
@@ -45,17 +47,9 @@ START=$SECONDS
 
 die() { echo "gpu.sh: error: $*" >&2; exit 1; }
 . tests/benchmarks/gpu_python.sh
-gpu_python gpu.sh "torch, yaml"
+gpu_python gpu.sh "torch, yaml" float8
 
-if ! "$PY" -c "import torchao.float8" >/dev/null 2>&1; then
-  WHEELS=${WHEELS:-.whl}
-  wheel=$(ls "$WHEELS"/torchao-*.whl 2>/dev/null | head -1)
-  if [ -n "$wheel" ]; then
-    site=$(mktemp -d -t rrtrain-site.XXXXXX)
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$wheel" >&2 \
-      && export PYTHONPATH="$PYTHONPATH:$site" || echo "gpu.sh: could not install $wheel" >&2
-  fi
-fi
+torchao_site gpu.sh
 
 SIZES=${SIZES-"rr-60m rr-150m rr-320m rr-590m rr-1b"}
 VARIANTS=${VARIANTS:-"standard standard@review review"}
@@ -68,7 +62,7 @@ BIG_SIZE=${BIG_SIZE-frontier-7b}
 LOSS_BOUND=${LOSS_BOUND:-0.02}
 TIME_LIMIT=${TIME_LIMIT:-480}
 NGPU=${NGPU:-1}
-[ "$TIME_LIMIT" -ge 90 ] 2>/dev/null || die "TIME_LIMIT must be at least 90 (seconds), got '$TIME_LIMIT'"
+[ "$TIME_LIMIT" -ge 60 ] 2>/dev/null || die "TIME_LIMIT must be at least 60 (seconds), got '$TIME_LIMIT'"
 RESULTS=${RESULTS:-$(mktemp -t gpu-bench.XXXXXX.jsonl)}
 : >"$RESULTS"
 
@@ -95,25 +89,14 @@ fi
 
 # The driver's own budget leaves time to stop it and to print the table; `timeout` stops it regardless.
 left=$(( TIME_LIMIT - (SECONDS - START) ))
-args+=(--budget-s $(( left - 45 )))
-"$PY" - <<'EOF' >&2
-import torch
-try:
-    import torchao
-    ao = torchao.__version__
-except ImportError:
-    ao = "not installed"
-n = torch.cuda.device_count()
-print(f"gpu.sh: torch {torch.__version__}, torchao {ao}, {n} CUDA device(s)"
-      + (f": {torch.cuda.get_device_name(0)}" if n else ""))
-EOF
+args+=(--budget-s $(( left - 25 )))
 echo "gpu.sh: $planned measurements in at most ${left}s; results in $RESULTS" >&2
 if [ "$NGPU" -gt 1 ]; then
   launch=("$PY" -m torch.distributed.run --standalone --nproc_per_node="$NGPU")
 else
   launch=("$PY")
 fi
-timeout -k 10 $(( left - 15 )) "${launch[@]}" tests/benchmarks/gpu_matrix.py "${args[@]}"
+timeout -k 5 $(( left - 10 )) "${launch[@]}" tests/benchmarks/gpu_matrix.py "${args[@]}"
 rc=$?
 if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then echo "gpu.sh: stopped at the time limit" >&2; fi
 "$PY" tests/benchmarks/gpu_matrix.py render "$RESULTS" --expect "$planned" --loss-bound "$LOSS_BOUND"

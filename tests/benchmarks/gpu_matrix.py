@@ -15,8 +15,9 @@ graph made for another shape. Each result is appended to R.jsonl as soon as it i
 skip for want of time as a line too), so `render` can print the tables after a timeout.
 
 A variant `A@B` is rule A parameter-matched to rule B (`match.reference=B`): `standard@review` is the paper's
-baseline for `review`. A micro-batch `auto` is `train.micro_batch: auto`'s choice (rrtrain/planning/auto_batch.py)
-among the divisors of AUTO_PER_GPU sequences, measured without accumulation (global batch = the choice x ranks).
+baseline for `review`. A micro-batch `auto` is `train.micro_batch: auto`'s choice (rrtrain/parallel/auto_batch.py)
+among the divisors of AUTO_PER_GPU sequences, measured without accumulation (global batch = the choice x ranks);
+`shared` is the largest that `auto` chooses for every variant of the size, so that their step times compare.
 
 The float8 pair (`--float8-size`): `standard` at that size in bf16 and with `parallel.float8`, the same seed and
 the same `--loss-steps` batches of a seeded Markov chain (learnable, unlike uniform tokens), a fixed micro-batch;
@@ -24,7 +25,7 @@ tokens/s of each, and the mean loss over the last quarter of the steps, whose re
 within `--loss-bound`. Without float8 hardware the float8 half is reported as unsupported, with the reason.
 
 The large model (`--big-size`): `standard` at that size, with the AC mode and micro-batch `rrtrain plan` recommends
-for one GPU of this kind (`rrtrain.planning.plan.recommended`), its measured peak against the plan's (±20%).
+for one GPU of this kind (`rrtrain.parallel.memory.recommended`), its measured peak against the plan's (±20%).
 
 Exit status of `measure`: 0, 1 when a measurement failed or was skipped, 3 when the process imported a
 package the GPU machines lack (streaming, deepspeed, submitit).
@@ -122,6 +123,7 @@ def measure(args: argparse.Namespace) -> int:
     versions = _versions()
     failed = 0
     spent: dict[str, float] = {}  # wall seconds of the last measurement per compile mode: what still fits
+    shared: dict[str, tuple[int, int, list[int]]] = {}  # per size: `shared`'s micro-batch, free bytes, peaks
 
     def emit(row: dict[str, Any]) -> None:
         nonlocal failed
@@ -149,7 +151,7 @@ def measure(args: argparse.Namespace) -> int:
             else:
                 t0 = time.monotonic()
                 _attempt(row, lambda: _matrix_one(args, info, size, variant, compile_mode,
-                                                  micro.get(size, default)))
+                                                  micro.get(size, default), shared))
                 spent[compile_mode] = time.monotonic() - t0
                 row["wall_s"] = round(spent[compile_mode], 1)
                 _release(torch)
@@ -186,14 +188,22 @@ def _attempt(row: dict[str, Any], work) -> None:
         traceback.print_exc()
 
 
-def _matrix_one(args, info, size: str, variant: str, compile_mode: str, micro_batch: Any) -> dict[str, Any]:
+def _matrix_one(args, info, size: str, variant: str, compile_mode: str, micro_batch: Any,
+                shared: dict[str, tuple[int, int, list[int]]]) -> dict[str, Any]:
     from rrtrain.planning.bench import run_bench
     from rrtrain.resolve import load
 
-    cfg = load(TINY, base_overrides(size, variant, compile_mode, micro_batch, info.world_size) + args.overrides)
     extra: dict[str, Any] = {}
+    if micro_batch == "shared":  # one micro-batch for every variant of the size, chosen once
+        if size not in shared:
+            cfgs = [load(TINY, base_overrides(size, v, compile_mode, "auto", info.world_size) + args.overrides)
+                    for v in args.variants]
+            shared[size] = shared_micro(cfgs, info.world_size, info.device)
+        micro_batch, free, peaks = shared[size]
+        extra = {"auto": "shared", "planned_gb": peaks[args.variants.index(variant)] / 2**30, "free_gb": free / 2**30}
+    cfg = load(TINY, base_overrides(size, variant, compile_mode, micro_batch, info.world_size) + args.overrides)
     if micro_batch == "auto":  # the choice, then measured without accumulation
-        from rrtrain.planning.auto_batch import resolve_micro_batch
+        from rrtrain.parallel.auto_batch import resolve_micro_batch
         from rrtrain.resolve import resolve
 
         cfg, choice = resolve_micro_batch(resolve(cfg), info.world_size, info.device, announce=False)
@@ -201,6 +211,19 @@ def _matrix_one(args, info, size: str, variant: str, compile_mode: str, micro_ba
         cfg = replace(cfg, train=replace(cfg.train, global_batch=m * info.world_size))
         extra = {"auto": True, "planned_gb": choice.planned_bytes / 2**30, "free_gb": choice.free_bytes / 2**30}
     return {**run_bench(cfg, args.steps, args.warmup, info), **extra, "flops_ratio": _flops_ratio(cfg)}
+
+
+def shared_micro(cfgs: list, world: int, device, free_bytes: Optional[int] = None) -> tuple[int, int, list[int]]:
+    """The largest micro-batch `train.micro_batch: auto` chooses for every one of `cfgs` (each with micro_batch
+    auto): the rules of a size measured at one batch, so their step times compare. Returns it, the free bytes it
+    was sized against (`free_bytes`, else the device's) and each config's planned peak at it."""
+    from rrtrain.parallel.auto_batch import free_memory, planned_peak, resolve_micro_batch
+    from rrtrain.resolve import resolve
+
+    runs = [resolve(c) for c in cfgs]
+    free = free_memory(device) if free_bytes is None else free_bytes
+    m = min(resolve_micro_batch(r, world, device, announce=False, free_bytes=free)[0].train.micro_batch for r in runs)
+    return m, free, [planned_peak(r, world)(m) for r in runs]
 
 
 def _flops_ratio(cfg) -> Optional[float]:
@@ -237,14 +260,16 @@ def float8_pair(args, info, left) -> list[dict[str, Any]]:
     from rrtrain.planning.bench import run_bench
     from rrtrain.resolve import load, resolve
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for setting in ("off", args.float8):
+        # the time a half needs: the bf16 half's, a quarter more for float8's casts, once it ran; else a guess
+        need = 1.25 * rows[0]["wall_s"] if rows and "step_time_s" in rows[0] else 60.0
         row: dict[str, Any] = {"kind": "float8", "size": args.float8_size, "variant": "standard", "float8": setting,
                                "compile_mode": args.float8_compile}
         problem = hardware_problem(info.device) if setting != "off" else None
         if problem is not None:
             row["unsupported"] = f"no float8 matmuls here: {problem}"
-        elif left() < 60:
+        elif left() < need:
             row["skipped"] = f"{left():.0f} s of the time budget left"
         else:
             overrides = (base_overrides(args.float8_size, "standard", args.float8_compile, args.float8_micro,
@@ -278,7 +303,7 @@ def _gpu_key(device) -> str:
 
 def big_step(args, info, left) -> dict[str, Any]:
     """`standard` at --big-size with the plan's recommended AC mode and micro-batch; measured vs planned peak."""
-    from rrtrain.planning import plan as planner
+    from rrtrain.parallel import memory as planner
     from rrtrain.planning.bench import run_bench
     from rrtrain.resolve import load, resolve
 
@@ -296,8 +321,9 @@ def big_step(args, info, left) -> dict[str, Any]:
         setup = planner.Setup(model=cfg.model, run=run, gpus=info.world_size, gpu=gpu, backend="fsdp",
                               precision="bf16", reshard_after_forward=cfg.parallel.reshard_after_forward)
         best = planner.recommended(planner.fitting(setup, BIG_MICRO))
-        if best is None:
-            raise RuntimeError(f"rrtrain plan finds no setting of {args.big_size} that fits one {gpu}")
+        if best is None:  # an answer, not a failure: e.g. 7B's fp32 state alone outgrows an 80 GB H100
+            return {"unsupported": f"rrtrain plan finds no setting of {args.big_size} that fits one {gpu.upper()} "
+                                   f"(micro-batches {', '.join(map(str, BIG_MICRO))}, every AC mode)"}
         m, ac = best.setup.micro_batch, best.setup.ac
         cfg = replace(cfg, train=replace(cfg.train, micro_batch=m, global_batch=m * info.world_size),
                       parallel=replace(cfg.parallel, ac=ac))
@@ -311,13 +337,15 @@ def big_step(args, info, left) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
+    """torch's version, and torchao's as installed (read from its metadata: importing torchao costs seconds, and
+    only the float8 pair needs it)."""
+    import importlib.metadata
+
     import torch
 
     try:
-        import torchao
-
-        ao = torchao.__version__
-    except ImportError:
+        ao = importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
         ao = "not installed"
     return {"torch": torch.__version__, "torchao": ao}
 
@@ -333,15 +361,15 @@ def _title(row: dict[str, Any]) -> str:
 
 def _size_value(text: str) -> tuple[str, Any]:
     size, _, value = text.partition("=")
-    return size, _micro_value(value, f"--micro expects SIZE=N (N >= 1 or auto), got '{text}'")
+    return size, _micro_value(value, f"--micro expects SIZE=N (N >= 1, auto or shared), got '{text}'")
 
 
 def _micro_value(value: str, message: str = "") -> Any:
-    """A micro-batch: a positive int or 'auto'."""
-    if value == "auto":
+    """A micro-batch: a positive int, 'auto' or 'shared'."""
+    if value in ("auto", "shared"):
         return value
     if not value.isdigit() or int(value) < 1:
-        raise SystemExit(f"gpu_matrix: error: {message or f'a micro-batch is N >= 1 or auto, got {value!r}'}")
+        raise SystemExit(f"gpu_matrix: error: {message or f'a micro-batch is N >= 1, auto or shared, got {value!r}'}")
     return int(value)
 
 
@@ -387,7 +415,7 @@ def render(path: Path, expected: Optional[int], loss_bound: float = 0.02) -> int
         print("| size | variant | params | compile | seqs/GPU x seq | tokens/s/GPU | MFU | peak GiB | plan GiB | step ms |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for r in done:
-            seqs = f"{r['micro_batch']}{' (auto)' if r.get('auto') else ''}"
+            seqs = f"{r['micro_batch']}{_auto_note(r)}"
             plan_gb = f"{r['planned_gb']:.1f}" if r.get("planned_gb") is not None else "—"
             print(f"| {r['size']} | {r['variant']} | {r['params'] / 1e6:.1f}M | {'yes' if r['compile'] else 'no'} | "
                   f"{seqs}x{r['shape']['seq_len']} | {r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | "
@@ -400,18 +428,7 @@ def render(path: Path, expected: Optional[int], loss_bound: float = 0.02) -> int
             print("\n| size | compile | review / standard step time |\n|---|---|---|")
             for s, c, ratio in ratios:
                 print(f"| {s} | {'yes' if c != 'false' else 'no'} | {ratio:.3f} |")
-        matched = [(s, c) for s, c, v in by if v == "standard@review" and (s, c, "review") in by]
-        if matched:
-            print(f"\nreview against standard matched to it (match.reference=review); time per token, since the two "
-                  f"may run different micro-batches at auto; target: at most the FLOP ratio + {RATIO_SLACK:.0%}\n")
-            print("| size | compile | review / matched standard time per token | FLOP ratio | within target |")
-            print("|---|---|---|---|---|")
-            for s, c in matched:
-                rev, std = by[s, c, "review"], by[s, c, "standard@review"]
-                time_ratio = std["tokens_per_s"] / rev["tokens_per_s"]
-                flop_ratio = rev["flops_per_token"] / std["flops_per_token"]
-                within = "yes" if time_ratio <= flop_ratio + RATIO_SLACK else "NO"
-                print(f"| {s} | {'yes' if c != 'false' else 'no'} | {time_ratio:.3f} | {flop_ratio:.3f} | {within} |")
+        render_matched(by)
         print("\npublished (H100 bf16): ~1B at ~40% MFU and ~40-45K tokens/s/GPU "
               "(llm-foundry MPT-1B 45,455 at 41.8%, OLMo-1B 44,000)")
     ok &= render_float8([r for r in rows if r.get("kind") == "float8"], loss_bound)
@@ -424,6 +441,29 @@ def render(path: Path, expected: Optional[int], loss_bound: float = 0.02) -> int
         print(f"not measured: {missing} more (the run was stopped at its time limit)")
     counted = sum("step_time_s" in r or "unsupported" in r for r in rows)
     return 0 if ok and counted == (expected if expected is not None else len(rows)) else 1
+
+
+def render_matched(by: dict[tuple[str, str, str], dict[str, Any]]) -> None:
+    """review against `standard@review` (its parameter-matched baseline) per (size, compile mode) where both were
+    measured (`by`: rows by size, compile mode and variant): time per token beside the FLOP ratio and the target."""
+    matched = [(s, c) for s, c, v in by if v == "standard@review" and (s, c, "review") in by]
+    if not matched:
+        return
+    print(f"\nreview against standard matched to it (match.reference=review); time per token, since the two "
+          f"may run different micro-batches at auto; target: at most the FLOP ratio + {RATIO_SLACK:.0%}\n")
+    print("| size | compile | review / matched standard time per token | FLOP ratio | within target |")
+    print("|---|---|---|---|---|")
+    for s, c in matched:
+        rev, std = by[s, c, "review"], by[s, c, "standard@review"]
+        time_ratio = std["tokens_per_s"] / rev["tokens_per_s"]
+        flop_ratio = rev["flops_per_token"] / std["flops_per_token"]
+        within = "yes" if time_ratio <= flop_ratio + RATIO_SLACK else "NO"
+        print(f"| {s} | {'yes' if c != 'false' else 'no'} | {time_ratio:.3f} | {flop_ratio:.3f} | {within} |")
+
+
+def _auto_note(r: dict[str, Any]) -> str:
+    """How a row's micro-batch was chosen, after its number: ' (auto)', ' (shared)' or nothing (fixed)."""
+    return {True: " (auto)", "shared": " (shared)"}.get(r.get("auto"), "")
 
 
 def loss_tail(r: dict[str, Any]) -> float:
@@ -463,6 +503,8 @@ def render_float8(rows: list[dict[str, Any]], bound: float) -> bool:
 def render_big(rows: list[dict[str, Any]]) -> None:
     """The large model's step at the plan's recommendation: MFU, and measured against planned peak memory."""
     for r in rows:
+        if "unsupported" in r:
+            print(f"\n{r['size']} standard: not run: {r['unsupported']}")
         if "step_time_s" not in r:
             continue
         ratio = r["peak_mem_gb"] / r["planned_gb"]
@@ -500,7 +542,7 @@ def render_rules(path: Path, expected: Optional[int]) -> int:
     for (size, mode), group in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0])):
         base = ref.get((size, mode))
         g0 = group[0]
-        print(f"\n### {size}, compile {'yes' if mode != 'false' else 'no'}: {g0['micro_batch']} x "
+        print(f"\n### {size}, compile {'yes' if mode != 'false' else 'no'}: {g0['micro_batch']}{_auto_note(g0)} x "
               f"{g0['shape']['seq_len']} tokens per GPU per step\n")
         print("| rule | params | FLOP ratio | step ms | x standard | tokens/s/GPU | MFU | peak GiB | x standard | "
               "target |")
@@ -519,6 +561,7 @@ def render_rules(path: Path, expected: Optional[int]) -> int:
                   f"{1000 * step:.1f} | "
                   f"{ratio} | {r['tokens_per_s']:,.0f} | {100 * r['mfu']:.1f}% | {r['peak_mem_gb']:.1f} | {mem} | "
                   f"{target} |")
+    render_matched({(r["size"], r["compile_mode"], r["variant"]): r for r in done})
     for r in rows:
         if "step_time_s" not in r:
             print(f"not measured: {r['size']} {r['variant']} compile={r['compile_mode']}: "
@@ -541,10 +584,11 @@ def main(argv: list[str]) -> int:
     m.add_argument("--warmup", type=int, default=2)
     m.add_argument("--budget-s", type=float, default=440.0, help="start no measurement expected to end past this")
     m.add_argument("--micro", action="append", default=[], metavar="SIZE=N",
-                   help="sequences per GPU for SIZE (N or auto)")
+                   help="sequences per GPU for SIZE (N, auto or shared)")
     m.add_argument("--default-micro", type=lambda v: v if v == "table" else _micro_value(v), default="table",
-                   help="sequences per GPU for the sizes without --micro: N, auto (train.micro_batch=auto's choice) "
-                        "or table (default: DEFAULT_MICRO's, else 8)")
+                   help="sequences per GPU for the sizes without --micro: N, auto (train.micro_batch=auto's choice), "
+                        "shared (the largest auto chooses for every variant of the size) or table (default: "
+                        "DEFAULT_MICRO's, else 8)")
     m.add_argument("--float8-size", default=None, help="measure the float8 vs bf16 pair at this size")
     m.add_argument("--float8", default="rowwise", choices=["rowwise", "tensorwise"], help="the recipe (rowwise)")
     m.add_argument("--float8-micro", type=int, default=16, help="the pair's sequences per GPU (16)")

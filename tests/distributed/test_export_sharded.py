@@ -2,7 +2,10 @@
 own files, optimizer state partitioned). The model artifact training wrote (consolidated in memory by
 `Engine.full_model_state`) and the checkpoint read on one process without a process group (the engines' offline
 reader, rrtrain/parallel/consolidate.py) are each compared with the same checkpoint read back by torch's and
-DeepSpeed's own whole-model readers: bit for bit.
+DeepSpeed's own whole-model readers: bit for bit. A warm start (`init.from`) of a 2-rank FSDP2 run from the FSDP run
+and of a 2-rank ZeRO-3 run from the ZeRO-2 one (one step each at a learning rate of 1e-30, which moves no fp32
+weight) loads the source's weights into its shards exactly as one process loads them: its own artifact is the
+source's, bit for bit.
 tests/unit/rrtrain/export/test_export_hf.py covers single-process runs and the exported model's logits."""
 
 from __future__ import annotations
@@ -71,3 +74,32 @@ def test_deepspeed_checkpoint_loads_and_exports(runs: dict[str, Path], tmp_path:
     assert cli(["export", str(runs["deepspeed"]), "--hf", str(tmp_path / "hf")]) == 0
     exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
     _same({k.removeprefix("model."): v for k, v in exported.items()}, r.model.state_dict())
+
+
+@pytest.fixture(scope="module")
+def warm(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, stories_data: Path) -> dict[str, Path]:
+    """2-rank runs warm-started from the runs above, one step each that moves no weight."""
+    root = tmp_path_factory.mktemp("warm")
+    out = {"fsdp": root / "fsdp", "zero3": root / "zero3"}
+    still = ["train.max_steps=1", "train.lr=1e-30"]
+    train(out["fsdp"], stories_data, *SMALL, *still, "model.variant=mhc", "parallel.backend=fsdp",
+          f"init.from={runs['fsdp']}", nproc=2)
+    train(out["zero3"], stories_data, *SMALL, *still, "model.variant=review", "parallel.backend=deepspeed",
+          "parallel.zero_stage=3", f"init.from={runs['deepspeed']}", nproc=2)
+    return out
+
+
+@pytest.mark.parametrize("backend,source", [("fsdp", "fsdp"), ("zero3", "deepspeed")])
+def test_a_warm_start_on_two_ranks_loads_the_sources_weights(runs: dict[str, Path], warm: dict[str, Path],
+                                                              backend: str, source: str) -> None:
+    import hashlib
+    import json
+
+    src = load_run(runs[source])
+    got = load_run(warm[backend])
+    assert got.step == 1 and got.checkpoint == warm[backend] / "artifact" / "step_00000001"
+    _same(got.model.state_dict(), src.model.state_dict())  # sharded over 2 ranks, gathered back: the same bits
+    record = json.loads((warm[backend] / "init.json").read_text())
+    weights = runs[source] / "artifact" / "step_00000003" / "model.safetensors"
+    assert (record["kind"], record["step"]) == ("run", 3)
+    assert record["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rrtrain.config import ModelConfig
-from rrtrain.planning.plan import Setup, plan
+from rrtrain.parallel.memory import Setup, plan
 from tests.trainutil import PY, REPO, env, free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

@@ -1,7 +1,7 @@
 """The rules of issue 49 (peri_ln, ln_scaling, layer_scalars, laurel, denseformer, laurel's PA form, value_residual,
-frac) under the real trainer: each trains 2 steps under FSDP2 on 2 CPU ranks (gloo), resumes from that checkpoint to
-step 4 and ends exactly where 4 steps straight end (losses and parameters, bit for bit); then bf16 under FSDP2's
-policy. A constant learning rate after warm-up
+frac, ngpt, mudd) under the real trainer: each trains 2 steps under FSDP2 on 2 CPU ranks (gloo), resumes from that
+checkpoint to step 4 and ends exactly where 4 steps straight end (losses and parameters, bit for bit; nGPT's
+matrices on the unit sphere, which its hook keeps across the shards); then bf16 under FSDP2's policy. A constant learning rate after warm-up
 (`min_lr_ratio=1`), so the 2-step run follows the 4-step run's schedule. Runtime: about 1 minute per rule on 2
 cores; `rrtrain check-rule NAME` runs the resume and one-process parity checks on any rule as well.
 """
@@ -17,7 +17,8 @@ from trainutil import checkpoint_tensors, final, losses, max_rel_diff, train
 
 pytestmark = pytest.mark.distributed
 
-NEW = ["peri_ln", "ln_scaling", "layer_scalars", "laurel", "denseformer", "laurel_pa", "value_residual", "frac"]
+NEW = ["peri_ln", "ln_scaling", "layer_scalars", "laurel", "denseformer", "laurel_pa", "value_residual", "frac",
+       "ngpt", "mudd"]
 # a label that is not a rule's name: the rule and its knobs
 LABELS = {"laurel_pa": ["model.variant=laurel", "model.residual.laurel_form=pa"]}
 
@@ -46,6 +47,12 @@ def test_trains_two_steps_under_fsdp_and_resumes_exactly(tmp_path, stories_data,
     for key in pa:
         assert torch.equal(pa[key], pb[key]), key
     assert final(split)["world_size"] == 2
+    if variant == "ngpt":  # its hook after every step, on FSDP2's dim-0 shards: the columns' norms span both ranks
+        for key, dim in [("tok_emb.weight", 1)] + [(f"blocks.{i}.{m}", d) for i in range(2) for m, d in
+                                                   (("attn.qkv.weight", 1), ("attn.proj.weight", 0),
+                                                    ("mlp.fc.weight", 1), ("mlp.proj.weight", 0))]:
+            norms = torch.linalg.vector_norm(pb[key].double(), dim=dim)
+            torch.testing.assert_close(norms, torch.ones_like(norms), rtol=0, atol=1e-6, msg=key)
 
 
 @pytest.mark.slow

@@ -1,14 +1,16 @@
-"""Downstream evaluation end to end, offline: a multiple-choice task and a perplexity task as local files
-(a YAML beside a JSONL each), a tiny run that evaluates them in the loop at its checkpoint steps, paused after
-step 6 and resumed to its end (step 8). Each evaluation step is logged exactly once; the logged values equal
+"""Downstream evaluation end to end, offline: a multiple-choice task, a perplexity task and a generation task as
+local files (a YAML beside a JSONL each), a tiny run that evaluates them in the loop at its checkpoint steps, paused
+after step 6 and resumed to its end (step 8). Each evaluation step is logged exactly once; the logged values equal
 `rrtrain eval RUN --step S` on the same checkpoints and `lm_eval --model hf` on the exported model (to the
-harness's printed precision, 4 decimals); bad input is one line, exit status 2, and nothing written.
-The parts on their own: tests/unit/rrtrain/eval/test_eval_tasks.py."""
+harness's printed precision, 4 decimals), and rrtrain's generated texts are the exported model's under
+transformers' `generate`, request for request; bad input is one line, exit status 2, and nothing written.
+The parts on their own: tests/unit/rrtrain/eval/test_eval_tasks.py, test_eval_generate.py."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
@@ -51,7 +53,8 @@ def test_each_evaluation_step_is_logged_exactly_once_across_the_resume(trained):
     logged = downstream(trained["run"])
     assert [r["step"] for r in logged] == [4, 8]
     keys = {"downstream/tiny_mc/acc", "downstream/tiny_mc/acc_norm", "downstream/tiny_ppl/word_perplexity",
-            "downstream/tiny_ppl/byte_perplexity", "downstream/tiny_ppl/bits_per_byte"}
+            "downstream/tiny_ppl/byte_perplexity", "downstream/tiny_ppl/bits_per_byte",
+            "downstream/tiny_gen/exact_match"}
     for rec in logged:
         assert set(rec) == {"kind", "step", "seconds"} | keys
         assert rec["seconds"] >= 0 and 0 <= rec["downstream/tiny_mc/acc"] <= 1
@@ -103,7 +106,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(trained, stories_data,
         ([str(run_dir), "--tasks", "no_such_task_xyz"], "unknown task 'no_such_task_xyz'"),
         ([str(run_dir), "--step", "5", "--tasks", "tiny_mc", "--include", tasks], "no model at step 5"),
         ([str(tmp_path), "--tasks", "tiny_mc", "--include", tasks], "is not a run directory"),
-        ([str(run_dir), "--tasks", "tiny_gen", "--include", tasks], "generate_until task"),
+        ([str(run_dir), "--tasks", "tiny_gen_long", "--include", tasks], "generates up to 256 tokens"),
         ([str(run_dir), "--tasks", "tiny_mc", "--limit", "0", "--include", tasks], "--limit must be at least 1"),
         ([str(run_dir), "--tasks", "tiny_mc", "--include", str(tmp_path / "none")], "neither a directory"),
     ]
@@ -131,7 +134,7 @@ def test_the_exported_model_gives_the_same_numbers_with_lm_eval_hf(trained):
     proc = subprocess.run([PY, "-m", "lm_eval", "--model", "hf", "--model_args",
                            f"pretrained={out},trust_remote_code=True", "--tasks", ",".join(TASKS),
                            "--include_path", str(trained["tasks"]), "--limit", str(LIMIT), "--device", "cpu",
-                           "--batch_size", "4", "--output_path", str(root / "lm_eval_out")],
+                           "--batch_size", "4", "--output_path", str(root / "lm_eval_out"), "--log_samples"],
                           cwd=root, env=e, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (found,) = list((root / "lm_eval_out").rglob("results_*.json"))
@@ -144,4 +147,19 @@ def test_the_exported_model_gives_the_same_numbers_with_lm_eval_hf(trained):
             if filt == "none" and not name.endswith("_stderr"):
                 assert close(logged[f"downstream/{task}/{name}"], value), (task, name, value)
                 compared += 1
-    assert compared == 5
+    assert compared == 6
+
+    # the texts themselves: transformers' generate on the export (with its cache), request for request, against
+    # rrtrain's model class on the same checkpoint (the path `rrtrain eval` takes)
+    from lm_eval.api.registry import get_model
+
+    import rrtrain.eval.lm  # noqa: F401 - registers `rrtrain`
+
+    (samples_file,) = list((root / "lm_eval_out").rglob("samples_tiny_gen_*.jsonl"))
+    samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
+    hf_texts = [s["filtered_resps"][0] for s in samples]
+    lm = get_model("rrtrain").create_from_arg_string(f"run_dir={run_dir},step=8", {"batch_size": 4, "device": "cpu"})
+    requests = [SimpleNamespace(args=(s["arguments"]["gen_args_0"]["arg_0"], s["arguments"]["gen_args_0"]["arg_1"]))
+                for s in samples]
+    assert len(samples) == LIMIT and any(hf_texts)
+    assert lm.generate_until(requests) == hf_texts

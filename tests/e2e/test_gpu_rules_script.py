@@ -1,61 +1,54 @@
-"""`tests/benchmarks/gpu_rules.sh` on CPU (ALLOW_CPU=1, tiny shapes): the script a lent GPU runs unattended.
+"""`tests/benchmarks/gpu_rules.sh`'s helpers in gpu_matrix.py: the rules' table, the shared micro-batch.
 
-Everything but the GPU is exercised: the interpreter choice, part 1 (the depth study with a BPE vocabulary, two
-rules at two learning rates) and part 2 (four rules against `standard` through gpu_matrix.py, FSDP2 on a one-rank
-group), and both tables with their contents. About 15 s of CPU.
+The script itself runs on CPU as two of gpu_device.sh's parts (tests/e2e/test_gpu_device_script.py: the depth
+study, and every rule against `standard` through gpu_matrix.py); here what those parts do not reach on a CPU:
+`MICRO=shared`'s choice (on a GPU it sizes against the free memory; here the free bytes are given) and its note
+in the table. About 2 s of CPU (the planner traces two tiny models on fake tensors).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
-from trainutil import PY, REPO, env
+import torch
+
+from rrtrain.parallel.auto_batch import MARGIN, planned_peak
+from rrtrain.resolve import load, resolve
+from trainutil import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "benchmarks"))
 
 import gpu_matrix  # noqa: E402
 
-SCRIPT = REPO / "tests" / "benchmarks" / "gpu_rules.sh"
-VERDICTS = ("trained", "stalled", "diverged", "undecided")
+
+def test_shared_micro_is_the_largest_batch_every_rule_fits():
+    cfgs = [load(gpu_matrix.TINY, gpu_matrix.base_overrides("micro", v, "false", "auto", 1)
+                 + ["model.vocab_size=258", "model.seq_len=32"]) for v in ("standard", "mhc")]
+    peaks = [planned_peak(resolve(c), 1) for c in cfgs]
+    assert peaks[0](16) < peaks[1](12) < peaks[1](16)  # mhc's four streams need more than standard's one
+    free = int(peaks[1](12) / (1 - MARGIN)) + 1  # standard alone would take 16 of these bytes, mhc 12
+    m, got_free, planned = gpu_matrix.shared_micro(cfgs, 1, torch.device("cpu"), free_bytes=free)
+    assert (m, got_free, planned) == (12, free, [peaks[0](12), peaks[1](12)])
 
 
-def test_gpu_rules_script_prints_both_tables_on_cpu(tmp_path):
-    e = {**env(), "ALLOW_CPU": "1", "PYTHON": PY, "RESULTS_DIR": str(tmp_path / "res"), "TIME_LIMIT": "240",
-         "DEPTH_SHAPES": "tiny", "DEPTH_RULES": "review_convex review", "DEPTH_LR_FACTORS": "1 3", "DEPTH_STEPS": "6",
-         "DEPTH_MICRO": "4", "DEPTH_SEQ": "32", "DEPTH_TOKENIZER": "bpe:300", "DEPTH_DOCS": "100",
-         "DEPTH_PRECISION": "fp32", "DEPTH_EXTRA": "model.n_layers=3 model.d_model=32 model.n_heads=2",
-         "DEPTH_TIME": "100", "RULE_SIZES": "micro", "RULES": "standard review mhc attnres_block_4",
-         "RULE_COMPILE": "false", "STEPS": "1", "WARMUP": "0", "MICRO": "2",
-         "EXTRA": "model.vocab_size=258 model.seq_len=32"}
-    proc = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=e, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
-    depth_part, _, rules_part = out.partition("## The rules' cost")
-    assert "## The depth study" in depth_part and "not run" not in out and "not measured" not in out
-    assert "depth study: bpe:300 synthetic stories, unigram entropy " in depth_part
-    lines = [line for line in depth_part.splitlines() if line.startswith("| tiny | 6 | ")]
-    assert [line.split(" | ")[2:4] for line in lines] == [
-        ["review_convex", "0.0003"], ["review_convex", "0.0009"], ["review", "0.0003"], ["review", "0.0009"]]
-    assert all(line.split(" | ")[4].split()[0] in VERDICTS for line in lines)
-    depth = [json.loads(line) for line in (tmp_path / "res" / "depth.jsonl").read_text().splitlines()]
-    assert all(len(r["block_grad_norm"]) == 3 and len(r["block_grad_norm_init"]) == 3 for r in depth)
-    assert all(r["tokenizer"] == "bpe:300" and r["seq_len"] == 32 and 0 < r["unigram_entropy"] < 6 for r in depth)
-    assert depth[0]["lr"] == 3e-4  # the default: configs/train/paper.yaml's train.lr
-
-    header = "| rule | params | FLOP ratio | step ms | x standard | tokens/s/GPU | MFU | peak GiB | x standard |"
-    assert header in rules_part
-    assert "### micro, compile no: 2 x 32 tokens per GPU per step" in rules_part
-    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in rules_part.splitlines()
-            if line.startswith("| ") and not line.startswith("| rule")}
-    assert sorted(rows) == ["attnres_block_4", "mhc", "review", "standard"]
-    assert rows["standard"][2:5:2] == ["1.000", "1.000"]  # its FLOP ratio and step-time ratio to itself
-    assert float(rows["mhc"][2]) > 1.0 and float(rows["mhc"][4]) > 0 and rows["mhc"][-1].strip(" |") == "1.10"
-    rules = [json.loads(line) for line in (tmp_path / "res" / "rules.jsonl").read_text().splitlines()]
-    assert [(r["variant"], r["rule"]) for r in rules] == [
-        ("standard", "standard"), ("review", "review"), ("mhc", "mhc"), ("attnres_block_4", "attnres")]
-    assert rules[3]["shape"]["n_layers"] == 2 and all(r["compile"] is False for r in rules)
+def test_render_rules_shows_the_shared_batch_and_review_against_its_matched_baseline(tmp_path, capsys):
+    common = {"size": "rr-1b", "compile_mode": "true", "compile": True, "shape": {"seq_len": 2048}, "mfu": 0.4,
+              "device": "NVIDIA H200", "world_size": 1, "precision": "bf16", "ac": "none", "steps": 8, "warmup": 2,
+              "auto": "shared", "micro_batch": 8, "peak_mem_gb": 40.0}
+    rows = [{**common, "variant": "standard", "params": 7.6e8, "flops_ratio": 1.0, "tokens_per_s": 60_000.0,
+             "step_time_s": 0.30, "step_time_median_s": 0.30, "flops_per_token": 5.0e9},
+            {**common, "variant": "standard@review", "params": 9.9e8, "flops_ratio": None, "tokens_per_s": 50_000.0,
+             "step_time_s": 0.36, "step_time_median_s": 0.36, "flops_per_token": 6.2e9},
+            {**common, "variant": "review", "params": 9.9e8, "flops_ratio": 1.27, "tokens_per_s": 48_000.0,
+             "step_time_s": 0.375, "step_time_median_s": 0.375, "flops_per_token": 6.3e9}]
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert gpu_matrix.render_rules(results, expected=3) == 0
+    out = capsys.readouterr().out
+    assert "### rr-1b, compile yes: 8 (shared) x 2048 tokens per GPU per step" in out
+    assert "| review | 990.0M | 1.270 | 375.0 | 1.250 | 48,000 | 40.0% | 40.0 | 1.00 |  |" in out
+    assert "| rr-1b | yes | 1.042 | 1.016 | yes |" in out  # against standard@review, per token, with its target
 
 
 def test_variant_labels_carry_their_residual_settings():

@@ -1,8 +1,9 @@
 """A run on a weighted mixture of two prepared datasets (`data.sources`), end to end: paused after step 6 and
 started again, it gives the uninterrupted run's losses, validation losses per source (`val/<name>`) and weights bit
 for bit; config.yaml records the sources' paths absolute; `rrtrain eval RUN --data SOURCE` from another folder
-gives the loss on that source's validation split. The parts on their own:
-tests/unit/rrtrain/data/test_sources.py."""
+gives the loss on that source's validation split. On two FSDP2 ranks (each reading its own part of every global
+batch of the mixture) the losses are the one-process run's within the FSDP parity bound
+(tests/distributed/test_fsdp.py). The parts on their own: tests/unit/rrtrain/data/test_sources.py."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
 
-from trainutil import PY, checkpoint_tensors, env, final, losses, records, train
+from trainutil import PY, checkpoint_tensors, env, final, losses, max_rel_diff, records, train
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +25,20 @@ SETTINGS = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "train.ma
             "train.micro_batch=4", "train.warmup_steps=2", "data.eval_batches=1"]
 
 
-def test_a_mixture_paused_and_resumed_gives_the_uninterrupted_run(stories_data, tmp_path):
-    second = tmp_path / "second"
+@pytest.fixture(scope="module")
+def reference(stories_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """The uninterrupted one-process run on a 3:1 mixture of the stories and a copy of them: (run, the copy's
+    directory, the data.sources override)."""
+    root = tmp_path_factory.mktemp("mixture")
+    second = root / "second"
     shutil.copytree(stories_data, second)  # another directory: a source of its own
     mixture = f"data.sources=[{{path: {stories_data}, weight: 3}}, {{path: {second}, weight: 1, name: copy}}]"
-    ref = tmp_path / "ref"
-    train(ref, None, mixture, *SETTINGS)
+    train(root / "ref", None, mixture, *SETTINGS)
+    return root / "ref", second, mixture
+
+
+def test_a_mixture_paused_and_resumed_gives_the_uninterrupted_run(stories_data, tmp_path, reference):
+    ref, second, mixture = reference
     run = tmp_path / "paused"
     run.mkdir()
     (run / "pause.json").write_text('{"step": 6}')
@@ -55,3 +65,13 @@ def test_a_mixture_paused_and_resumed_gives_the_uninterrupted_run(stories_data, 
     sources = yaml.safe_load((run / "config.yaml").read_text())["data"]["sources"]
     assert sources == [{"path": os.path.abspath(stories_data), "weight": 3.0, "name": stories_data.name},
                        {"path": os.path.abspath(second), "weight": 1.0, "name": "copy"}]
+
+
+def test_a_mixture_on_two_fsdp_ranks_trains_as_on_one_process(tmp_path, reference):
+    ref, _, mixture = reference
+    run = tmp_path / "two"
+    train(run, None, mixture, *SETTINGS, "parallel.backend=fsdp", nproc=2)
+    assert final(run)["world_size"] == 2
+    assert max_rel_diff(losses(ref), losses(run)) < 1e-4
+    evals = [r for r in records(run) if "val_loss" in r]
+    assert [r["step"] for r in evals] == [4, 8] and all("val/copy" in r for r in evals)

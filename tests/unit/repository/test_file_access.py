@@ -50,7 +50,7 @@ ALLOWLIST: dict[tuple[str, str, str], str] = {
     ("launchers/sweep/seal.py", "record_refusal", "os.unlink"):
         "that temporary, made by this very call",
     ("launchers/sweep/seal.py", "inline_source", "Path.read_text"):
-        "rrtrain's own seal.py, read to be written into a job script at submission",
+        "rrtrain's own seal.py and payload.py, read to be written into a job script at submission",
     ("launchers/cancel.py", "_stop_slurm_job", "scancel"):
         "the one place that cancels a job: an id that is a Slurm job id in full, recorded by this sweep, that "
         "squeue shows as this user's with the sweep directory's mark as its comment (docs/reliability.md, trust "

@@ -43,7 +43,7 @@ LAYERS: dict[str, int] = {
     "rrtrain.sizing": 5,  # presets and the model's counts from a config's model section (rrtrain.model.spec's shape)
     "rrtrain.knobs": 5,  # `model.residual` checked and typed against its rules' knobs
     "rrtrain.resolve": 6,
-    "rrtrain.parallel": 7,
+    "rrtrain.parallel": 7,  # the engines, and the memory model of what they hold (train.micro_batch=auto)
     "rrtrain.rundir": 7,
     "rrtrain.training": 8,
     "rrtrain.monitoring": 9,
@@ -51,8 +51,6 @@ LAYERS: dict[str, int] = {
     "rrtrain.artifact": 9,  # a trained run's model: its artifact, or its checkpoint through the engines' reader
     "rrtrain.train": 10,
     "rrtrain.planning": 11,
-    "rrtrain.planning.plan": 7,  # the memory model (resolve and model below it): train.micro_batch=auto uses it
-    "rrtrain.planning.auto_batch": 7,  # train.micro_batch=auto, resolved by the trainer
     "rrtrain.report": 11,
     "rrtrain.dashboard": 11,
     "rrtrain.export": 11,  # a run's model as a Hugging Face directory (rrtrain.artifact)

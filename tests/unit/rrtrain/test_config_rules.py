@@ -18,7 +18,7 @@ from rrtrain import config
 from rrtrain.cli import plan as plan_cli
 from rrtrain.config import Config, ModelConfig, ParallelConfig, TrainConfig
 from rrtrain.core.errors import UsageError
-from rrtrain.planning import plan as planner
+from rrtrain.parallel import memory as planner
 from rrtrain.config_load import dotted_keys
 from rrtrain.training.checkpoint import check_resume
 

@@ -1,12 +1,15 @@
 """A sweep's job trusts only what Slurm holds for it (launchers.sweep.seal): the code snapshot and the run's config
 are bound at submission to digests in the job's own script (the rendered array and multi-node scripts, the lines
 submitit's script runs first) or in the local executor's memory, and a job whose snapshot or config changed
-since is refused before anything of the sweep directory runs: one line, exit 2, final.json saying why."""
+since is refused before anything of the sweep directory runs: one line, exit 2, final.json saying why. Under
+submitit its payload too: the script submitit wrote (submitted to a stand-in sbatch) refuses a payload planted
+after submission before srun starts submitit, which would unpickle it."""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launchers.executors import local
+from launchers.executors import local, slurm
+from launchers.executors.entry import submitit_dir
 from launchers.executors.render import render
-from launchers.executors.slurm import seal_lines
 from launchers.sweep import seal, snapshot
 from launchers.sweep.expand import data_path, expand
 from launchers.sweep import spec
@@ -47,9 +50,34 @@ def submitted(tmp_path):
     return out, runs, code, configs, scripts
 
 
-def run_task(script: str, task: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_JOB_ID": "1"}
+def run_task(script: str, task: int, array_job: str = "1") -> subprocess.CompletedProcess:
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_JOB_ID": array_job, "SLURM_JOB_ID": "99"}
     return subprocess.run(["bash", script], capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.fixture
+def standin_slurm(tmp_path, monkeypatch) -> Path:
+    """sbatch and srun stand-ins first on PATH: sbatch keeps the script it is given (as Slurm does) as
+    `tmp_path/job.sbatch` and answers job 4242; srun only notes that it ran, with the config digest it was given."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {tmp_path}/job.sbatch\necho "Submitted batch job 4242"\n')
+    (bin_dir / "srun").write_text(f'#!/bin/sh\necho "$RRTRAIN_CONFIG_SHA256 $*" >> {tmp_path}/srun.log\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o700)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # the key of the jobs' mark
+    return tmp_path
+
+
+class Planted:
+    """Unpickled, it runs a shell command: what a payload planted after submission would do in submitit."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
 
 
 def test_the_seal_is_the_snapshot_hash_and_sees_every_change(submitted):
@@ -91,17 +119,41 @@ def test_a_task_not_submitted_is_refused(submitted):
     assert proc.returncode == 2 and "not one this script submitted" in proc.stderr
 
 
-def test_submitits_job_lines_check_the_tasks_run(submitted, tmp_path):
+@pytest.mark.slow  # submitit's own submission (a stand-in sbatch), then its script in bash, five times
+def test_submitits_job_script_checks_the_tasks_run_and_its_payload(submitted, standin_slurm):
     out, runs, code, configs, _ = submitted
-    bound = seal.bind(str(code), configs)
-    lines = seal_lines(sys.executable, str(code), bound, [(r.id, configs[r.id], r.dir) for r in runs])
-    script = tmp_path / "job.sh"
-    script.write_text("\n".join(["set -u", *lines, f'echo "ok $' + CONFIG_DIGEST_ENV + '"']) + "\n")
-    good = run_task(str(script), 0)
-    assert good.returncode == 0 and good.stdout.strip() == f"ok {bound.configs[runs[0].id]}", good.stderr
+    jobs = slurm.submit(runs, out, "t", str(code))  # submitit writes the payloads and the script, as on a cluster
+    assert jobs == {runs[0].id: "4242_0", runs[1].id: "4242_1"}
+    script, srun = str(standin_slurm / "job.sbatch"), standin_slurm / "srun.log"
+    pkl = {i: submitit_dir(out) / f"4242_{i}" / f"4242_{i}_submitted.pkl" for i in (0, 1)}
+    good = run_task(script, 1, "4242")
+    digest = seal.bind(str(code), configs).configs[runs[1].id]
+    assert good.returncode == 0 and srun.read_text().startswith(f"{digest} "), good.stderr
+    assert "submitit.core._submit" in srun.read_text()
+    srun.unlink()
+
+    def refused(why: str) -> None:
+        proc = run_task(script, 1, "4242")
+        assert proc.returncode == 2, proc.stderr
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("rrtrain: refusing")]
+        assert len(lines) == 1 and why in lines[0], proc.stderr
+        assert not srun.exists(), "srun started submitit, which would unpickle the payload"
+        final = runs[1].dir / "final.json"
+        assert "refused at its start" in json.loads(final.read_text())["reason"]
+        final.unlink()
+
+    marker = standin_slurm / "pwned"
+    pkl[1].write_bytes(pickle.dumps(Planted(marker)))  # planted after submission
+    refused(f"submitit's payload for job 4242_1 is not the call submitted (it names {os.system.__module__}.system)")
+    assert not marker.exists()
+    pkl[1].write_bytes(pkl[0].read_bytes())  # the other task's call
+    refused("it runs another run than this task's")
+    pkl[1].unlink()
+    pkl[1].symlink_to(pkl[0])
+    refused("submitit's payload for job 4242_1 cannot be read")
     configs[runs[0].id].write_text("train: {max_steps: 1000}\n")
-    bad = run_task(str(script), 0)
-    assert bad.returncode == 2 and "not the one submitted" in bad.stderr and "ok" not in bad.stdout
+    bad = run_task(script, 0, "4242")
+    assert bad.returncode == 2 and "not the one submitted" in bad.stderr and not srun.exists()
 
 
 def test_the_local_executor_does_not_start_a_run_whose_config_changed(submitted, monkeypatch, capsys):

@@ -66,7 +66,7 @@ def test_cli_exit_2_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("name", ["paper.yaml", "demo.yaml", "tuned.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs" / "sweeps").glob("*.yaml")))
 def test_shipped_sweeps_expand(tmp_path, name):
     sweep = spec.load(REPO / "configs" / "sweeps" / name)
     runs = expand(sweep, tmp_path / "out", data_path(sweep, tmp_path / "out"))
@@ -104,3 +104,21 @@ def test_a_prep_section_passes_bos_to_rrtrain_prep(tmp_path, capsys):
     sweep = spec.load(write(tmp_path, {**body, "prep": {"tokenizer": "bpe:512"}}))
     prepare_data(sweep, tmp_path / "out", dry_run=True)
     assert "--bos" not in capsys.readouterr().out.split()
+
+
+def test_a_prep_section_with_tasks_tokenizes_in_array_tasks_of_the_sweeps_executor(tmp_path, capsys):
+    from launchers.submit import prepare_data
+
+    body = {k: v for k, v in BASE.items() if k != "data"}
+    sweep = spec.load(write(tmp_path, {**body, "prep": {"tasks": 3}}), ["resources.partition=cpu"])
+    prepare_data(sweep, tmp_path / "out", dry_run=True, executor="slurm")
+    words = capsys.readouterr().out.split()
+    assert words[words.index("--executor") + 1] == "slurm" and words[words.index("--tasks") + 1] == "3"
+    assert words[words.index("--partition") + 1] == "cpu"
+    prepare_data(sweep, tmp_path / "out", dry_run=True, executor="local")
+    words = capsys.readouterr().out.split()
+    assert words[words.index("--executor") + 1] == "local" and "--partition" not in words
+    prepare_data(spec.load(write(tmp_path, {**body, "prep": {}})), tmp_path / "out", dry_run=True, executor="slurm")
+    assert "--tasks" not in capsys.readouterr().out.split()  # one process, as before
+    with pytest.raises(UsageError, match="prep.tasks must be at least 1, got 0"):
+        spec.load(write(tmp_path, {**body, "prep": {"tasks": 0}}))

@@ -42,7 +42,7 @@ def sweep(tmp_path_factory):
 
 def report(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "rrtrain", "report", *map(str, args)],
-                          capture_output=True, text=True, timeout=120, cwd=cwd)
+                          capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
 def test_end_to_end(sweep, tmp_path):

@@ -131,11 +131,6 @@ def test_fixed_shape_pads_every_forward_to_batch_size_by_seq_len(model):
         assert ll == pytest.approx(direct(model, ctx, cont), abs=1e-4)
 
 
-def test_generation_is_refused_in_one_line(model):
-    with pytest.raises(UsageError, match="generation tasks"):
-        RRTrainLM(counting(model)[0], Bytes(), SEQ).generate_until([])
-
-
 def test_lm_eval_results_are_flattened_without_the_default_filter():
     raw = {"mc": {"alias": "mc", "acc,none": 0.5, "acc_stderr,none": 0.1, "acc_norm,none": 0.25,
                   "acc_norm_stderr,none": "N/A", "sample_len": 8},

@@ -205,6 +205,24 @@ def test_the_artifact_holds_the_checkpoints_weights_bit_for_bit(runs: dict[str, 
 
 
 @pytest.mark.slow  # trains tiny runs (rrtrain.train in a subprocess)
+def test_a_run_whose_checkpoints_link_to_scratch_exports_and_evaluates(runs: dict[str, Path], stories_data: Path,
+                                                                       tmp_path: Path, capsys) -> None:
+    """A run from before artifacts whose checkpoints/ the user moved to scratch and linked: export and eval read its
+    checkpoint through the link, as training resumes through it (docs/reliability.md, "Where rrtrain follows a
+    link"). Before, both said it had no checkpoint."""
+    run, scratch = tmp_path / "run", tmp_path / "scratch"
+    shutil.copytree(runs["review"], run)
+    shutil.rmtree(run / "artifact")
+    shutil.move(run / "checkpoints", scratch)
+    (run / "checkpoints").symlink_to(scratch)
+    a, b = load_run(runs["review"]).model.state_dict(), load_run(run).model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert cli(["export", str(run), "--hf", str(tmp_path / "hf")]) == 0
+    assert cli(["eval", str(run), "--data", str(stories_data)]) == 0
+    assert "rrtrain eval: validation loss on" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # trains tiny runs (rrtrain.train in a subprocess)
 def test_a_warm_start_from_an_export_starts_from_its_weights(runs: dict[str, Path], exports: dict[str, Path],
                                                           stories_data: Path, tmp_path: Path) -> None:
     """The HF round trip: `init.from=EXPORT_DIR` gives the new run the exported weights (its one step at a learning

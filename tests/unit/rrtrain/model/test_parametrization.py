@@ -21,7 +21,7 @@ from rrtrain.model.parametrization import SP, Parametrization, carry_start, refu
 from rrtrain.model import transformer
 from rrtrain.model.transformer import build_model
 from rrtrain.parallel.adamw import no_decay_names, param_groups, parametrization_record, set_lr
-from rrtrain.planning.coordcheck import QUANTITIES, Plan, last_layer_series, run
+from rrtrain.planning.coordcheck import QUANTITIES, Plan, last_layer_series, log_slope, run
 from rrtrain.resolve import model_spec
 
 from trainutil import REPO
@@ -36,16 +36,11 @@ def cfg_of(*overrides: str):  # noqa: ANN201 - a Config
     return load_config(CONFIG, list(overrides))
 
 
-def slope(points: dict[int, float]) -> float:
-    """Least-squares slope of log(value) against log2(size): the change in log per doubling."""
-    xs = sorted(points)
-    lx, ly = [math.log2(x) for x in xs], [math.log(points[x]) for x in xs]
-    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
-    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
-
-
 def last_delta_slope(cfg, plan: Plan) -> float:  # noqa: ANN001
-    return slope(last_layer_series(run(cfg, plan), "h_delta", plan.axis)[plan.steps])
+    """The change in log per doubling of the last block's mean |h_t - h_0| after the last step."""
+    slope = log_slope(last_layer_series(run(cfg, plan), "h_delta", plan.axis)[plan.steps])
+    assert slope is not None
+    return slope
 
 
 # -- sp: the model it was ------------------------------------------------------------------------------------------
@@ -97,10 +92,12 @@ def test_mup_is_flat_in_width_where_sp_grows() -> None:
     assert last_delta_slope(cfg, dataclasses.replace(plan, parametrization="sp")) > 0.3
 
 
-@pytest.mark.parametrize("rule", ["standard", "review"])
+@pytest.mark.parametrize("rule", ["standard", "review", pytest.param("peri_ln", marks=pytest.mark.slow),  # ~2 s each
+                                  pytest.param("layer_scalars", marks=pytest.mark.slow)])
 def test_completep_is_flat_in_depth_where_sp_grows(rule: str) -> None:
     """Depths 4-32 blocks at d_model 32 (the base width: m_w = 1). sp's growth is checked for `standard` alone
-    (review's sp curve climbs alike, slope ~0.5; left out for the suite's time)."""
+    (review's, peri_ln's and layer_scalars' sp curves climb alike, slopes ~0.6; left out for the suite's time).
+    peri_ln takes the multiplier after its output norm, layer_scalars on u and on the x0 injection."""
     cfg = cfg_of(f"model.variant={rule}", "model.d_model=32", "model.n_heads=2", "model.base_d_model=32")
     plan = Plan("completep", "depth", (4, 8, 16, 32), steps=3, seeds=1, lr=CHECK_LR, batch=4, seq_len=32,
                 docs=DOCS)
@@ -131,8 +128,9 @@ def test_every_rule_runs_or_is_refused_in_one_line(rule: str) -> None:
     assert refusal(Parametrization("sp"), spec) is None
     if spec.composition is None:  # an undeclared rule: refused under both, naming what to declare
         assert "declares no composition" in refusal(Parametrization("mup"), spec)
-    if rule in ("deepnorm", "fixup"):
+    if rule in ("deepnorm", "fixup", "ln_scaling"):
         assert "depth scheme of its own" in refusal(Parametrization("completep"), spec)
+        assert refusal(Parametrization("mup"), spec) is None
 
 
 def test_the_cli_writes_records_and_plots_or_refuses(tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001
@@ -147,6 +145,10 @@ def test_the_cli_writes_records_and_plots_or_refuses(tmp_path, capsys, monkeypat
     assert {(r["depth"], r["seed"], r["step"]) for r in records} == {(d, s, t) for d in (1, 2) for s in (0, 1)
                                                                      for t in range(3)}
     assert {p.name for p in out.glob("*.png")} == {f"{q}.png" for q in QUANTITIES}
+    last = [r["value"] for r in records if r["quantity"] == "h_delta" and r["step"] == 2 and r["depth"] == 1]
+    printed = capsys.readouterr().out  # the headline: the last block's |h_t - h_0| per depth (mean over seeds)
+    assert f"h_delta (completep, last block, step 2): 1: {sum(last) / 2:.4g}, 2: " in printed
+    assert "change in log per doubling" in printed
     undeclared = dataclasses.replace(residuals.get("standard"), name="undeclared_rule", composition=None)
     monkeypatch.setitem(residuals._RULES, undeclared.name, undeclared)
     capsys.readouterr()
@@ -182,6 +184,41 @@ def test_completep_groups_and_multipliers() -> None:
     set_lr(opt, 1e-3)
     assert sorted({round(g["lr"] / 1e-3, 6) for g in opt.param_groups}) == sorted(
         {round(s, 6) for s in (1.0, m_l ** -0.5 / m_w, m_l ** -0.5)})
+
+
+def test_where_the_2025_rules_take_the_multiplier_and_their_carry_scalars() -> None:
+    """At 4x the base depth under completep (m = 1/4): a rule that declares branch="write" gets m in its sites and
+    the block multiplies nothing; peri_ln applies it after its output norm; a carry scalar's learning rate is x 1/m_L
+    (the block's other scalars keep m_L^(alpha-1) = 1); AttnRes's sources are unscaled unless
+    attnres_branch_multiplier=true."""
+    def built(rule: str, *extra: str):  # noqa: ANN202
+        cfg = cfg_of(f"model.variant={rule}", "model.parametrization=completep", "model.n_layers=16",
+                     "model.seq_len=16", *extra)
+        return build_model(model_spec(cfg.model, 300), device="meta"), cfg
+
+    for rule in ("peri_ln", "layer_scalars", "laurel", "attnres"):
+        model, _ = built(rule, *(["model.residual.attnres_branch_multiplier=true"] if rule == "attnres" else []))
+        assert model.rule.composition.branch == "write"
+        assert all(b.branch_mult is None for b in model.blocks)
+        assert {s.info.branch_multiplier for s in model.sites()} == {0.25}
+    for rule in ("denseformer", "frac", "value_residual"):
+        model, _ = built(rule)
+        assert {b.branch_mult for b in model.blocks} == {0.25}
+    model, cfg = built("layer_scalars")
+    roles = {(g["role"], g["lr_scale"]) for g in parametrization_record(model, cfg.train)["groups"]}
+    assert ("carry_scalar", 0.25) in roles and ("hidden_vector", 1.0) in roles
+    groups = {id(p): g["role"] for g in param_groups(model, 0.1) for p in g["params"]}
+    site = model.blocks[0].attn_site
+    assert (groups[id(site.resid_lambda)], groups[id(site.x0_lambda)]) == ("carry_scalar", "hidden_vector")
+    laurel, _ = built("laurel", "model.residual.laurel_form=rw")
+    groups = {id(p): g["role"] for g in param_groups(laurel, 0.1) for p in g["params"]}
+    assert groups[id(laurel.blocks[0].mlp_site.beta)] == "carry_scalar"
+    on, _ = built("attnres", "model.residual.attnres_branch_multiplier=true")
+    assert {s.mult for s in on.sites()} == {0.25} and {s.mult for s in built("attnres")[0].sites()} == {1.0}
+    peri = residuals.get("peri_ln").make_site(4, 1, 32, "mlp", 1e-6, residuals.get("peri_ln").make_knobs(),
+                                               branch_multiplier=0.25)
+    h, y = torch.randn(2, 3, 4), 10 * torch.randn(2, 3, 4)
+    assert torch.allclose(peri.write(h, y, None), h + 0.25 * peri.out_norm(y))
 
 
 def test_convex_gates_keep_the_base_carry_product() -> None:

@@ -29,8 +29,8 @@ SHAPE = ["model.variant=review", "model.d_model=128", "model.n_heads=4", "model.
          "model.vocab_size=258", "model.seq_len=32"]
 
 
-def tiny(device: str = "cpu", seed: int = 0, d_ff: int = 520):
-    cfg = load(TINY, SHAPE + [f"model.d_ff={d_ff}"])
+def tiny(device: str = "cpu", seed: int = 0, d_ff: int = 520, variant: str = "review"):
+    cfg = load(TINY, SHAPE + [f"model.d_ff={d_ff}", f"model.variant={variant}"])
     run = resolve(cfg)
     return build_model(cfg.model, shape=run.shape, device=device, rule=run.rule, seed=seed)
 
@@ -53,6 +53,24 @@ def test_the_blocks_large_linears_convert_and_nothing_else():
     # the size rule: both dimensions at least min_dim (the attention's 128 x 128 stays below 256)
     assert float8.convert(tiny(), "tensorwise", fsdp=False, min_dim=256, _check_hardware=False) == []
     assert float8.convert(tiny(), "off", fsdp=False) == []
+
+
+def test_a_rule_that_hooks_its_branch_layers_keeps_its_hooks_on_the_converted_layers():
+    """Fixup puts scalar biases on the branch's layers by hooks: they must sit on the Float8Linear that runs."""
+    model = tiny(d_ff=512, variant="fixup")
+    plain = tiny(d_ff=512, variant="fixup")
+    for m in (model, plain):
+        with torch.no_grad():
+            for site in (m.blocks[0].attn_site, m.blocks[0].mlp_site):
+                site.bias_proj.fill_(0.5)
+    float8.convert(model, "rowwise", fsdp=False, min_dim=128, _check_hardware=False)
+    for name in ("attn.proj", "mlp.proj", "mlp.fc"):
+        layer = model.blocks[0].get_submodule(name)
+        assert type(layer).__name__ == "Float8Linear" and (layer._forward_pre_hooks or layer._forward_hooks), name
+    idx = torch.randint(0, 258, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got, want = model(idx), plain(idx)
+    assert (got - want).abs().max() < 0.05 * want.abs().max()  # float8's rounding, not a missing bias of 0.5
 
 
 def test_tensorwise_under_fsdp_all_gathers_in_float8_and_rowwise_does_not():

@@ -13,7 +13,7 @@ import torch
 from rrtrain import sizing
 from rrtrain.cli.main import main
 from rrtrain.config import ModelConfig
-from rrtrain.planning.plan import AC_MODES, Setup, fitting, gpu_spec, layout, plan, resolve, shard_numel
+from rrtrain.parallel.memory import AC_MODES, Setup, fitting, gpu_spec, layout, plan, resolve, shard_numel
 
 GIB = 2**30
 

@@ -12,7 +12,7 @@ import pytest
 
 from rrtrain.cli.main import main
 from rrtrain.config import ModelConfig
-from rrtrain.planning.plan import Setup, plan
+from rrtrain.parallel.memory import Setup, plan
 
 SWEEP = """
 name: plan-test

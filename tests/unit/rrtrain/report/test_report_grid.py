@@ -16,7 +16,9 @@ from rrtrain.report.grid import analyze_grid, fit_power_law
 from rrtrain.report.options import Options
 
 
-def write_run(root, size, variant, seed, point, loss, params=1e6, status="completed"):
+def write_run(root, size, variant, seed, point, loss, params=1e6, status="completed", model=None):
+    """A finished run of a grid point as the trainer leaves it; each point key (`train.lr`, `model.n_layers`) also
+    set in its section of config.yaml, and `model` (e.g. {"parametrization": "mup"}) beside them."""
     name = f"{size}-{variant}-" + "-".join(f"{k}{v}" for k, v in sorted(point.items())) + f"-s{seed}"
     d = root / name
     d.mkdir(parents=True)
@@ -26,8 +28,11 @@ def write_run(root, size, variant, seed, point, loss, params=1e6, status="comple
              "best_val_loss": loss, "params": params, "variant": variant, "size": size, "seed": seed, "wall_s": 1.0,
              "flags": []}
     (d / "final.json").write_text(json.dumps(final))
-    config = {"model": {"size": size, "variant": variant}, "train": {"seed": seed, **{k.split(".")[1]: v
-              for k, v in point.items()}}, "run": {"dir": str(d), "name": name, "point": point}}
+    config = {"model": {"size": size, "variant": variant, **(model or {})}, "train": {"seed": seed},
+              "run": {"dir": str(d), "name": name, "point": point}}
+    for key, v in point.items():
+        section, _, field = key.partition(".")
+        config.setdefault(section, {})[field] = v
     (d / "config.yaml").write_text(yaml.safe_dump(config))
 
 

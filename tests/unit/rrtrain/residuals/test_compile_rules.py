@@ -83,6 +83,10 @@ RULES = {
     # block 0 keeps its values as V_1, the others mix theirs with it
     "value_residual": (["model.variant=value_residual"], 2),
     "frac": (["model.variant=frac"], 1),
+    "ngpt": (["model.variant=ngpt"], 1),
+    # block 0's attention reads one input, the later ones three (Q, K, V); with the residual way alone, one
+    "mudd": (["model.variant=mudd"], 2),
+    "mudd_r": (["model.variant=mudd", "model.residual.mudd_ways=r"], 1),
 }
 
 

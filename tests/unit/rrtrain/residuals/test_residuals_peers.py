@@ -505,7 +505,7 @@ def test_planner_measures_the_new_rules(variant, knobs):
     """The planner's activation profile runs each (DenseFormer's state nests its slots in a tuple) and its FLOPs add
     the rule's own (`RuleSpec.flops`)."""
     from rrtrain import sizing
-    from rrtrain.planning.plan import activation_profile
+    from rrtrain.parallel.memory import activation_profile
 
     m = ModelConfig(size="tiny", variant=variant, d_model=16, n_layers=2, n_heads=2, d_ff=32, seq_len=8,
                     vocab_size=32, residual=knobs)

@@ -127,6 +127,8 @@ def test_an_overlong_metrics_line_is_skipped_without_being_held_whole(run_dir, m
     ("latest", lambda p: os.mkfifo(p), "is a FIFO, not a file"),
     ("step_00000004", lambda p: p.write_text("x"), "is a file, not a directory"),
     (".tmp_step_00000004", lambda p: os.mkfifo(p), "is a FIFO, not a directory"),
+    ("step_00000004", lambda p: p.symlink_to("step_00000002"),
+     "is a symbolic link (to 'step_00000002'): rrtrain follows a link at checkpoints/ only"),
 ])
 def test_a_checkpoint_name_holding_the_wrong_kind_is_refused(run_dir, entry, make, expect):
     (run_dir / layout.CHECKPOINTS).mkdir()
@@ -135,6 +137,16 @@ def test_a_checkpoint_name_holding_the_wrong_kind_is_refused(run_dir, entry, mak
     assert own_files.problem(run_dir) is None
     make(run_dir / layout.CHECKPOINTS / entry)
     assert own_files.problem(run_dir).startswith(f"{run_dir / layout.CHECKPOINTS / entry} {expect}: ")
+
+
+def test_the_artifact_directory_may_not_be_a_link(run_dir, tmp_path):
+    """Of the model's state a link is followed at checkpoints/ alone (docs/reliability.md): export, eval and a
+    warm start read artifact/ as the run's own."""
+    (tmp_path / "scratch").mkdir()
+    (run_dir / layout.ARTIFACT).symlink_to(tmp_path / "scratch")
+    line = own_files.problem(run_dir)
+    assert line.startswith(f"{run_dir / layout.ARTIFACT} is a symbolic link (to ") and "\n" not in line
+    assert "rrtrain follows a link at checkpoints/ only" in line and os.path.islink(run_dir / layout.ARTIFACT)
 
 
 def test_this_hosts_data_cache_must_be_a_directory(run_dir):

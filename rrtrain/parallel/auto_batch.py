@@ -5,7 +5,7 @@ length are known, before the model is built), into an int: every other module se
 config.yaml records the int chosen, as it records `train.compile: auto`'s decision. One line says the choice.
 
 The rule: of the divisors m of global_batch / world size (so the accumulation count is whole, as the config
-requires), the largest whose planned peak per rank (`rrtrain.planning.plan`: the run's state, gathered buffers and
+requires), the largest whose planned peak per rank (`rrtrain.parallel.memory`: the run's state, gathered buffers and
 activations at micro-batch m, as `rrtrain plan` prints it) is at most (1 - MARGIN) of the free memory CUDA reports
 on the device (`torch.cuda.mem_get_info`, the smallest over ranks, so every rank picks the same). The margin
 covers the allocator's fragmentation and what the planner does not model (torch.compile's workspaces, cuBLAS and
@@ -70,7 +70,7 @@ class Choice:
 
 def planned_peak(run, world_size: int) -> Callable[[int], int]:
     """The planner's peak per rank at micro-batch m for the resolved run `run` (rrtrain.resolve.ResolvedRun)."""
-    import rrtrain.planning.plan as planner
+    import rrtrain.parallel.memory as planner
 
     def peak(m: int) -> int:
         setup = planner.Setup.of_run(run, world_size, micro_batch=m)

@@ -11,8 +11,8 @@ from trainutil import PY, REPO, TINY, env
 
 from rrtrain.config import load_config
 from rrtrain.core.errors import UsageError
-from rrtrain.planning import auto_batch
-from rrtrain.planning import plan as planner
+from rrtrain.parallel import auto_batch
+from rrtrain.parallel import memory as planner
 from rrtrain.resolve import load, resolve
 
 GIB = 2**30

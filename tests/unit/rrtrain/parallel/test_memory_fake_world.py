@@ -18,7 +18,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from rrtrain.config import ModelConfig, TrainConfig
 from rrtrain.resolve import build_model
 from rrtrain.parallel.adamw import build_optimizer
-from rrtrain.planning.plan import Setup, plan
+from rrtrain.parallel.memory import Setup, plan
 
 WORLD = 512
 

@@ -1,4 +1,5 @@
-"""Memory per GPU and time for a training run, before spending it: the model behind `rrtrain plan`.
+"""Memory per GPU and time for a training run, before spending it: the model behind `rrtrain plan` and
+`train.micro_batch: auto` (`auto_batch.py`), beside the engines whose holdings it predicts.
 
 Nothing here allocates the model. Parameter counts and FLOPs come from `rrtrain.sizing`. Per-rank
 shard sizes come from each parameter's shape (the real model built under `FakeTensorMode`, so no

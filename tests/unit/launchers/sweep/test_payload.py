@@ -1,0 +1,152 @@
+"""submitit's payload of a sweep's job is read as data, never unpickled (launchers.sweep.payload): the call
+submitit itself dumps, at submission and at a requeue, is accepted; a function pickled by value, an os.system
+REDUCE, another run's or another sweep's call, a finished call and malformed bytes are refused, and nothing the
+pickle names is imported. And what a job script does once its run ended (launchers.sweep.seal.ending,
+`started`, `field`), which the scripts ask instead of reading JSON themselves. All in process, well under a
+second each."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import cloudpickle
+import pytest
+from submitit.core.utils import DelayedSubmission
+
+from launchers.executors.entry import RunJob, submitit_dir
+from launchers.sweep import payload, seal
+from rrtrain.rundir.outcome import EXIT_CODES
+
+SWEEP, RUN = "/sweeps/s1", "tiny-review-s0"
+
+
+def submitted(tmp_path: Path, sweep: str = SWEEP, run: str = RUN, countdown: int = 10) -> bytes:
+    """The payload submitit writes for a sweep's task: `map_array`'s DelayedSubmission of RunJob, its timeout
+    set, dumped by submitit's own `dump` (cloudpickle, the highest protocol)."""
+    call = DelayedSubmission(RunJob(sweep), run)
+    call.set_timeout(60, countdown)
+    call.dump(tmp_path / "p.pkl")
+    return (tmp_path / "p.pkl").read_bytes()
+
+
+def dumped(obj: object) -> bytes:
+    buf = io.BytesIO()
+    cloudpickle.dump(obj, buf, pickle.HIGHEST_PROTOCOL)
+    return buf.getvalue()
+
+
+class System:
+    def __reduce__(self):
+        return (os.system, ("touch /nonexistent/pwned",))
+
+
+def test_the_call_submitit_dumps_and_its_requeue_are_accepted(tmp_path):
+    assert payload.problem(submitted(tmp_path), SWEEP, RUN) is None
+    again = RunJob(SWEEP).checkpoint(RUN)  # what submitit's handler dumps at a requeue (job_environment._checkpoint)
+    again.set_timeout(60, 9)
+    assert payload.problem(dumped(again), SWEEP, RUN) is None
+
+
+def test_a_function_pickled_by_value_is_refused(tmp_path):
+    call = DelayedSubmission(lambda run_id: os.system("echo pwned"), RUN)
+    call.set_timeout(60, 10)
+    assert "it names cloudpickle" in payload.problem(dumped(call), SWEEP, RUN)
+
+
+@pytest.mark.parametrize("where", ["whole", "argument"])
+def test_an_os_system_reduce_is_refused(where):
+    if where == "whole":
+        data = pickle.dumps(System(), protocol=pickle.HIGHEST_PROTOCOL)
+    else:  # the real call with a REDUCE hidden among its arguments
+        call = DelayedSubmission(RunJob(SWEEP), RUN, extra=System())
+        call.set_timeout(60, 10)
+        data = dumped(call)
+    assert payload.problem(data, SWEEP, RUN) == f"it names {os.system.__module__}.system"
+
+
+def test_a_call_other_than_the_one_submitted_is_refused(tmp_path):
+    assert payload.problem(submitted(tmp_path, run="tiny-standard-s0"), SWEEP, RUN) == \
+        "it runs another run than this task's"
+    assert payload.problem(submitted(tmp_path, sweep="/sweeps/other"), SWEEP, RUN) == \
+        "it calls something other than this sweep's run"
+    done = DelayedSubmission(RunJob(SWEEP), RUN)
+    done.set_timeout(60, 10)
+    done._result, done._done = {"status": "completed"}, True  # a "success" that never trains
+    assert payload.problem(dumped(done), SWEEP, RUN) == "it holds a result instead of running the run"
+    assert payload.problem(dumped(RunJob(SWEEP)), SWEEP, RUN) == "it is not submitit's call"
+
+
+def test_nothing_the_pickle_names_is_imported_and_bad_bytes_are_one_reason(tmp_path):
+    assert "antigravity" not in sys.modules
+    assert payload.problem(b"cantigravity\nfly\n.", SWEEP, RUN) == "it names antigravity.fly"
+    assert "antigravity" not in sys.modules
+    good = submitted(tmp_path)
+    for bad in (b"", b"\x80\x05garbage", good[:-4], b"\x80\x05\x85."):
+        assert payload.problem(bad, SWEEP, RUN) == "it is malformed", bad
+    # a tuple as a dict key: hashing one nested deep enough would exhaust the C stack, so keys are plain values
+    assert payload.problem(b"\x80\x05}N\x85Ns.", SWEEP, RUN) == "it holds a key that is not a plain value"
+    assert payload.problem(b"\x80\x05(N\x85\x91.", SWEEP, RUN) == "it holds a key that is not a plain value"
+    # memo index 2**31-1: pickle's own unpickler would grow its memo to that size; here it is one entry
+    assert payload.problem(b"\x80\x05Nr\xff\xff\xff\x7f.", SWEEP, RUN) == "it is not submitit's call"
+    assert "REDUCE" in payload.problem(b"\x80\x05NN\x85R.", SWEEP, RUN)  # a REDUCE of no global at all
+
+
+def test_a_payload_is_read_from_the_jobs_own_file_only(tmp_path):
+    root = submitit_dir(tmp_path)
+    (root / "7_1").mkdir(parents=True)
+    (root / "7_1" / "7_1_submitted.pkl").write_bytes(submitted(tmp_path))
+    env = {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "9"}
+    assert seal.submitit_problem(str(root), SWEEP, RUN, env) is None
+    assert seal.submitit_job_id({"SLURM_JOB_ID": "9"}) == "9"
+    assert seal.submitit_job_id({"SLURM_JOB_ID": "../9"}) is None
+    (root / "7_1" / "7_1_submitted.pkl").unlink()
+    (root / "7_1" / "7_1_submitted.pkl").symlink_to(tmp_path / "p.pkl")  # the same bytes, through a link
+    assert seal.submitit_problem(str(root), SWEEP, RUN, env).startswith("submitit's payload for job 7_1 cannot be read")
+    os.unlink(root / "7_1" / "7_1_submitted.pkl")
+    os.mkfifo(root / "7_1" / "7_1_submitted.pkl")  # never waited on
+    with pytest.raises(OSError, match="not a regular file"):
+        seal.read_payload(root, "7_1", wait_s=0)
+    with pytest.raises(FileNotFoundError):
+        seal.read_payload(root, "8_0", wait_s=0)
+
+
+@pytest.mark.parametrize("files, status, timelimit, restart, expected", [
+    ({}, 75, True, 0, "requeue"),
+    ({"final.json": {"status": "preempted"}}, 1, True, 0, "requeue"),  # torchrun's exit status hides the 75
+    ({"final.json": {"status": "preempted"}}, 1, False, 0, "end"),  # a TERM: scancel, or Slurm's own requeue
+    ({"final.json": {"status": "failed"}}, 1, True, 0, "end"),
+    ({"cancelled.json": "not json"}, 75, True, 0, "cancelled"),  # exists: cancels, read or not
+    ({}, 75, True, 3, "exhausted"),
+])
+def test_what_a_job_script_does_once_its_run_ended(tmp_path, files, status, timelimit, restart, expected):
+    for name, body in files.items():
+        (tmp_path / name).write_text(body if isinstance(body, str) else json.dumps(body))
+    assert seal.ending(str(tmp_path), status, timelimit, restart, max_requeues=3) == expected
+    assert seal.PREEMPTED_EXIT == EXIT_CODES["preempted"]
+
+
+def test_started_and_field_read_json_objects_only_through_the_layer_s_rules(tmp_path, capsys):
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "rank0.json").write_text(json.dumps({"job_id": "5", "restart": 1, "rank": 0}))
+    assert seal.started(str(tmp_path), "5", 1) and not seal.started(str(tmp_path), "5", 0)
+    os.mkfifo(tmp_path / "ranks" / "rank1.json")  # skipped, never waited on
+    assert not seal.started(str(tmp_path), "6", 0)
+    (tmp_path / "r.json").write_text(json.dumps({"port": 23456, "id": "x", "flag": True}))
+    assert seal.main(["field", str(tmp_path / "r.json"), "port"]) == 0 and capsys.readouterr().out == "23456\n"
+    assert seal.main(["field", str(tmp_path / "r.json"), "flag"]) == 1
+    assert seal.main(["ended", str(tmp_path), "75", "1", "0", "2"]) == 0 and capsys.readouterr().out == "requeue\n"
+    assert seal.main(["ended", "x"]) == 2 and capsys.readouterr().err.startswith("usage: seal.py ended ")
+
+
+def test_the_job_sides_program_fits_in_one_argument():
+    """Scripts run it as `python -I -c "$RRTRAIN_SEAL"`, and the array script exports it: Linux takes at most
+    128 KiB in one argument or environment string (MAX_ARG_STRLEN)."""
+    text = seal.inline_source()
+    assert len(text.encode()) < 128 * 1024
+    assert [line for line in text.splitlines() if line.startswith("module = define(")] == \
+        [f"module = define({name!r}, r" + "'" * 3 for name in seal.PROGRAM]
