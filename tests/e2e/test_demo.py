@@ -21,7 +21,7 @@ CONVEX_STEPS = 120  # configs/sweeps/demo.yaml's budget at tiny-deep
 
 def test_demo_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    proc = subprocess.run([PY, "-m", "rrtrain", "demo", "--out", str(out), "--parallel", "2", "--interval", "1"],
+    proc = subprocess.run([PY, "-m", "rrtrain", "demo", "--out", str(out), "--parallel", "2", "--interval", "3"],
                           capture_output=True, text=True, env=env(), cwd=REPO, timeout=900)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-6000:]
