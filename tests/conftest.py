@@ -101,6 +101,28 @@ def pytest_configure(config: pytest.Config) -> None:
         tiers.install_guard()  # the Slurm cluster, fails (tests/tiers.py)
 
 
+#: what makes a process take itself for one rank of several (torch's env:// rendezvous, accelerate, DeepSpeed)
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                    "TORCHELASTIC_RUN_ID")
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_variables_left() -> Iterator[None]:
+    """A test that leaves a launcher's variable in this worker's environment (a library run in-process sets
+    LOCAL_RANK) fails: every later test's subprocesses inherit it (accelerate then started a process group in an
+    lm-eval subprocess of another test, and failed on the missing RANK)."""
+    before = {k: os.environ.get(k) for k in LAUNCH_VARIABLES}
+    yield
+    left = {k: os.environ[k] for k in LAUNCH_VARIABLES if os.environ.get(k) != before[k]}
+    if left:
+        for k, v in before.items():  # the next tests start clean
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        pytest.fail(f"the test left {left} in the environment of this pytest process", pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _fast_tier_trains_nothing() -> Iterator[None]:
     """make test-fast: at each test's end, every training start it made was refused (tests/tiers.py)."""

@@ -4,6 +4,8 @@ DeepSpeed ZeRO-2 in one process (its import alone is seconds: slow)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -47,6 +49,7 @@ def test_local_engine_consolidates_and_loads_its_weights():
 
 @pytest.mark.slow
 def test_deepspeed_engine_consolidates_its_fp32_masters():
+    environ = dict(os.environ)
     pytest.importorskip("deepspeed")
     torch.manual_seed(0)
     cfg = tiny("deepspeed")
@@ -55,6 +58,9 @@ def test_deepspeed_engine_consolidates_its_fp32_masters():
     try:
         engine = build_engine(build_model(cfg.model), cfg, DistInfo(0, 1, 0, torch.device("cpu")))
         check_round_trip(engine)
-    finally:  # DeepSpeed starts a process group in this process: the worker's next tests must find none
+    finally:  # DeepSpeed starts a process group in this process and sets LOCAL_RANK (and more, its import too)
+        # in its environment: the worker's next tests must find neither (tests/conftest.py checks the variables)
         if started and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environ)
