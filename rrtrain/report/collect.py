@@ -70,6 +70,11 @@ class Metrics:
         return cls(z.astype(int), z, z.astype(int), z)
 
 
+def seed_int(seed: object) -> int | None:
+    """A run's seed as a number, None where its config.yaml held something else (anyone may have written it)."""
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
 @dataclass
 class RunMetrics:
     """What the report keeps of one run's metrics.jsonl: the plotted curves (at most `MAX_CURVE_POINTS` points

@@ -24,7 +24,7 @@ from typing import Any
 from rrtrain.core import files
 from rrtrain.report import stats, transfer
 from rrtrain.report.analysis import Analysis, analyze
-from rrtrain.report.collect import Run
+from rrtrain.report.collect import Run, seed_int
 from rrtrain.report.options import Options
 from rrtrain.report.transfer import TransferLine
 from rrtrain.rundir.points import point_label
@@ -116,10 +116,6 @@ def has_grid(runs: list[Run]) -> bool:
     return any(r.point for r in runs)
 
 
-def _seed_int(seed: Any) -> int | None:
-    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
-
-
 def _key(point: dict[str, Any]) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in point.items()))
 
@@ -167,7 +163,7 @@ def choose(runs: list[Run], k: int) -> list[GroupChoice]:
 def score_point(point: dict[str, Any], members: list[Run], k: int) -> PointScore:
     """One grid point's selection score: the mean final validation loss of its runs with seed < k, None (with why)
     when there is none or one of them did not complete cleanly."""
-    sel = [r for r in members if (s := _seed_int(r.seed)) is not None and s < k]
+    sel = [r for r in members if (s := seed_int(r.seed)) is not None and s < k]
     statuses = {str(r.seed): (r.status if r.category != "unusable" else "unusable") if r.has_final
                 else "unfinished" for r in sorted(members, key=lambda r: str(r.seed))}
     bad = [r for r in sel if r.category != "ok"]
@@ -247,7 +243,7 @@ def _test_runs(runs: list[Run], k: int, at: dict[tuple[str, str], tuple]) -> lis
     groups by size and variant)."""
     out = []
     for r in runs:
-        s = _seed_int(r.seed)
+        s = seed_int(r.seed)
         if s is None or s < k or (r.size, r.variant) not in at:
             continue
         if _key(r.point) == at[(r.size, r.variant)]:
@@ -281,7 +277,7 @@ def analyze_grid(runs: list[Run], opts: Options, sweep_dir: Path | None = None) 
         shared, source = middle_point(grid_runs), "the middle value of each grid key; name another with --shared"
     selected_at = {(g.size, g.variant): _key(g.chosen) for g in groups if g.chosen is not None}
     shared_at = {(g.size, g.variant): _key(shared) for g in groups}
-    if not any(_seed_int(r.seed) is not None and _seed_int(r.seed) >= k for r in grid_runs):
+    if not any(seed_int(r.seed) is not None and seed_int(r.seed) >= k for r in grid_runs):
         notes.append(f"no run has a seed ≥ {k}: nothing is left to test on (run more seeds, or lower --select-seeds)")
     selected = _analyze_or_none(_test_runs(grid_runs, k, selected_at), opts, notes, "at the selected settings")
     at_shared = _analyze_or_none(_test_runs(grid_runs, k, shared_at), opts, notes, "at the shared setting")

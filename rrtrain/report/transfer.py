@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rrtrain.report.collect import Run
+from rrtrain.report.collect import Run, seed_int
 
 LR_KEY = "train.lr"
 #: grid keys that make a run's shape or parametrization: a line runs across them, they are not its other keys
@@ -73,13 +73,8 @@ def has_shape_keys(keys: list[str]) -> bool:
     return any(k in SHAPE_KEYS for k in keys)
 
 
-def _seed(r: Run) -> int | None:
-    s = r.seed
-    return s if isinstance(s, int) and not isinstance(s, bool) else None
-
-
 def _test_mean(members: list[Run], k: int) -> float | None:
-    test = [r for r in members if (s := _seed(r)) is not None and s >= k]
+    test = [r for r in members if (s := seed_int(r.seed)) is not None and s >= k]
     if not test or any(r.category != "ok" for r in test):
         return None
     return statistics.fmean(float(r.final_val_loss) for r in test)  # type: ignore[arg-type]
