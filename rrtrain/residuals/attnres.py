@@ -134,8 +134,8 @@ class AttnResSite(Site):
         self.agg = DepthQuery(info.d_model, info.eps)
         self.opens_block = info.index % block_size(info.cfg) == 0
         self.visible = visible_sources(info.index, info.cfg)  # read eagerly only: no guard in a compiled block
-        # completep's m_L^-alpha on what this site writes with attnres_branch_multiplier=true; 1 otherwise
-        self.mult = info.branch_multiplier if info.cfg.attnres_branch_multiplier else 1.0
+        # completep's m_L^-alpha on what this site writes where the composition's switch is on; 1 otherwise
+        self.mult = info.branch_multiplier if SPEC.composition.applies_branch(info.cfg) else 1.0
         self.reset_parameters()
 
     @staticmethod
