@@ -52,6 +52,7 @@ PRELOAD = ("torch", "torch.distributed.checkpoint", "torch._dynamo", "numpy", "y
            "rrtrain.monitoring.watchdog", "rrtrain.rundir.outcome", "rrtrain.rundir.ranks",
            "rrtrain.training.checkpoint", "rrtrain.data.loader", "rrtrain.data.shm")
 MAX_REQUEST = 1 << 20
+CHILD_CPU = [0.0]  # CPU seconds of the children this process's runs ended (a profile reads it; the server reaps them)
 
 
 def startup_env(env: dict[str, str]) -> dict[str, str]:
@@ -142,7 +143,9 @@ class Forked:
                 self._conn.close()
                 if not data:
                     raise RuntimeError(f"the tests' fork server ended before child {self.pid} did")
-                self.returncode = json.loads(data)["exit"]
+                reply = json.loads(data)
+                CHILD_CPU[0] += reply.get("cpu", 0.0)
+                self.returncode = reply["exit"]
         return self.returncode
 
     def poll(self) -> Optional[int]:
@@ -338,7 +341,7 @@ def serve(path: str, preload: Sequence[str]) -> None:
                 conn.close()
         while children:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
@@ -346,7 +349,8 @@ def serve(path: str, preload: Sequence[str]) -> None:
             conn = children.pop(pid, None)
             if conn is not None:
                 try:
-                    conn.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
+                    conn.send(json.dumps({"exit": os.waitstatus_to_exitcode(status),
+                                          "cpu": usage.ru_utime + usage.ru_stime}).encode())
                 except OSError:
                     pass  # the test no longer listens
                 conn.close()
