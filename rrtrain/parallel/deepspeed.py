@@ -328,9 +328,17 @@ class DeepSpeedEngine(Engine):
     def _set_full(self, p: nn.Parameter, full: torch.Tensor) -> None:
         """Collective: a parameter's fp32 master (DeepSpeed's `safe_set_full_fp32_param`) and its working copy in the
         module (gathered at stage 3, rank 0 writing) set to `full`, the whole fp32 value, the same on every rank."""
-        from deepspeed.utils import safe_set_full_fp32_param
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_local_fp32_param
 
-        safe_set_full_fp32_param(p, full)
+        if hasattr(p, "ds_id") and p.requires_grad:  # ZeRO-3: this rank's slice of the master
+            # Not `safe_set_full_fp32_param`: it slices the whole value without the padding of the last partitions,
+            # so a parameter of fewer elements than ranks (rezero's alpha, ngpt's scalars) raised on the last rank.
+            size = p.ds_tensor.numel()
+            rank = p._z3_optimizer._get_param_partition_rank(p)
+            flat = torch.nn.functional.pad(full.flatten(), (0, max(0, size * (rank + 1) - full.numel())))
+            safe_set_local_fp32_param(p, flat.narrow(0, size * rank, size))
+        else:
+            safe_set_full_fp32_param(p, full)
         if hasattr(p, "ds_id"):  # ZeRO-3: partitioned
             with import_deepspeed().zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
                 p.data.copy_(full.to(p.dtype))

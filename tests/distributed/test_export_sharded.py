@@ -5,7 +5,8 @@ reader, rrtrain/parallel/consolidate.py) are each compared with the same checkpo
 DeepSpeed's own whole-model readers: bit for bit. A warm start (`init.from`) of a 2-rank FSDP2 run from the FSDP run
 and of a 2-rank ZeRO-3 run from the ZeRO-2 one (one step each at a learning rate of 1e-30, which moves no fp32
 weight) loads the source's weights into its shards exactly as one process loads them: its own artifact is the
-source's, bit for bit.
+source's, bit for bit. The DeepSpeed runs train ReZero: its one-element gates (fewer elements than ranks) are the
+case DeepSpeed's own whole-parameter setter gets wrong at ZeRO-3 (it slices past the last rank's padded partition).
 tests/unit/rrtrain/export/test_export_hf.py covers single-process runs and the exported model's logits."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, stories_data: Path) -> dict[s
     root = tmp_path_factory.mktemp("sharded")
     out = {"fsdp": root / "fsdp", "deepspeed": root / "deepspeed"}
     train(out["fsdp"], stories_data, *SMALL, "model.variant=mhc", "parallel.backend=fsdp", nproc=2)
-    train(out["deepspeed"], stories_data, *SMALL, "model.variant=review", "parallel.backend=deepspeed",
+    train(out["deepspeed"], stories_data, *SMALL, "model.variant=rezero", "parallel.backend=deepspeed",
           "parallel.zero_stage=2", nproc=2)
     return out
 
@@ -84,7 +85,7 @@ def warm(runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, storie
     still = ["train.max_steps=1", "train.lr=1e-30"]
     train(out["fsdp"], stories_data, *SMALL, *still, "model.variant=mhc", "parallel.backend=fsdp",
           f"init.from={runs['fsdp']}", nproc=2)
-    train(out["zero3"], stories_data, *SMALL, *still, "model.variant=review", "parallel.backend=deepspeed",
+    train(out["zero3"], stories_data, *SMALL, *still, "model.variant=rezero", "parallel.backend=deepspeed",
           "parallel.zero_stage=3", f"init.from={runs['deepspeed']}", nproc=2)
     return out
 
