@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launchers.sweep import record
+from launchers.sweep import record, seal
 from launchers.torchrun import rendezvous
+from rrtrain.core import files
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir import readers
 from rrtrain.rundir.outcome import EXIT_CODES
@@ -42,8 +43,18 @@ def submitit_dir(sweep_dir: Path) -> Path:
 
 
 def rendezvous_path(sweep_dir: Path, run_id: str) -> Path:
-    """Where `--executor slurm` draws the port a run of several tasks meets at (mode 600, at submission)."""
+    """Where a sweep draws the port a run of several tasks meets at (mode 600, at submission): read by submitit's
+    job (RunJob) and by the multi-node sbatch script alike."""
     return submitit_dir(sweep_dir) / "rendezvous" / f"{run_id}.json"
+
+
+def draw_rendezvous(sweep_dir: Path, run_id: str) -> Path:
+    """Draw a run's rendezvous at submission, the one place a sweep draws one (launchers.torchrun.rendezvous:
+    a random port and id, written mode 600, never through a link); its path."""
+    path = rendezvous_path(sweep_dir, run_id)
+    files.make_dirs(path.parent)
+    rendezvous.write(path, rendezvous.draw())
+    return path
 
 
 class RunJob:
@@ -66,7 +77,7 @@ class RunJob:
                 os.environ["MASTER_PORT"] = str(rendezvous.read(drawn).port)
         term = TermWatch().install() if env.global_rank != 0 else None  # the trainer's own while it trains
         code = train(Path(self.sweep_dir), run_id)
-        if code == PREEMPTED_EXIT and wants_requeue(Path(self.sweep_dir), run_id):
+        if wants_requeue(Path(self.sweep_dir), run_id, code):
             requeue(env, run_id, term)
         return outcome(Path(self.sweep_dir), run_id, code)
 
@@ -93,14 +104,10 @@ def run_dir_of(sweep_dir: Path, run_id: str) -> Path:
     return Path(entry.dir) if entry is not None else Path(sweep_dir) / run_id
 
 
-def wants_requeue(sweep_dir: Path, run_id: str) -> bool:
-    """Whether a run that stopped at a step boundary asks to be requeued: only when the time-limit warning
-    (submitit's USR2) stopped it. A TERM is `scancel` — the user's stop, also `--cancel-flagged`'s — or a
-    preemption, which Slurm requeues by itself: requeueing after it would undo a cancel. (The sbatch scripts
-    keep the same rule in launchers.sweep.seal.ending; submitit counts the requeues.)"""
-    run_dir = run_dir_of(sweep_dir, run_id)
-    final = readers.read_final(run_dir)
-    return (final.signal if final else None) != "SIGTERM" and readers.read_cancelled(run_dir) is None
+def wants_requeue(sweep_dir: Path, run_id: str, code: int) -> bool:
+    """Whether a run that ended with `code` asks submitit to requeue it: launchers.sweep.seal.ending, the rule the
+    sbatch scripts follow too (submitit counts the requeues)."""
+    return seal.ending(str(run_dir_of(sweep_dir, run_id)), code, None, 0, None) == "requeue"
 
 
 def outcome(sweep_dir: Path, run_id: str, code: int) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """sbatch scripts from the templates in `slurm/`: one array script per resource shape (its rows in its own text),
-one multi-node script per multi-node run, with the run's rendezvous drawn beside it
-(launchers.torchrun.rendezvous). Each holds the job side's program (`launchers.sweep.seal.inline_source`), which
+one multi-node script per multi-node run, with the run's rendezvous drawn at submission (entry.draw_rendezvous,
+where submitit's jobs find theirs). Each holds the job side's program (`launchers.sweep.seal.inline_source`), which
 checks what the job reads at its start and reads the run's files at its end. Every value is shell-quoted, and
 names and paths that could break a script are refused before anything is written
 (`launchers.sweep.expand.check_safe`)."""
@@ -12,12 +12,11 @@ import shlex
 from dataclasses import asdict
 from pathlib import Path
 
+from launchers.executors.entry import draw_rendezvous
 from launchers.sweep import seal
 from launchers.sweep.expand import Run, check_safe
 from launchers.sweep.snapshot import NO_BYTECODE
 from launchers.sweep.spec import Resources
-from launchers.torchrun import rendezvous
-from rrtrain.core import files
 from rrtrain.core.io import atomic_write_text
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "slurm"
@@ -123,9 +122,7 @@ def render(out: Path, name: str, runs: list[Run], python: str, code: str, config
             continue
         for m in members:
             header = sbatch_lines(r, f"{name}-{m.id}", str(slurm_dir / "logs" / f"{m.id}-%j.out"), None)
-            rdzv = slurm_dir / f"multinode-{m.id}.rendezvous"
-            files.make_dirs(rdzv.parent)
-            rendezvous.write(rdzv, rendezvous.draw())  # drawn at submission, readable by the user only
+            rdzv = draw_rendezvous(out, m.id)  # at submission, readable by the user only
             variables = [f"PYTHON={q(python)}", f"CODE={q(code)}", f"RUN_DIR={q(str(m.dir))}",
                          f"CODE_SHA256={bound.code_sha256}", f"CONFIG_SHA256={bound.configs[m.id]}",
                          *heredoc("RRTRAIN_SEAL", source),

@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launchers.executors.base import ArrayTask, Interrupted, SubmitError, Submitted
-from launchers.executors.entry import RunJob, config_path, rendezvous_path, submitit_dir
+from launchers.executors.entry import RunJob, config_path, draw_rendezvous, submitit_dir
 from launchers.sweep.expand import Run
 from launchers.sweep import seal
 from launchers.sweep.job_token import job_mark
 from launchers.executors.render import group_runs, heredoc
 from launchers.sweep.snapshot import NO_BYTECODE
 from launchers.sweep.spec import Resources
-from launchers.torchrun import rendezvous
 from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 
@@ -99,9 +98,7 @@ def submit(runs: list[Run], out: Path, name: str, code: str) -> dict[str, Option
         executor.update_parameters(**params, slurm_comment=mark)
         if r.world_size > 1:  # the ranks' store: a port drawn now, not submitit's (derived from the job id)
             for m in members:
-                path = rendezvous_path(out, m.id)
-                files.make_dirs(path.parent)
-                rendezvous.write(path, rendezvous.draw())
+                draw_rendezvous(out, m.id)
         try:
             submitted = executor.map_array(RunJob(str(out)), [m.id for m in members])
         except Exception as err:

@@ -246,21 +246,27 @@ def read_object(root: Path, rel: str) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def ending(run_dir: Optional[str], status: int, timelimit: bool, restart: int, max_requeues: int) -> str:
-    """What a job script does once its run ended: `requeue` a run the time-limit warning stopped at a step
-    boundary (exit PREEMPTED_EXIT, or final.json `preempted` where torchrun's exit status hides it), unless it
-    was cancelled as flagged (`cancelled`: its cancelled.json exists, read or not) or was requeued
-    `max_requeues` times already (`exhausted`); `end` for every other ending. A TERM is never requeued: it is
-    scancel (the user's stop) or a preemption, which Slurm requeues by itself. (submitit's jobs keep the same
-    rule in launchers.executors.entry.wants_requeue.)"""
+def ending(run_dir: Optional[str], status: int, timelimit: Optional[bool], restart: int,
+           max_requeues: Optional[int]) -> str:
+    """What a job does once its run ended, the one requeue rule of every job (the sbatch scripts through
+    `seal.py ended`, submitit's jobs through launchers.executors.entry): `requeue` a run the time-limit warning
+    stopped at a step boundary (exit PREEMPTED_EXIT, or final.json `preempted` where torchrun's exit status hides
+    it), unless it was cancelled as flagged (`cancelled`: its cancelled.json exists, read or not) or was requeued
+    `max_requeues` times already (`exhausted`; None: the caller counts, as submitit does); `end` for every other
+    ending. A TERM is never requeued: it is scancel (the user's stop) or a preemption, which Slurm requeues by
+    itself. `timelimit` None: the job's own handler saw the signal (submitit), so the run's final.json says which
+    one stopped it."""
+    root = Path(run_dir) if run_dir else None
+    final = read_object(root, "final.json") if root is not None else {}
+    if timelimit is None:
+        timelimit = final.get("signal") != "SIGTERM"
     if not timelimit:
         return "end"
-    root = Path(run_dir) if run_dir else None
-    if status != PREEMPTED_EXIT and (root is None or read_object(root, "final.json").get("status") != "preempted"):
+    if status != PREEMPTED_EXIT and final.get("status") != "preempted":
         return "end"
     if root is not None and os.path.lexists(root / "cancelled.json"):
         return "cancelled"
-    return "exhausted" if restart >= max_requeues else "requeue"
+    return "exhausted" if max_requeues is not None and restart >= max_requeues else "requeue"
 
 
 def started(run_dir: str, job_id: str, restart: int) -> bool:

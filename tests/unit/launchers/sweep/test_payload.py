@@ -18,6 +18,7 @@ import cloudpickle
 import pytest
 from submitit.core.utils import DelayedSubmission
 
+from launchers.executors import entry
 from launchers.executors.entry import RunJob, submitit_dir
 from launchers.sweep import payload, seal
 from rrtrain.rundir.outcome import EXIT_CODES
@@ -122,12 +123,21 @@ def test_a_payload_is_read_from_the_jobs_own_file_only(tmp_path):
     ({"final.json": {"status": "failed"}}, 1, True, 0, "end"),
     ({"cancelled.json": "not json"}, 75, True, 0, "cancelled"),  # exists: cancels, read or not
     ({}, 75, True, 3, "exhausted"),
+    ({}, 75, True, 9, "requeue"),  # max_requeues None: submitit counts
+    # timelimit None (submitit's handler saw the signal): the run's final.json says which signal stopped it
+    ({"final.json": {"status": "preempted", "signal": "SIGUSR2"}}, 75, None, 0, "requeue"),
+    ({"final.json": {"status": "preempted", "signal": "SIGTERM"}}, 75, None, 0, "end"),
+    ({"final.json": {"status": "preempted", "signal": "SIGUSR2"}, "cancelled.json": "{}"}, 75, None, 0, "cancelled"),
+    ({"final.json": {"status": "completed"}}, 0, None, 0, "end"),
 ])
 def test_what_a_job_script_does_once_its_run_ended(tmp_path, files, status, timelimit, restart, expected):
     for name, body in files.items():
         (tmp_path / name).write_text(body if isinstance(body, str) else json.dumps(body))
-    assert seal.ending(str(tmp_path), status, timelimit, restart, max_requeues=3) == expected
+    counted = None if restart == 9 else 3
+    assert seal.ending(str(tmp_path), status, timelimit, restart, max_requeues=counted) == expected
     assert seal.PREEMPTED_EXIT == EXIT_CODES["preempted"]
+    if timelimit is None:  # a submitit job asks the same rule (a sweep with no record: its run is SWEEP/RUN_ID)
+        assert entry.wants_requeue(tmp_path.parent, tmp_path.name, status) == (expected == "requeue")
 
 
 def test_started_and_field_read_json_objects_only_through_the_layer_s_rules(tmp_path, capsys):

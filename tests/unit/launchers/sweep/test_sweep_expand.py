@@ -11,6 +11,7 @@ import yaml
 from launchers.sweep import record, spec
 from launchers.sweep.expand import data_path, expand
 from launchers.executors.render import render
+from launchers.executors.entry import rendezvous_path
 from launchers.torchrun import rendezvous
 from rrtrain.config import Config
 from rrtrain.config_load import build
@@ -144,9 +145,9 @@ def test_rendered_scripts_pass_bash_n_and_quote(tmp_path):
     assert "#SBATCH --nodes=2" in multi and "#SBATCH --partition=gpu" in multi and "#SBATCH --exclusive" in multi
     assert "GPUS_PER_NODE=8" in multi and 'srun --wait="$STEP_GRACE_S"' in multi
     # each multi-node run's rendezvous is drawn at submission, into a file only the user can read
-    drawn = [rendezvous.read(out / "slurm" / f"multinode-{r.id}.rendezvous") for r in runs if r.size == "rr-1b"]
+    drawn = [rendezvous.read(rendezvous_path(out, r.id)) for r in runs if r.size == "rr-1b"]
     assert len({d.id for d in drawn}) == 3
-    assert f'RDZV_FILE="${{RRTRAIN_RDZV_FILE:-{out}/slurm/multinode-rr-1b-review-s0.rendezvous}}"' in multi
+    assert f'RDZV_FILE="${{RRTRAIN_RDZV_FILE:-{rendezvous_path(out, "rr-1b-review-s0")}}}"' in multi
     assert "SLURM_JOB_ID % 10000" not in multi and not any(d.id in multi for d in drawn)
     with pytest.raises(UsageError, match="python path"):
         render(out, "t", runs, "/opt/my python/bin/python", str(out / "code"), configs)
