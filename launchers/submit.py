@@ -106,8 +106,8 @@ def print_plan(sweep: Sweep, runs: list[Run], todo: list[Run], skipped: dict[str
 def submit(sweep: Sweep, out: Path, runs: list[Run], rungs: list[str], executor: str, parallel: int = 1,
            dry_run: bool = False) -> int:
     """Everything from reading sweep.json to the last job id recorded, with the executor named `executor`
-    (`--executor`; `parallel`: the local one's runs at a time), or up to the rendered scripts with `dry_run`
-    (`rungs`: the lines that say where the rungs fall); the caller holds the sweep's lock."""
+    (`--executor`; `parallel`: the local one's runs at a time), or with `dry_run` up to the sbatch scripts, rendered
+    then only (`rungs`: the lines that say where the rungs fall); the caller holds the sweep's lock."""
     old = record.load(out)
     rec = record.merge(old, sweep, runs)  # refuses a changed run before anything is written
     todo, skipped = to_submit(runs, old)
@@ -118,8 +118,8 @@ def submit(sweep: Sweep, out: Path, runs: list[Run], rungs: list[str], executor:
     configs = {r.id: config_path(out, r.id) for r in runs}
     for r in runs:
         atomic_write_text(configs[r.id], yaml.safe_dump(r.config, sort_keys=False))
-    scripts = render(out, sweep.spec.name, runs, python, rec.code["path"], configs)
-    if dry_run:
+    if dry_run:  # the sbatch scripts are for a cluster where submitit cannot run; no executor reads them
+        scripts = render(out, sweep.spec.name, runs, python, rec.code["path"], configs)
         print_plan(sweep, runs, todo, skipped)
         if rungs:
             print("\n".join(rungs))

@@ -85,6 +85,7 @@ def test_debug_sweep_then_nothing_to_resubmit(tmp_path, stories_data):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     st = status(out)
     assert st["counts"] == {"completed": 1} and st["runs"][0]["step"] == 6
+    assert not list(out.glob("slurm/*.sbatch"))  # rendered by --dry-run only: no executor reads them
     proc = rrtrain("sweep", spec, "--out", out, "--executor", "debug")
     assert proc.returncode == 0 and "nothing to submit" in proc.stdout
     assert len(json.loads((out / "sweep.json").read_text())["submissions"]) == 1
