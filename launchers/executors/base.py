@@ -40,7 +40,9 @@ class Executor(Protocol):
 class ArrayTask(Protocol):
     """Work split into numbered tasks that need no GPU (`rrtrain prep --tasks N`, data_prep.cluster): `task(i)` runs
     task i in this process (a Slurm array task, pickled by submitit) and `argv(python, i)` is the same as a command
-    line (the local executor's subprocess). It raises, or exits non-zero, when the task failed."""
+    line (the local executor's subprocess). It raises, or exits non-zero, when the task failed. Its attributes are
+    plain JSON values: a Slurm task checks submitit's pickle of it against them before unpickling it
+    (launchers.executors.slurm.task_seal_lines)."""
 
     def __call__(self, index: int) -> Any: ...
 

@@ -13,6 +13,7 @@ Returns as soon as the arrays are queued.
 from __future__ import annotations
 
 import contextlib
+import json
 import shlex
 import shutil
 import sys
@@ -58,6 +59,17 @@ def seal_lines(python: str, code: str, bound: seal.Bound, members: list[tuple[st
             f'{q(python)} -I -c "$RRTRAIN_SEAL" {q(code)} {q(bound.code_sha256)} "${{rrtrain_run[@]:0:3}}" '
             f'{q(str(submitit_dir(sweep_dir)))} {q(str(sweep_dir))} "${{rrtrain_run[3]}}" || exit 2',
             f'export {seal.CONFIG_DIGEST_ENV}="${{rrtrain_run[1]}}"']
+
+
+def task_seal_lines(python: str, task: ArrayTask, folder: Path) -> list[str]:
+    """Lines of an array task's job script that check, before submitit unpickles it, that its payload is the call
+    submitted: `task`'s class with exactly its attributes (plain JSON values), called with the task's index
+    (`seal.py task`); anything else ends the task with one line and exit status 2."""
+    q = shlex.quote
+    state = json.dumps(vars(task), sort_keys=True)
+    return [*heredoc("RRTRAIN_SEAL", seal.inline_source()),
+            f'{q(python)} -I -c "$RRTRAIN_SEAL" task {q(str(folder))} {q(type(task).__module__)} '
+            f'{q(type(task).__qualname__)} {q(state)} || exit 2']
 
 
 def parameters(r: Resources, name: str, code: str) -> dict[str, Any]:
@@ -124,6 +136,7 @@ def run_array(task: ArrayTask, count: int, folder: Path, label: str, resources: 
     executor = submitit.AutoExecutor(folder=str(Path(folder) / "%j"), cluster="slurm", slurm_max_num_timeout=0)
     params = parameters(resources, label, code)
     params["slurm_additional_parameters"].pop("requeue", None)  # a task that failed is reported, not requeued
+    params["slurm_setup"] += task_seal_lines(sys.executable, task, folder)
     executor.update_parameters(**params)
     try:
         submitted = executor.map_array(task, list(range(count)))

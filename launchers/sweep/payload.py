@@ -15,7 +15,8 @@ from __future__ import annotations
 import pickletools
 from typing import Any, Optional
 
-#: the two globals a sweep job's submitit payload names: submitit's call, and what it calls
+#: the two globals a sweep job's submitit payload names: submitit's call, and what it calls (a prep's array task
+#: calls its own ArrayTask class instead: `problem`'s `callee`)
 SUBMITIT_CALL = ("submitit.core.utils", "DelayedSubmission")
 RUN_JOB = ("launchers.executors.entry", "RunJob")
 #: every attribute of submitit's call (submitit 1.5): one more or less is not the call submitted
@@ -44,10 +45,11 @@ class _Object:
         self.cls, self.state = cls, {}
 
 
-def _evaluate(data: bytes) -> Any:
+def _evaluate(data: bytes, callee: tuple[str, str] = RUN_JOB) -> Any:
     """The object `data` pickles, built from its opcodes (`pickletools.genops`) as plain data: an allowed global
-    is its (module, name), an instance an `_Object`. Nothing is imported or called; any opcode that would call
-    something (REDUCE, INST, OBJ, NEWOBJ_EX, EXT*, PERSID) or any other global is refused."""
+    (submitit's call, `callee`) is its (module, name), an instance an `_Object`. Nothing is imported or called; any
+    opcode that would call something (REDUCE, INST, OBJ, NEWOBJ_EX, EXT*, PERSID) or any other global is
+    refused."""
     stack: list[Any] = []
     marks: list[int] = []  # where each open MARK is on the stack (pickle's own metastack): no scan for it
     memo: dict[int, Any] = {}
@@ -125,13 +127,13 @@ def _evaluate(data: bytes) -> Any:
             stack.append(memo[arg])
         elif name in ("GLOBAL", "STACK_GLOBAL"):
             module, _, attr = arg.partition(" ") if name == "GLOBAL" else (stack.pop(-2), None, stack.pop())
-            if (module, attr) not in (SUBMITIT_CALL, RUN_JOB):
+            if (module, attr) not in (SUBMITIT_CALL, callee):
                 raise _Refused(f"it names {module}.{attr}" if isinstance(module, str) and isinstance(attr, str)
                                else "it names a global it computes")
             stack.append((module, attr))
         elif name == "NEWOBJ":
             args, cls = stack.pop(), stack.pop()
-            if cls not in (SUBMITIT_CALL, RUN_JOB) or args != ():
+            if cls not in (SUBMITIT_CALL, callee) or args != ():
                 raise _Refused("it builds an object of another kind")
             stack.append(_Object(cls))
         elif name == "BUILD":
@@ -147,21 +149,29 @@ def _evaluate(data: bytes) -> Any:
 def problem(data: bytes, sweep_dir: str, run_id: str) -> Optional[str]:
     """Why `data`, a submitit payload, is not the call a sweep job submits (submitit's `DelayedSubmission` of
     `RunJob(sweep_dir)` with `run_id` as its one argument, not yet done), or None."""
+    return call_problem(data, RUN_JOB, {"sweep_dir": sweep_dir}, run_id, "this sweep's run", "another run than this task's")
+
+
+def call_problem(data: bytes, callee: tuple[str, str], state: dict[str, Any], argument: Any, what: str = "this task",
+                 other: str = "another task than this one") -> Optional[str]:
+    """Why `data` is not submitit's `DelayedSubmission` of an instance of `callee` whose attributes are exactly
+    `state`, called with `argument` alone and not yet done, or None. `what`, `other`: how a refusal names the
+    callee and a wrong argument."""
     try:
-        call = _evaluate(data)
+        call = _evaluate(data, callee)
     except _Refused as why:
         return str(why)
     except (ValueError, TypeError, IndexError, KeyError, AttributeError, RecursionError, MemoryError):
         return "it is malformed"  # genops' own errors, or an opcode on the wrong kind of value
     if not isinstance(call, _Object) or call.cls != SUBMITIT_CALL or set(call.state) != CALL_FIELDS:
         return "it is not submitit's call"
-    job, state = call.state["function"], call.state
-    if not isinstance(job, _Object) or job.cls != RUN_JOB or job.state != {"sweep_dir": sweep_dir}:
-        return "it calls something other than this sweep's run"
-    if state["args"] != (run_id,) or state["kwargs"] != {}:
-        return "it runs another run than this task's"
-    if state["_done"] is not False or state["_result"] is not None:
+    job, fields = call.state["function"], call.state
+    if not isinstance(job, _Object) or job.cls != callee or job.state != state:
+        return f"it calls something other than {what}"
+    if fields["args"] != (argument,) or type(fields["args"][0]) is not type(argument) or fields["kwargs"] != {}:
+        return f"it runs {other}"
+    if fields["_done"] is not False or fields["_result"] is not None:
         return "it holds a result instead of running the run"
-    if not all(type(state[k]) is int for k in ("_timeout_min", "_timeout_countdown")):
+    if not all(type(fields[k]) is int for k in ("_timeout_min", "_timeout_countdown")):
         return "it is not submitit's call"
     return None

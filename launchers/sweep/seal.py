@@ -14,7 +14,8 @@ runs this file with `python -I` (no environment, no user site, not the sweep dir
   refused too;
 - under submitit, its payload (`SWEEP/slurm/submitit/JOB/JOB_submitted.pkl`, written by submitit at submission
   and again at each requeue, unpickled on the node): a regular file of this user's, read as data and never
-  unpickled (`launchers.sweep.payload`), that must be exactly the call submitted for this task's run.
+  unpickled (`launchers.sweep.payload`), that must be exactly the call submitted for this task's run. The array
+  tasks of `rrtrain prep --executor slurm` check theirs the same way (`task`).
 
 A mismatch is one line on stderr and exit status 2: nothing of the snapshot runs. After the run, the same
 program says what the job script does next (`ending`, `started`, `field`), so the scripts read no JSON
@@ -177,6 +178,21 @@ def read_payload(submitit_dir: Path, job_id: str, wait_s: float = PAYLOAD_WAIT_S
 def submitit_problem(submitit_dir: str, sweep_dir: str, run_id: str,
                      env: Mapping[str, str] = os.environ) -> Optional[str]:
     """Why this job's submitit payload under `submitit_dir` is not the call submitted for `run_id`, or None."""
+    return _payload_problem(submitit_dir, env, lambda data: payload.problem(data, sweep_dir, run_id))
+
+
+def array_task_problem(submitit_dir: str, callee: tuple[str, str], state: dict,
+                       env: Mapping[str, str] = os.environ) -> Optional[str]:
+    """Why this array task's submitit payload under `submitit_dir` is not `callee(**state)` called with this task's
+    index (`rrtrain prep --executor slurm --tasks N`: launchers.executors.slurm.run_array), or None."""
+    index = env.get("SLURM_ARRAY_TASK_ID", "")
+    if not re.fullmatch(r"[0-9]{1,9}", index):
+        return "no array task index in the environment"
+    return _payload_problem(submitit_dir, env, lambda data: payload.call_problem(data, callee, state, int(index)))
+
+
+def _payload_problem(submitit_dir: str, env: Mapping[str, str],
+                     check: Callable[[bytes], Optional[str]]) -> Optional[str]:
     job_id = submitit_job_id(env)
     if job_id is None:
         return "no Slurm job id in the environment to find submitit's payload by"
@@ -184,7 +200,7 @@ def submitit_problem(submitit_dir: str, sweep_dir: str, run_id: str,
         data = read_payload(Path(submitit_dir), job_id)
     except OSError as err:
         return f"submitit's payload for job {job_id} cannot be read ({err.strerror or err})"
-    why = payload.problem(data, sweep_dir, run_id)
+    why = check(data)
     return None if why is None else f"submitit's payload for job {job_id} is not the call submitted ({why})"
 
 
@@ -303,6 +319,19 @@ def _ended(argv: Sequence[str]) -> int:
     return 0
 
 
+def _task(argv: Sequence[str]) -> int:
+    submitit_dir, module, name, state = argv
+    try:
+        fields = json.loads(state)
+    except ValueError:
+        raise ValueError from None  # the usage line
+    why = array_task_problem(submitit_dir, (module, name), fields) if isinstance(fields, dict) else "no state"
+    if why is not None:
+        print(f"rrtrain: refusing to start the array task: {why}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
 def _field(argv: Sequence[str]) -> int:
     value = read_object(Path(argv[0]).parent, Path(argv[0]).name).get(argv[1])
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -317,6 +346,7 @@ COMMANDS: dict[str, tuple[str, Sequence[int], Callable[[Sequence[str]], int]]] =
     "ended": ("RUN_DIR STATUS TIMELIMIT(0|1) RESTART MAX_REQUEUES", (5,), _ended),
     "started": ("RUN_DIR JOB_ID RESTART", (3,), lambda a: 0 if started(a[0], a[1], int(a[2])) else 1),
     "field": ("JSON_FILE KEY", (2,), _field),
+    "task": ("SUBMITIT_DIR MODULE CLASS STATE_JSON", (4,), _task),
 }
 
 
@@ -326,7 +356,8 @@ def main(argv: Sequence[str]) -> int:
     and (for submitit's job of RUN_ID) submitit's payload are what was submitted, else one line on stderr, the
     run's final.json saying it (`record_refusal`), and exit 2. `ended` prints what a job script does after its
     run (`ending`); `started` exits 0 when a rank of this attempt recorded itself (`started`); `field` prints an
-    integer or text field of a JSON object file (exit 1 when it has none)."""
+    integer or text field of a JSON object file (exit 1 when it has none); `task` exits 0 when an array task's
+    submitit payload is the call submitted (`array_task_problem`), else one line and exit 2."""
     name = argv[0] if argv and argv[0] in COMMANDS else "check"
     args = argv[1:] if argv and argv[0] == name else argv
     usage, counts, run = COMMANDS[name]

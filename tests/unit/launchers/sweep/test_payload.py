@@ -11,6 +11,7 @@ import io
 import json
 import os
 import pickle
+import subprocess
 import sys
 from pathlib import Path
 
@@ -160,3 +161,49 @@ def test_the_job_sides_program_fits_in_one_argument():
     assert len(text.encode()) < 128 * 1024
     assert [line for line in text.splitlines() if line.startswith("module = define(")] == \
         [f"module = define({name!r}, r" + "'" * 3 for name in seal.PROGRAM]
+
+
+def test_a_prep_array_task_runs_only_the_task_submitted(tmp_path, capsys):
+    """`rrtrain prep --executor slurm --tasks N`: each task's job script asks `seal.py task` (the lines
+    run_array adds) whether submitit's payload is `PrepTask(work)` called with the task's own index."""
+    from data_prep.cluster import PrepTask
+    from launchers.executors.slurm import task_seal_lines
+
+    work, folder = "/scratch/prep/.work", tmp_path / "logs"
+    callee, state = ("data_prep.cluster", "PrepTask"), {"work": work}
+    for index in (0, 3):
+        (folder / f"7_{index}").mkdir(parents=True)
+        call = DelayedSubmission(PrepTask(work), index)
+        call.set_timeout(60, 0)
+        call.dump(folder / f"7_{index}" / f"7_{index}_submitted.pkl")
+    env = {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "3", "SLURM_JOB_ID": "12"}
+    assert seal.array_task_problem(str(folder), callee, state, env) is None
+    assert payload.call_problem((folder / "7_0" / "7_0_submitted.pkl").read_bytes(), callee, state, 3) == \
+        "it runs another task than this one"
+    assert payload.call_problem(dumped(DelayedSubmission(PrepTask("/other"), 3)), callee, state, 3) == \
+        "it calls something other than this task"
+    assert payload.call_problem(dumped(DelayedSubmission(RunJob(work), 3)), callee, state, 3) == \
+        "it names launchers.executors.entry.RunJob"  # a sweep's call where a prep task's is due
+    assert payload.call_problem(dumped(DelayedSubmission(PrepTask(work), "3")), callee, state, 3) == \
+        "it runs another task than this one"  # "3", not 3
+    assert seal.array_task_problem(str(folder), callee, state, {**env, "SLURM_ARRAY_TASK_ID": "x"}) == \
+        "no array task index in the environment"
+    call = DelayedSubmission(PrepTask(work), 3, extra=System())
+    call.set_timeout(60, 0)
+    (folder / "7_3" / "7_3_submitted.pkl").write_bytes(dumped(call))
+    assert f"it names {os.system.__module__}.system" in seal.array_task_problem(str(folder), callee, state, env)
+
+    # the lines the task's script runs: exit 2 and one line on a payload that is not the call, 0 on the call
+    lines = task_seal_lines(sys.executable, PrepTask(work), folder)
+    assert lines[-1].endswith("|| exit 2") and f"{json.dumps(state)}" in lines[-1]
+    script = "\n".join([*lines, "echo started"])
+    proc = subprocess.run(["bash", "-c", script], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "started" not in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("rrtrain: refusing to start the array task: submitit's payload for job 7_3")
+    good = DelayedSubmission(PrepTask(work), 3)
+    good.set_timeout(60, 0)
+    good.dump(folder / "7_3" / "7_3_submitted.pkl")
+    proc = subprocess.run(["bash", "-c", script], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "started\n", proc.stdout + proc.stderr
