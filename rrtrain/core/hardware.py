@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the tables are read by `rrtrain sweep` and `rrtrain plan`, which need no torch to start
+    import torch
 
 # Dense (no sparsity) peak TFLOP/s per GPU by dtype, from the vendors' data sheets.
 GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -41,6 +43,8 @@ def precision_key(precision: str) -> str:
 @functools.lru_cache(maxsize=None)
 def cpu_peak_flops(n: int = 1024, reps: int = 8) -> float:
     """Measured fp32 matmul FLOP/s of this process's CPU threads (best of `reps`)."""
+    import torch
+
     a, b = torch.randn(n, n), torch.randn(n, n)
     torch.mm(a, b)
     best = float("inf")
@@ -53,6 +57,8 @@ def cpu_peak_flops(n: int = 1024, reps: int = 8) -> float:
 
 def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
     """(peak FLOP/s per device, where the number came from)."""
+    import torch
+
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         for key, table in GPU_PEAK_TFLOPS.items():
@@ -64,6 +70,8 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
 
 def peak_memory_gb(device: torch.device) -> float:
     """Peak memory so far: CUDA's max allocated, or the process's max RSS on CPU."""
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     import resource

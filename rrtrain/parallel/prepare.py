@@ -20,6 +20,9 @@ def prepare_blocks(model: Transformer, cfg: Config, fsdp: bool = False) -> None:
     """Convert the large linear layers to float8 when `parallel.float8` asks (`fsdp`: the model will be sharded
     by FSDP2), checkpoint the blocks `parallel.ac` selects, then compile every block when `train.compile` is true
     (the trainer and bench resolve "auto" to a bool first: rrtrain/parallel/compile_policy.py)."""
+    if not isinstance(cfg.train.compile, bool):  # "auto" is truthy: compiling on it would ignore the policy
+        raise ValueError(f"train.compile={cfg.train.compile!r} must be made definite first "
+                         "(rrtrain.parallel.compile_policy.resolve_compile)")
     convert_float8(model, cfg.parallel.float8, fsdp)
     apply_ac(model.blocks, cfg.parallel.ac, cfg.parallel.ac_every)
     if cfg.train.compile:

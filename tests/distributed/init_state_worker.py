@@ -38,7 +38,8 @@ def main() -> None:
     tensors: dict[str, torch.Tensor] = {}
     no_decay: dict[str, list[str]] = {}
     for variant in variants:
-        cfg: Config = build(Config, apply_overrides({}, [*overrides, f"model.variant={variant}"]))
+        cfg: Config = build(Config, apply_overrides({}, [*overrides, f"model.variant={variant}",
+                                                         "train.compile=false"]))
         engine = build_engine(build_model(cfg.model, device="meta"), cfg, info)
         tensors.update({f"{variant}/{n}": t for n, t in full_state(engine).items()})
         no_decay[variant] = sorted(no_decay_names(engine.inner))

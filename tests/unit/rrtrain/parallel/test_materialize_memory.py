@@ -23,7 +23,8 @@ from rrtrain.parallel import build_engine
 
 WORLD = 8
 MODEL = ["model.size=tiny", "model.variant=mhc", "model.d_model=256", "model.n_layers=12", "model.n_heads=4",
-         "model.d_ff=1024", "model.vocab_size=1000", "model.seq_len=64", "parallel.backend=fsdp", "train.seed=3"]
+         "model.d_ff=1024", "model.vocab_size=1000", "model.seq_len=64", "parallel.backend=fsdp", "train.seed=3",
+         "train.compile=false"]
 
 
 def nbytes(tensors) -> int:
