@@ -278,18 +278,15 @@ def checkpointed_blocks(n_layers: int, ac: str, ac_every: int) -> int:
 
 
 def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool,
-                 rule: Optional[RuleSpec]) -> tuple[int, int]:
-    """(bytes saved for backward, bytes of the last block's input state) for one sequence, loss included.
-
-    The last block, not the first: a multi-stream rule's first input is a broadcast view of the embedding.
-    """
+                 rule: Optional[RuleSpec]) -> tuple[int, list[dict[int, int]]]:
+    """(bytes saved for backward for one sequence, loss included; each block's input state as {storage: bytes})."""
     from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._pytree import tree_leaves
 
     model = _build(m, shape, rule)
     params = {StorageWeakRef(p.untyped_storage()).cdata for p in model.parameters()}
     saved: dict[int, int] = {}
-    block_in: list[int] = []
+    block_in: list[dict[int, int]] = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
@@ -299,15 +296,16 @@ def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool,
         return t
 
     def note_input(_module, args) -> None:
-        tensors = tree_leaves(args[0])  # a tensor, or a (nested) tuple of them (DenseFormer's slots)
-        block_in.append(sum(t.untyped_storage().nbytes() for t in tensors[-1:]))  # the newest source only
+        tensors = tree_leaves(args[0])  # a tensor, or a (nested) tuple of them (DenseFormer's slots, MUDD's inputs)
+        block_in.append({StorageWeakRef(t.untyped_storage()).cdata: t.untyped_storage().nbytes() for t in tensors})
 
-    model.blocks[-1].register_forward_pre_hook(note_input)
+    for block in model.blocks:
+        block.register_forward_pre_hook(note_input)
     idx = torch.zeros(1, shape.seq_len, dtype=torch.long)
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
         model(idx, idx)
-    return sum(saved.values()), block_in[0]
+    return sum(saved.values()), block_in
 
 
 def activation_profile(m: ModelConfig, shape: sizing.ModelShape, compute: str, autocast: bool,
@@ -321,7 +319,13 @@ def _activation_profile(m: ModelConfig, shape: sizing.ModelShape, compute: str, 
     dtype = torch.bfloat16 if compute == "bf16" and not autocast else torch.float32
     with _fake(dtype):
         one, _ = _saved_bytes(m, dataclasses.replace(shape, n_layers=1), autocast, rule)
-        two, block_in = _saved_bytes(m, dataclasses.replace(shape, n_layers=2), autocast, rule)
+        two, _ = _saved_bytes(m, dataclasses.replace(shape, n_layers=2), autocast, rule)
+        # What a checkpointed block adds: the storages of its input state that the block before it did not hold
+        # (a new stream, DenseFormer's newest slot, MUDD's next inputs and newest slot; not value residual's V_1,
+        # held once for every block). The third block: the first's input is a view of the embedding, the second's
+        # may hold what the first made for all (V_1).
+        _, inputs = _saved_bytes(m, dataclasses.replace(shape, n_layers=3), autocast, rule)
+        block_in = sum(n for key, n in inputs[2].items() if key not in inputs[1])
     loss_grad = shape.seq_len * shape.vocab_size * (10 if compute == "bf16" else 8)
     return ActivationProfile(fixed=2 * one - two, per_block=two - one, block_input=block_in, loss_grad=loss_grad)
 

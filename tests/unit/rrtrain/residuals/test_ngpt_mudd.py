@@ -323,10 +323,15 @@ def test_planner_traces_both_rules():
     `standard` block (nGPT's normalisations, MUDD's four inputs and their norms; docs/residuals.md has figures)."""
     from rrtrain.parallel.memory import activation_profile
 
-    per_block = {}
+    per_block, block_input = {}, {}
     for variant in ("standard", "ngpt", "mudd"):
         m = ModelConfig(size="tiny", variant=variant, d_model=16, n_layers=2, n_heads=2, d_ff=32, seq_len=8,
                         vocab_size=32)
-        per_block[variant] = activation_profile(m, sizing.resolve_shape(m), "fp32", False, None).per_block
+        prof = activation_profile(m, sizing.resolve_shape(m), "fp32", False, None)
+        per_block[variant], block_input[variant] = prof.per_block, prof.block_input
     assert per_block["ngpt"] > per_block["standard"] and per_block["mudd"] > per_block["standard"]
+    # what a checkpointed block keeps: its input state's new tensors, one [8, 16] fp32 stream for a single-stream
+    # rule; for MUDD the next block's four inputs (Q, K, V, R) and the newest slot
+    stream = 8 * 16 * 4
+    assert block_input == {"standard": stream, "ngpt": stream, "mudd": 5 * stream}
 
