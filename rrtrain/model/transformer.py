@@ -207,7 +207,9 @@ class Transformer(nn.Module):
         block = Block(shape, self.rule.make_site(d, 2 * i, n_sub, "attn", eps, knobs, **extra),
                       self.rule.make_site(d, 2 * i + 1, n_sub, "mlp", eps, knobs, **extra), self.rope_base, layer=i)
         block.attn.scale = self.param.attention_scale(shape)
-        block.branch_mult = None if in_write else mult
+        # a rule's knob may switch it off (attnres, the convex gates)
+        off = mult is not None and not self.rule.composition.applies_branch(knobs)
+        block.branch_mult = None if in_write or off else mult
         return block
 
     # -- initialisation, one unit at a time ---------------------------------------------------

@@ -6,8 +6,8 @@ declares its own. A rule that declares none is refused under mup and completep i
                   before the site's write (the model multiplies it; the rule sees nothing), or "write", what the
                   rule writes into the state (the site reads `info.branch_multiplier` and applies it itself: a
                   rule whose write normalises u, say). Never the carry path: the state's own share is untouched.
-    branch_switch the rule's boolean knob that turns a "write" multiplier on (AttnRes's
-                  `attnres_branch_multiplier`); None: always on
+    branch_switch the rule's boolean knob that turns the multiplier on, in either place (AttnRes's
+                  `attnres_branch_multiplier`, the convex gates' `convex_branch_multiplier`); None: always on
     matrices      parameter names (fnmatch patterns, relative to the Site or the Stream) that act as hidden
                   matrices: a fan-in over the width, so Adam's learning rate is scaled by 1/m_w (and by
                   m_L^(alpha-1) in a site under completep) and, under completep, weight decay by m_w

@@ -38,6 +38,15 @@ class GateKnobs:
 
 
 @dataclass
+class ConvexKnobs:
+    """review_convex and highway_convex under completep: whether the update also takes the branch multiplier m_L^-alpha
+    (true) or the depth-aware carry gate alone scales depth (false: the gate's start already shrinks r as 1/L,
+    so the multiplier on top counts depth twice; docs/transfer.md has both measured)."""
+
+    convex_branch_multiplier: bool = False
+
+
+@dataclass
 class LayerScaleKnobs:
     layerscale_init: Optional[float] = None  # None = CaiT's depth rule (0.1 / 1e-5 / 1e-6)
 
@@ -202,7 +211,7 @@ PLAIN = Composition(vectors=("norm.weight",))
 GATE = dict(matrices=("gate.proj.weight", "gate.down.weight"), scaled_init=("gate.down.weight",),
             vectors=("norm.weight", "gate_norm_h.weight", "gate_norm_u.weight", "gate.bias", "gate.up.weight"))
 GATED = Composition(**GATE)
-CONVEX = Composition(**GATE, carry_gates=("gate.bias",))
+CONVEX = Composition(**GATE, carry_gates=("gate.bias",), branch_switch="convex_branch_multiplier")
 
 
 def _single(name: str, site: type[PreNormSite], summary: str, knobs: tuple[type, ...] = (), **kw: Any) -> RuleSpec:
@@ -214,12 +223,12 @@ SPECS = (
     _single("review", ReviewSite, "h + r*u, r = sigma(W[RMSN(h); RMSN(u)] + b) (Review Residuals, Eq. 1)",
             (GateKnobs,), gated=True, composition=GATED),
     _single("review_convex", ReviewConvexSite, "(1-r)*h + r*u with Review's gate (fails beyond ~20 layers)",
-            (GateKnobs,), gated=True, convex=True, composition=CONVEX),
+            (GateKnobs, ConvexKnobs), gated=True, convex=True, composition=CONVEX),
     _single("highway", HighwaySite, "h + r*u, r = sigma(W RMSN(h) + b) (state-only gate, additive)",
             (GateKnobs,), gated=True, composition=GATED),
     _single("highway_convex", HighwayConvexSite,
-            "(1-r)*h + r*u, r = sigma(W RMSN(h) + b), carry bias (classic Highway)", (GateKnobs,), gated=True,
-            convex=True, composition=CONVEX),
+            "(1-r)*h + r*u, r = sigma(W RMSN(h) + b), carry bias (classic Highway)", (GateKnobs, ConvexKnobs),
+            gated=True, convex=True, composition=CONVEX),
     _single("rezero", ReZeroSite, "h + alpha*u, scalar alpha = 0 at start (ReZero)",
             composition=Composition(vectors=("norm.weight", "alpha"))),
     _single("layerscale", LayerScaleSite, "h + lambda*u, per-channel lambda, CaiT depth init (LayerScale)",

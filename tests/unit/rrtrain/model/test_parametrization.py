@@ -165,7 +165,7 @@ def test_the_cli_writes_records_and_plots_or_refuses(tmp_path, capsys, monkeypat
 def test_completep_groups_and_multipliers() -> None:
     cfg = cfg_of("model.variant=review_convex", "model.parametrization=completep", "model.d_model=128",
                  "model.n_layers=16", "model.seq_len=16", "model.alpha=0.5", "train.weight_decay=0.1",
-                 "train.adam_eps=1e-8")
+                 "train.adam_eps=1e-8", "model.residual.convex_branch_multiplier=true")
     model = build_model(model_spec(cfg.model, 300), device="meta")
     m_w, m_l = 2.0, 4.0
     rec = parametrization_record(model, cfg.train)
@@ -234,6 +234,14 @@ def test_convex_gates_keep_the_base_carry_product() -> None:
     assert carry(16, "completep") == pytest.approx(base, rel=1e-4)  # fp32 biases
     assert carry(16, "sp") == pytest.approx(0.5 ** 32)
     assert carry_start(0.0, 1.0) == pytest.approx(0.0, abs=1e-12)
+    # the gate alone scales depth by default; convex_branch_multiplier=true multiplies the update by m_L^-alpha too
+    for rule in ("review_convex", "highway_convex"):
+        for on, mult in (("false", None), ("true", 0.25)):
+            cfg = cfg_of(f"model.variant={rule}", "model.parametrization=completep", "model.n_layers=16",
+                         "model.seq_len=16", f"model.residual.convex_branch_multiplier={on}")
+            model = build_model(model_spec(cfg.model, 300), device="meta")
+            assert {b.branch_mult for b in model.blocks} == {mult}, (rule, on)
+            assert (parametrization_record(model, cfg.train)["branch_multiplier"] is None) == (mult is None)
 
 
 def test_params_shows_groups_and_refusals(capsys) -> None:  # noqa: ANN001
