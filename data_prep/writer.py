@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from rrtrain.core.errors import UsageError
+from rrtrain.core.lazy_import import streaming_module
 
 HASHES = ["sha1", "xxh64"]
 COLUMN = "tokens"
@@ -47,7 +48,8 @@ class SplitWriter:
 
     def __init__(self, out_dir: str, row_len: int, dtype: np.dtype, *, compression: str | None,
                  size_limit: int, vocab_size: int, count_tokens: bool) -> None:
-        from streaming import MDSWriter
+        # the writer's own module, not `streaming`'s package: that imports transformers (5 s of CPU per prep)
+        MDSWriter = streaming_module("streaming.base.format.mds.writer").MDSWriter  # noqa: N806 - its class
 
         self.row_len = row_len
         self.samples = 0
