@@ -14,7 +14,13 @@ The convention (docs/README-conventions are in README.md's last section, "Writin
   `docs/`, `data_prep/`, `launchers/`, `rrtrain/` and `tests/`, so a block may use what an earlier one wrote
   (a `rrtrain prep` before a `rrtrain train`). `rrtrain` and `python` are this test's interpreter's.
 A failure names the doc file and the line of the block's fence.
-Budget: about 1.5 minutes on 2 quiet cores for today's docs (README.md's tour, cluster.md, reproducing-the-paper.md).
+
+`rrtrain ARGS` and `torchrun ARGS` in a block run as `python -m rrtrain ARGS` and `python -m torch.distributed.run
+ARGS`, each a child forked by one fork server (tests/forkserver.py) that imported torch and the command line once
+for all the docs, as the tests' training runs are; RRTRAIN_TEST_FORKSERVER=0 runs the installed commands instead.
+What a command starts itself (a sweep's runs and its prep, torchrun's ranks) is a new interpreter either way.
+Budget: about 100 CPU-seconds for today's docs, most of it the new interpreters just named and the two
+`rrtrain plan configs/sweeps/paper.yaml` (reproducing-the-paper.md, scaling.md: about 8 s each).
 """
 
 from __future__ import annotations
@@ -23,12 +29,15 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import pytest
 
+import forkserver
+import tiers
 from trainutil import REPO, env
 
 RUNNABLE_TAGS = ("bash", "sh", "shell", "console")
@@ -180,13 +189,79 @@ def _workdir(tmp: Path) -> Path:
     return tmp
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", _with_blocks(), ids=lambda p: p.name)
-def test_doc_commands_run(path: Path, tmp_path: Path):
-    cwd = _workdir(tmp_path)
+def _env() -> dict[str, str]:
     e = env()
     e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
     e["PYTHONPATH"] = str(REPO) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    return e
+
+
+# What the docs' commands import beyond a training run's forkserver.PRELOAD: the command line, rrtrain prep's
+# `streaming` (whose package __init__ imports transformers), export's and eval's transformers.
+PRELOAD = (*forkserver.PRELOAD, "rrtrain.cli.main", "streaming", "transformers")
+SHIMMED = {"rrtrain": "rrtrain", "torchrun": "torch.distributed.run"}  # command -> the module it runs
+
+SHIM = """#!{python} -S
+# `{name}` for the docs' commands: `python -m {module} ARGS`, forked by the test's fork server
+# (tests/forkserver.py) instead of a new interpreter; with start-up variables of its own, a new interpreter.
+import json, os, signal, socket, sys
+argv = [{python!r}, "-m", {module!r}, *sys.argv[1:]]
+env = dict(os.environ)
+if {{k: v for k, v in env.items() if k.startswith({prefixes!r})}} != {startup!r}:
+    os.execv(argv[0], argv)
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+try:
+    conn.connect({socket!r})
+except OSError:  # the server has ended
+    os.execv(argv[0], argv)
+socket.send_fds(conn, [json.dumps({{"argv": argv, "env": env, "cwd": os.getcwd()}}).encode()], [1, 2])
+pid = json.loads(conn.recv(4096))["pid"]
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # the child has a session of its own
+    signal.signal(sig, lambda s, _f: os.killpg(pid, s))
+reply = conn.recv(4096)
+code = json.loads(reply)["exit"] if reply else 1
+if code < 0:  # died of a signal: so does this process, as the interpreter's would
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+"""
+
+
+@pytest.fixture(scope="module")
+def shims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Optional[Path]]:
+    """A folder that holds `rrtrain` and `torchrun` as children of one fork server for all the docs (the
+    imports, torch's above all, are paid once, not by each command), put first on the commands' PATH; None
+    (the installed commands, each a new interpreter) under RRTRAIN_TEST_FORKSERVER=0 or where no server starts.
+    What a command starts itself (the sweep's runs, torchrun's ranks) is a new interpreter either way."""
+    if os.environ.get(forkserver.ENV_SWITCH, "1") == "0" or tiers.fast_tier() or not hasattr(os, "fork"):
+        yield None
+        return
+    e = _env()
+    try:
+        server = forkserver.Client(sys.executable, e, str(REPO), PRELOAD)
+    except (OSError, RuntimeError) as err:
+        print(f"tests: no fork server ({err}); the docs' commands start as new processes", file=sys.stderr)
+        yield None
+        return
+    folder = tmp_path_factory.mktemp("doc-shims")
+    for name, module in SHIMMED.items():
+        (folder / name).write_text(SHIM.format(python=sys.executable, name=name, module=module,
+                                               prefixes=forkserver.STARTUP_PREFIXES,
+                                               startup=forkserver.startup_env(e), socket=server.path))
+        (folder / name).chmod(0o755)
+    try:
+        yield folder
+    finally:
+        server.stop()  # what a failed block left running is killed; the server's CPU time counts in ours
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", _with_blocks(), ids=lambda p: p.name)
+def test_doc_commands_run(path: Path, tmp_path: Path, shims: Optional[Path]):
+    cwd = _workdir(tmp_path)
+    e = _env()
+    if shims is not None:
+        e["PATH"] = str(shims) + os.pathsep + e["PATH"]
     for block in extract(path.read_text(), path.name):
         if block.skip is not None:
             continue
