@@ -1,9 +1,10 @@
 """Write the full model state at step 0, as training builds it (meta -> engine -> materialised shards).
 
-Run as `python init_state_worker.py OUT.pt VARIANTS OVERRIDE...` (one process) or under torchrun. For each
-model variant in the comma-separated VARIANTS, in turn in this process, rank 0 keeps every parameter and
-buffer whole ({"variant/name": tensor}), gathered from this layout's shards before any step, and the names
-the optimizer excludes from weight decay (decided on the built parameters, which ZeRO-3 holds partitioned).
+Run as `python -m tests.distributed.init_state_worker OUT.pt VARIANTS OVERRIDE...` on each rank of an env://
+launch (tests/distributed/rankutil.py), or call `initial_state` in one process. For each model variant in the
+comma-separated VARIANTS, in turn in this process, rank 0 keeps every parameter and buffer whole
+({"variant/name": tensor}), gathered from this layout's shards before any step, and the names the optimizer
+excludes from weight decay (decided on the built parameters, which ZeRO-3 holds partitioned).
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ def full_state(engine: Engine) -> dict[str, torch.Tensor]:
     return {n: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone() for n, t in named}
 
 
-def main() -> None:
-    out, variants, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
-    info = dist.setup(120)
+def initial_state(variants: list[str], overrides: list[str], info: dist.DistInfo) -> dict:
+    """{"tensors": {"variant/name": full tensor}, "no_decay": {variant: names}} on this layout (a collective)."""
     tensors: dict[str, torch.Tensor] = {}
     no_decay: dict[str, list[str]] = {}
     for variant in variants:
@@ -43,8 +43,15 @@ def main() -> None:
         engine = build_engine(build_model(cfg.model, device="meta"), cfg, info)
         tensors.update({f"{variant}/{n}": t for n, t in full_state(engine).items()})
         no_decay[variant] = sorted(no_decay_names(engine.inner))
+    return {"tensors": tensors, "no_decay": no_decay}
+
+
+def main() -> None:
+    out, variants, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
+    info = dist.setup(120)
+    state = initial_state(variants, overrides, info)
     if info.is_main:
-        torch.save({"tensors": tensors, "no_decay": no_decay}, out)
+        torch.save(state, out)
     dist.barrier()
 
 

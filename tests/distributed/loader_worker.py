@@ -1,6 +1,7 @@
-"""torchrun worker for test_loader_resume.py: runs the TrainLoader on every rank as the trainer does.
+"""Worker for test_loader_resume.py: runs the TrainLoader on every rank as the trainer does.
 
-usage: torchrun --nproc_per_node=N loader_worker.py PLAN.json OUT.json
+usage: python -m tests.distributed.loader_worker PLAN.json OUT.json, on each rank of an env:// launch (torchrun, or
+srun-style: tests/distributed/rankutil.py)
 
 PLAN: {"data", "cache", "micro", "global_batch", "seed", "jobs": [{"name", "steps", "save_at": [k...],
        "resume": STATE or null, "allow_change": bool}]}. For each job, rank 0 writes the step-by-step

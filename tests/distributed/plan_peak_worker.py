@@ -1,7 +1,7 @@
 """Measure one rank's peak tensor memory over two training steps of the real model and engine.
 
-Run as `python plan_peak_worker.py OUT.json CASES.json` (one process) or under torchrun (FSDP2 on gloo).
-CASES.json maps a name to a list of config overrides (model.*, train.micro_batch, parallel.*); each case is
+Run as `python -m tests.distributed.plan_peak_worker OUT.json CASES.json` on each rank of an env:// launch (FSDP2 on
+gloo; tests/distributed/rankutil.py), or call `peaks` in one process. CASES.json maps a name to a list of config overrides (model.*, train.micro_batch, parallel.*); each case is
 measured in turn in the same process. Memory is counted by torch's MemTracker, which sees every tensor
 the step allocates (parameters, gradients, optimizer state, activations, all-gather buffers) on the CPU;
 rank 0 writes {name: peak bytes} as JSON.
@@ -41,14 +41,19 @@ def peak_bytes(overrides: list[str], info: dist.DistInfo) -> int:
     return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
 
 
+def peaks(cases: dict[str, list[str]], info: dist.DistInfo) -> dict[str, int]:
+    """{name: peak bytes} of each case in turn (a collective under a process group)."""
+    return {name: peak_bytes(overrides, info) for name, overrides in cases.items()}
+
+
 def main(out: str, cases_path: str) -> None:
     with open(cases_path) as f:
         cases: dict[str, list[str]] = json.load(f)
     info = dist.setup(600)
-    peaks = {name: peak_bytes(overrides, info) for name, overrides in cases.items()}
+    measured = peaks(cases, info)
     if info.is_main:
         with open(out, "w") as f:
-            json.dump(peaks, f)
+            json.dump(measured, f)
     dist.barrier()
 
 

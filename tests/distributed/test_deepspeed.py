@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from trainutil import PY, REPO, env, final, free_port, kill_group, records, train, train_cmd
+from distributed.rankutil import run_ranks
+from trainutil import REPO, env, final, kill_group, records, train, train_cmd
 
 pytestmark = pytest.mark.distributed
 
@@ -166,83 +167,13 @@ def test_zero3_kill_and_resume(stories_data, baseline, tmp_path):
     _check_against_baseline(run_dir, baseline, "ZeRO-3, killed and resumed")
 
 
-SKIP_CHECK = r'''
-import json, torch
-from rrtrain.core import dist
-from rrtrain.config import load_config
-from rrtrain.resolve import build_model
-from rrtrain.parallel import build_engine
-
-info = dist.setup(120)
-ACCUM, MICRO = 2, 2
-gen = torch.Generator().manual_seed(1)
-batches = [torch.randint(0, 64, (ACCUM * MICRO * info.world_size, 17), generator=gen) for _ in range(3)]
-
-def engine(stage, precision):
-    cfg = load_config(None, ["model.size=tiny", "model.vocab_size=64", "model.seq_len=16", "model.n_layers=2",
-                             "train.global_batch=8", "train.micro_batch=2", "train.compile=false",
-                             "parallel.backend=deepspeed",
-                             f"parallel.zero_stage={stage}", f"parallel.precision={precision}"])
-    return build_engine(build_model(cfg.model, device="meta"), cfg, info)  # as training builds it
-
-def train_step(eng, batch, skip):
-    mine = batch.view(info.world_size, ACCUM, MICRO, -1)[info.rank]
-    for a in range(ACCUM):
-        loss = eng.forward(mine[a, :, :-1], mine[a, :, 1:])
-        eng.backward(loss / ACCUM, last_micro=a == ACCUM - 1)
-    norm = float(eng.clip_grad_norm(1.0))
-    eng.skip() if skip else eng.step(1e-2)
-    return norm
-
-def loss_on(eng, batch):
-    with torch.no_grad():
-        return float(eng.forward(batch[:, :-1], batch[:, 1:]))
-
-def adam_steps(eng):
-    return sorted({float(s["step"]) for s in eng.base_opt.state.values() if "step" in s})
-
-out = {}
-for stage, precision in ((1, "fp32"), (2, "fp32"), (3, "fp32"), (1, "bf16"), (3, "bf16")):
-    a, b = engine(stage, precision), engine(stage, precision)
-    before = loss_on(a, batches[2])
-    norm = train_step(a, batches[0], skip=True)      # finite gradients, discarded by the loop's decision
-    r = {"norm": norm, "after_skip": loss_on(a, batches[2]), "before": before,
-         "counters_after_skip": a.counters(), "adam_steps_after_skip": adam_steps(a)}
-    train_step(a, batches[1], skip=False)
-    train_step(b, batches[1], skip=False)            # b never saw batches[0]
-    r.update(a_final=loss_on(a, batches[2]), b_final=loss_on(b, batches[2]), counters_final=a.counters(),
-             adam_steps_a=adam_steps(a), adam_steps_b=adam_steps(b))
-    out[f"ZeRO-{stage} {precision}"] = r
-
-# a checkpoint written by another number of ranks is refused with a usage error (exit status 2), not a crash
-import pathlib, tempfile
-from rrtrain.core.errors import UsageError
-state = pathlib.Path(tempfile.mkdtemp()) / "step_00000005" / "state"
-(state / "zero").mkdir(parents=True)
-for r in range(3):
-    (state / "zero" / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").touch()
-try:
-    a.load(state)
-    refused = None
-except UsageError as err:
-    refused = str(err)
-if info.is_main:
-    print("RESULT " + json.dumps({"engines": out, "refused": refused}))
-dist.exit_process(0)
-'''
-
-
-def test_skip_discards_finite_gradients(tmp_path):
+def test_skip_discards_finite_gradients():
     """`skip()` with finite gradients (the loop's decision, e.g. a non-finite loss), ZeRO-1/2/3 in fp32 and
     ZeRO-1 (DeepSpeed's BF16_Optimizer) / ZeRO-3 in bf16: no weight, moment or AdamW step-count change,
     DeepSpeed's counters advance (global_steps 1, skipped_steps 1, micro_steps = accumulation), and the next
     step is bitwise what an engine that never saw the discarded batch does.
     Also: loading a DeepSpeed checkpoint written by another number of ranks is a UsageError (exit status 2)."""
-    script = tmp_path / "skip_check.py"
-    script.write_text(SKIP_CHECK)
-    cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(script)]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    proc = run_ranks("tests.distributed.ds_skip_worker", [], 2)  # srun-style ranks, forked
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
     result = json.loads(line[len("RESULT "):])

@@ -1,5 +1,8 @@
-"""FSDP2 on 2 CPU ranks (torchrun, gloo) against one process, and exact resume under FSDP with checkpoints
-written in the foreground and in the background (`train.ckpt_async`)."""
+"""FSDP2 on 2 CPU ranks (gloo) against one process, and exact resume under FSDP (torchrun, SIGKILLed) with
+checkpoints written in the foreground and in the background (`train.ckpt_async`). The parity runs use a small
+model (d_model 32, 2 blocks, 2 heads): the sharding, the gradient reduction and the rules' own state under it
+do not depend on the width. The resume runs keep the tiny preset, whose steps are slow enough that the kill
+lands between two checkpoints."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from trainutil import checkpoint_tensors, final, kill_group, losses, max_rel_dif
 pytestmark = pytest.mark.distributed
 
 PARITY = ["train.max_steps=20", "train.log_every=1", "train.eval_every=0", "train.global_batch=8",
-          "train.warmup_steps=4"]
+          "train.warmup_steps=4", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "data.eval_batches=1"]
 
 
 @pytest.mark.parametrize("variant", ["review", "gr", "mhc", "fixup"])

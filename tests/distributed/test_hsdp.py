@@ -4,15 +4,18 @@ by FSDP on 4 ranks resumed under HSDP 2 x 2 and under FSDP on 2 ranks.
 What "identical" can mean after a layout change: the state is resharded exactly (bitwise), but the steps after it
 reduce gradients in another order than an uninterrupted run at the new layout, so those agree within the FSDP
 parity bound, not bitwise. Checked per layout:
-(a) the checkpoint re-saved under the new layout right after loading holds bitwise the FSDP-4 state (model and
-    optimizer), and the loader's position;
+(a) the state loaded under the new layout and saved again at once holds bitwise the FSDP-4 state (model and
+    optimizer), and the loader's position. A plain resume does not save the step it resumed at again (it is on
+    disk), so this run is a branch (`train.branch_from`) of the FSDP-4 checkpoint, which loads it as a resume
+    does, with a callback that saves before the first step (tests/distributed/resave_callback.py);
 (b) the first step after resuming under HSDP 2 x 2 has bitwise the loss FSDP-4 computed at that step (the same 4
     ranks read the same micro-batches; only the gradient reduction differs, and it comes after the loss);
 (c) every later loss is within the parity bound of an uninterrupted run at the new layout (HSDP 2 x 2, or FSDP
     on 2 ranks, from step 0);
 (d) under HSDP, the resumed run restarted from its own later checkpoint continues bit for bit (exact resume at
     the new layout).
-Runtime: 9 launches (five of 4 ranks), 3.5-4 minutes on 2 shared cores.
+A small model (d_model 32, 2 blocks, 2 heads) for 10 steps, resumed at step 5: resharding, the mesh's reductions
+and the resume do not depend on the width. Runtime: 9 launches (five of 4 ranks).
 """
 
 from __future__ import annotations
@@ -29,18 +32,20 @@ from trainutil import final, losses, max_rel_diff, records, train
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 BOUND = 1e-4  # tests/distributed/test_fsdp.py's parity bound
-# The global gradient norm of step 8 (a spike: 9.6 against 1.7-2.0 around it) is ill-conditioned in fp32: two
-# implementations of the review gate that differ only in rounding (autograd's backward and the hand-written
-# one) give one-process losses 6e-8 apart at that step and gradient norms 5.4e-4 apart (every other step: at
-# most 9e-6), and both are as accurate against fp64 (unit level). Comparing layouts there to 1e-4 tests the
-# rounding, not HSDP; 1e-3 still fails by orders of magnitude on a norm that counts a replicated shard twice
-# (a factor up to sqrt(2)).
+# A spike of the global gradient norm is ill-conditioned in fp32: at the tiny preset's width (step 8 of 20: 9.6
+# against 1.7-2.0 around it), two implementations of the review gate that differ only in rounding (autograd's
+# backward and the hand-written one) gave one-process gradient norms 5.4e-4 apart (every other step: at most
+# 9e-6), both as accurate against fp64 (unit level). Comparing layouts there to 1e-4 tests the rounding, not HSDP;
+# 1e-3 still fails by orders of magnitude on a norm that counts a replicated shard twice (a factor up to sqrt(2)).
+# This test's small model: 2e-7 apart.
 GRAD_NORM_BOUND = 1e-3
 # micro-batches of 2: 2 accumulated per step on 4 ranks, 4 on 2 ranks (gradients reduced on the last one only)
-COMMON = ["train.max_steps=20", "train.log_every=1", "train.eval_every=0", "train.global_batch=16",
-          "train.warmup_steps=4", "train.micro_batch=2"]
+COMMON = ["train.max_steps=10", "train.log_every=1", "train.eval_every=0", "train.global_batch=16",
+          "train.warmup_steps=2", "train.micro_batch=2", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
+          "data.eval_batches=1"]
 HSDP = ["parallel.backend=fsdp", "parallel.dp_shard=2", "parallel.dp_replicate=2"]
 FSDP = ["parallel.backend=fsdp"]
+RESAVE = "train.callbacks=[tests.distributed.resave_callback:SaveOnStart]"
 
 
 def diag_norms(run: Path) -> dict[int, list[float]]:
@@ -94,7 +99,7 @@ def one_process(tmp_path_factory, stories_data) -> Path:
 
 @pytest.fixture(scope="module")
 def hsdp_run(tmp_path_factory, stories_data) -> Path:
-    """HSDP 2 x 2 from step 0 to 20, uninterrupted."""
+    """HSDP 2 x 2 from step 0 to 10, uninterrupted."""
     run = tmp_path_factory.mktemp("hsdp") / "hsdp"
     train(run, stories_data, *COMMON, *HSDP, "train.diag_every=5", nproc=4)
     return run
@@ -104,11 +109,11 @@ def test_hsdp_two_by_two_matches_one_process(one_process, hsdp_run):
     """Loss, global gradient norm (clip_grad_norm_ over 2-D DTensors) and per-block gradient norms
     (`grad_sq_norms`, which must count a replicated shard once) against one process."""
     run = hsdp_run
-    assert len(losses(run)) == 20 and final(run)["world_size"] == 4
+    assert len(losses(run)) == 10 and final(run)["world_size"] == 4
     assert max_rel_diff(losses(one_process), losses(run)) < BOUND
     assert max_rel_diff(grad_norms(one_process), grad_norms(run)) < GRAD_NORM_BOUND
     one, hsdp = diag_norms(one_process), diag_norms(run)
-    assert sorted(one) == sorted(hsdp) == [5, 10, 15, 20]
+    assert sorted(one) == sorted(hsdp) == [5, 10]
     for step in one:
         assert max(abs(a - b) / a for a, b in zip(one[step], hsdp[step])) < BOUND, step
 
@@ -117,36 +122,37 @@ def test_fsdp4_checkpoint_resumes_under_hsdp_and_two_ranks(tmp_path, stories_dat
     fsdp4 = tmp_path / "fsdp4"
     two_ranks = tmp_path / "two_uninterrupted"  # FSDP on 2 ranks from step 0: the new layout, uninterrupted
     train(two_ranks, stories_data, *COMMON, *FSDP, nproc=2)
-    train(fsdp4, stories_data, *COMMON, *FSDP, "train.ckpt_every=10", nproc=4)
-    saved = state_tensors(fsdp4 / "checkpoints" / "step_00000010", tmp_path / "fsdp4.pt")
-    position = loader_position(fsdp4, 10)
+    train(fsdp4, stories_data, *COMMON, *FSDP, "train.ckpt_every=5", nproc=4)
+    saved = state_tensors(fsdp4 / "checkpoints" / "step_00000005", tmp_path / "fsdp4.pt")
+    position = loader_position(fsdp4, 5)
     layouts = (("hsdp", HSDP, 4, hsdp_run, "parallel.dp_replicate: None -> 2; parallel.dp_shard: None -> 2"),
                ("two", FSDP, 2, two_ranks, "world_size: 4 -> 2"))
     for name, layout, nproc, uninterrupted, accepted in layouts:
-        # (a) resharding is exact: load under the new layout, save again at once (a schedule ending at step 10)
-        again = from_checkpoint(fsdp4, 10, tmp_path / f"{name}_resaved")
-        train(again, stories_data, *COMMON, *layout, "train.max_steps=10", "train.allow_config_change=true",
+        # (a) resharding is exact: load under the new layout, save again before any step (a branch's one step)
+        again = tmp_path / f"{name}_resaved"
+        train(again, stories_data, *COMMON, *layout, "train.max_steps=6", f"train.branch_from={fsdp4}@5", RESAVE,
               nproc=nproc)
-        resaved = state_tensors(again / "checkpoints" / "step_00000010", tmp_path / f"{again.name}.pt")
+        assert [r["step"] for r in records(again) if r.get("kind") == "checkpoint"] == [5, 6], name  # written here
+        resaved = state_tensors(again / "checkpoints" / "step_00000005", tmp_path / f"{again.name}.pt")
         assert sorted(resaved) == sorted(saved) and any("exp_avg_sq" in key for key in saved)
         for key in saved:
             assert torch.equal(saved[key], resaved[key]), (name, key)
-        assert loader_position(again, 10) == position
-        # a layout change alone needs no consent (it is listed)
-        run = from_checkpoint(fsdp4, 10, tmp_path / name)
-        proc = train(run, stories_data, *COMMON, *layout, "train.ckpt_every=5", nproc=nproc)
+        assert loader_position(again, 5) == position
+        # a layout change alone needs no consent on resume (it is listed)
+        run = from_checkpoint(fsdp4, 5, tmp_path / name)
+        proc = train(run, stories_data, *COMMON, *layout, "train.ckpt_every=4", nproc=nproc)
         assert f"rrtrain: resuming with accepted changes: {accepted}\n" in proc.stdout, proc.stdout[-2000:]
         resumed = losses(run)
-        assert sorted(resumed) == list(range(11, 21))
+        assert sorted(resumed) == list(range(6, 11))
         # (c) within the parity bound of an uninterrupted run at the new layout
         assert max_rel_diff({k: losses(uninterrupted)[k] for k in resumed}, resumed) < BOUND, name
         if name == "hsdp":
-            assert resumed[11] == losses(fsdp4)[11]  # (b) the same forward on the same 4 ranks, bitwise
-            # (d) exact resume at the new layout: restarted from its own step-15 checkpoint
-            restarted = from_checkpoint(run, 15, tmp_path / "hsdp_restarted")
-            train(restarted, stories_data, *COMMON, *layout, "train.ckpt_every=5", nproc=nproc)
-            assert losses(restarted) == {k: v for k, v in resumed.items() if k > 15}
-            end, end_again = (state_tensors(r / "checkpoints" / "step_00000020", tmp_path / f"{r.name}.pt")
+            assert resumed[6] == losses(fsdp4)[6]  # (b) the same forward on the same 4 ranks, bitwise
+            # (d) exact resume at the new layout: restarted from its own step-8 checkpoint
+            restarted = from_checkpoint(run, 8, tmp_path / "hsdp_restarted")
+            train(restarted, stories_data, *COMMON, *layout, "train.ckpt_every=4", nproc=nproc)
+            assert losses(restarted) == {k: v for k, v in resumed.items() if k > 8}
+            end, end_again = (state_tensors(r / "checkpoints" / "step_00000010", tmp_path / f"{r.name}.pt")
                               for r in (run, restarted))
             assert sorted(end) == sorted(end_again)
             for key in end:

@@ -1,24 +1,27 @@
 """The initial weights do not depend on the world size, the sharding or the backend: the full state gathered
-at step 0 is bitwise the same for one process, FSDP2 on 2 and 4 ranks and ZeRO-3 on 2 ranks (torchrun, gloo),
+at step 0 is bitwise the same for one process, FSDP2 on 2 and 4 ranks, HSDP 2 x 2 and ZeRO-3 on 2 ranks (gloo),
 and the same as a model built whole on the CPU from the same seed; so are the names excluded from weight
-decay. Runtime: about 2 min on the loaded 2-core machine (one launch per layout, four variants in each)."""
+decay. One launch per layout, four variants in each: the ranks srun-style, forked by the tests' fork server
+(tests/distributed/rankutil.py; what is tested is the state they build, not the launcher); the one process is
+this one. Runtime: about 25 CPU seconds."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from distributed.init_state_worker import initial_state as one_process_state
+from distributed.rankutil import run_ranks
 from rrtrain.config import Config
 from rrtrain.config_load import apply_overrides, build
+from rrtrain.core.dist import DistInfo
 from rrtrain.resolve import build_model
-from trainutil import PY, REPO, env, free_port
 
 pytestmark = pytest.mark.distributed
 
-WORKER = str(REPO / "tests" / "distributed" / "init_state_worker.py")
+WORKER = "tests.distributed.init_state_worker"
 #: rules that draw random numbers of their own (gates, controllers, mixing maps, Fixup's re-drawn branches)
 VARIANTS = ["review", "gr", "mhc", "fixup"]
 #: an odd vocabulary and 3-element parameters (mHC's alpha): uneven shards, and an empty one on 4 ranks
@@ -35,17 +38,15 @@ LAYOUTS = {
 
 def initial_state(out: Path, nproc: int, overrides: list[str]) -> dict:
     """{"tensors": {"variant/name": full tensor}, "no_decay": {variant: names}} at step 0 on this layout."""
-    args = [WORKER, str(out), ",".join(VARIANTS), *BASE, *overrides]
-    launch = [PY] if nproc == 1 else [PY, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                                       "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
-    proc = subprocess.run([*launch, *args], cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    proc = run_ranks(WORKER, [str(out), ",".join(VARIANTS), *BASE, *overrides], nproc)
     assert proc.returncode == 0, proc.stderr[-5000:]
     return torch.load(out)
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    return initial_state(tmp_path_factory.mktemp("init") / "one.pt", 1, [])
+def one_process() -> dict:
+    """The worker's state in this process, with no process group (parallel.backend none)."""
+    return one_process_state(VARIANTS, BASE, DistInfo(0, 1, 0, torch.device("cpu")))
 
 
 def test_one_process_matches_a_whole_cpu_build(one_process):

@@ -1,22 +1,19 @@
-"""The loader on 2 real ranks (torchrun, CPU/gloo): same step sets as one process, exact resume mid-epoch,
-across and exactly at an epoch boundary, in fresh processes; a state written by one process continues exactly on 2."""
+"""The loader on 2 real ranks (CPU/gloo; srun-style ranks forked by the tests' fork server, which has opened no
+loader: tests/distributed/rankutil.py): same step sets as one process, exact resume mid-epoch, across and exactly
+at an epoch boundary, in new processes; a state written by one process continues exactly on 2."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from distributed.rankutil import run_ranks
+
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 N, G = 204, 8  # an epoch is 25.5 steps: step 26 straddles the boundary, step 51 ends exactly at 2 N
 
 
@@ -39,21 +36,12 @@ def _write_ids(out: Path, n: int) -> None:
         documents_skipped_empty=0))
 
 
-def _torchrun(tmp_path: Path, name: str, plan: dict) -> dict:
+def _ranks(tmp_path: Path, name: str, plan: dict) -> dict:
+    """Run `plan` on 2 ranks of tests/distributed/loader_worker.py; rank 0's results."""
     plan_path, out_path = tmp_path / f"{name}.plan.json", tmp_path / f"{name}.out.json"
     plan_path.write_text(json.dumps(plan))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(HERE / "loader_worker.py"), str(plan_path), str(out_path)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
-    try:
-        _, err = proc.communicate(timeout=400)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks
-        _, err = proc.communicate()
-        raise AssertionError(f"torchrun timed out: {err[-3000:]}")
-    assert proc.returncode == 0, err[-3000:]
+    proc = run_ranks("tests.distributed.loader_worker", [str(plan_path), str(out_path)], 2, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out_path.read_text())
 
 
@@ -77,7 +65,7 @@ def test_two_ranks_resume_exactly_and_match_one_process(tmp_path):
     data = tmp_path / "data"
     _write_ids(data, N)
     base = {"data": str(data), "cache": str(tmp_path / "cache"), "micro": 2, "global_batch": G, "seed": 5}
-    first = _torchrun(tmp_path, "first", {**base, "jobs": [{"name": "full", "steps": 60, "save_at": [12, 25, 51]}]})
+    first = _ranks(tmp_path, "first", {**base, "jobs": [{"name": "full", "steps": 60, "save_at": [12, 25, 51]}]})
     full = first["full"]
     one, one_states = _one_process(data, tmp_path, 60)
     assert full["steps"] == one  # 2 ranks x 2 micro x 2 accumulation == 1 rank x 8, step by step
@@ -86,7 +74,7 @@ def test_two_ranks_resume_exactly_and_match_one_process(tmp_path):
 
     jobs = [{"name": f"from{k}", "steps": 60 - k, "resume": full["states"][str(k)]} for k in (12, 25, 51)]
     jobs += [{"name": "from_one_process", "steps": 8, "resume": one_states[12]}]  # world size 1 -> 2: no consent
-    second = _torchrun(tmp_path, "second", {**base, "jobs": jobs})
+    second = _ranks(tmp_path, "second", {**base, "jobs": jobs})
     for k in (12, 25, 51):
         assert second[f"from{k}"]["error"] is None
         assert second[f"from{k}"]["steps"] == full["steps"][k:], k

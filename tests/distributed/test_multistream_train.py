@@ -1,6 +1,9 @@
 """The multi-stream and depth-aggregating rules under the real trainer: FSDP2 parity on 2 CPU ranks for gr
 and mhc; exact resume for gr; activation checkpointing changes no loss, on a (B,T,n,D) state and on a tuple
-state; bf16 with AC, under autocast and under FSDP2's bf16 policy, for every new rule.
+state; bf16 with AC, under autocast and under FSDP2's bf16 policy, for every new rule. All but the resume use a
+small model (SHORT: d_model 32, 2 blocks, 2 heads; selective AC then checkpoints one of the two blocks): the
+state's shape under AC and casting does not depend on the width. The resume keeps the tiny preset, whose steps
+are slow enough that the kill lands between two checkpoints.
 
 Helpers come from tests/trainutil.py (the lead's); the synthetic-stories data from tests/conftest.py.
 """
@@ -19,7 +22,8 @@ from trainutil import checkpoint_tensors, final, kill_group, losses, max_rel_dif
 pytestmark = pytest.mark.distributed
 
 NEW = ["gr", "hc", "mhc", "attnres", "deepnorm"]
-SHORT = ["train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.warmup_steps=2"]
+SHORT = ["train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.warmup_steps=2", "model.d_model=32",
+         "model.n_layers=2", "model.n_heads=2", "data.eval_batches=1"]
 
 
 # FSDP2 parity for gr and mhc: tests/distributed/test_fsdp.py (parametrised over variants).

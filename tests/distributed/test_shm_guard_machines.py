@@ -13,41 +13,22 @@ import subprocess
 
 import pytest
 
-from trainutil import PY, REPO, env, free_port
+from distributed.rankutil import rank_env, spawn_module
+from trainutil import free_port
 
 pytestmark = pytest.mark.distributed
 
-WORKER = """
-import sys, time
-import torch.distributed as dist
-import rrtrain.data.shm as shm
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-shm.SHM_LOCK = sys.argv[1 + rank]  # this rank's machine
-if rank == 1:
-    time.sleep(4)  # rank 0 of each run holds its machine's lock by now
-with shm.shm_guard():
-    time.sleep(0.3)  # streaming's look-up, under the lock
-print(f"through {rank}", flush=True)
-dist.destroy_process_group()
-"""
 WAIT_S = 60  # a deadlock never ends; the runs take a few seconds
 
 
 def test_two_runs_across_the_same_two_machines_do_not_deadlock(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
     locks = [str(tmp_path / f"machine{m}.lock") for m in (0, 1)]
     procs = []
     for machines in (locks, locks[::-1]):  # run A: ranks on machines 0, 1; run B: on 1, 0
         port = free_port()
-        for rank in (0, 1):
-            e = env()
-            e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0",
-                     LOCAL_WORLD_SIZE="1")
-            procs.append(subprocess.Popen([PY, str(script), *machines], cwd=REPO, env=e, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, text=True))
+        for rank in (0, 1):  # each rank alone on its machine; forked by the tests' fork server (rankutil)
+            procs.append(spawn_module("tests.distributed.shm_guard_worker", machines,
+                                      rank_env(rank, 2, port, local=(0, 1)), merge_stderr=True))
     outs = []
     try:
         for p in procs:

@@ -9,13 +9,12 @@ The parts on their own: tests/unit/rrtrain/eval/test_eval_tasks.py, test_eval_ge
 from __future__ import annotations
 
 import json
-import subprocess
 from types import SimpleNamespace
 
 import pytest
 
 from evalutil import KEY, LIMIT, TASKS, close, downstream, write_tasks
-from trainutil import PY, REPO, TINY, env, train
+from trainutil import TINY, train
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +40,6 @@ def trained(stories_data, tmp_path_factory):
         yield {"run": run_dir, "tasks": tasks, "root": root, "consoles": (first.stdout, second.stdout)}
 
 
-def rrtrain_evals(*argvs: list[str]) -> subprocess.CompletedProcess:
-    """`rrtrain eval ARGV` for each ARGV, one after the other in one process (one start-up of torch and lm-eval);
-    their exit statuses printed last."""
-    code = ("import sys; from rrtrain.cli.main import main; "
-            f"codes = [main(['eval', *argv]) for argv in {list(argvs)!r}]; print('exit', codes)")
-    return subprocess.run([PY, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-
-
 def test_each_evaluation_step_is_logged_exactly_once_across_the_resume(trained):
     logged = downstream(trained["run"])
     assert [r["step"] for r in logged] == [4, 8]
@@ -65,13 +56,17 @@ def test_each_evaluation_step_is_logged_exactly_once_across_the_resume(trained):
     assert final["status"] == "completed" and final["step"] == 8
 
 
-def test_logged_values_equal_rrtrain_eval_on_the_same_checkpoints(trained):
+def test_logged_values_equal_rrtrain_eval_on_the_same_checkpoints(trained, capsys):
+    """`rrtrain eval RUN --step S` (rrtrain.cli.main, in this process) at both evaluation steps."""
+    from rrtrain.cli.main import main
+
     run_dir = trained["run"]
     logged = {r["step"]: r for r in downstream(run_dir)}
-    proc = rrtrain_evals(*[[str(run_dir), "--step", str(step), "--tasks", ",".join(reversed(TASKS)), "--include",
-                            str(trained["tasks"]), "--limit", str(LIMIT), "--batch-size", "3"] for step in (4, 8)])
-    assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "exit [0, 0]", proc.stderr[-3000:]
-    assert proc.stdout.count("| tiny_mc  | acc ") == 2
+    codes = [main(["eval", str(run_dir), "--step", str(step), "--tasks", ",".join(reversed(TASKS)), "--include",
+                   str(trained["tasks"]), "--limit", str(LIMIT), "--batch-size", "3"]) for step in (4, 8)]
+    printed = capsys.readouterr()
+    assert codes == [0, 0], printed.err[-3000:]
+    assert printed.out.count("| tiny_mc  | acc ") == 2
     for step in (4, 8):
         result = json.loads((run_dir / "eval" / f"step_{step:08d}-{KEY}.json").read_text())
         assert set(result) == {"step", "tasks", "num_fewshot", "limit", "source", "seconds", "lm_eval_version",
@@ -124,21 +119,23 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(trained, stories_data,
     assert not new_run.exists()
 
 
-def test_the_exported_model_gives_the_same_numbers_with_lm_eval_hf(trained):
+def test_the_exported_model_gives_the_same_numbers_with_lm_eval_hf(trained, capsys):
+    """`rrtrain export` and lm-eval's `hf` model (what `lm_eval --model hf --model_args
+    pretrained=DIR,trust_remote_code=True` runs: `simple_evaluate`) in this process, over an index of the task files
+    alone (the command line's --include_path indexes lm-eval's ~15,000 registered tasks too, 11 s of CPU)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from rrtrain.cli.main import main
+
     run_dir, root = trained["run"], trained["root"]
     out = root / "hf8"
-    e = {**env(), "HF_HOME": str(root / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([PY, "-m", "rrtrain", "export", str(run_dir), "--hf", str(out), "--step", "8"], cwd=REPO,
-                          env=e, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = subprocess.run([PY, "-m", "lm_eval", "--model", "hf", "--model_args",
-                           f"pretrained={out},trust_remote_code=True", "--tasks", ",".join(TASKS),
-                           "--include_path", str(trained["tasks"]), "--limit", str(LIMIT), "--device", "cpu",
-                           "--batch_size", "4", "--output_path", str(root / "lm_eval_out"), "--log_samples"],
-                          cwd=root, env=e, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    (found,) = list((root / "lm_eval_out").rglob("results_*.json"))
-    results = json.loads(found.read_text())["results"]
+    assert main(["export", str(run_dir), "--hf", str(out), "--step", "8"]) == 0, capsys.readouterr().err[-3000:]
+    evaluated = lm_eval.simple_evaluate(
+        model="hf", model_args=f"pretrained={out},trust_remote_code=True", tasks=TASKS,
+        task_manager=TaskManager(include_path=str(trained["tasks"]), include_defaults=False), limit=LIMIT,
+        device="cpu", batch_size=4, log_samples=True)
+    results = evaluated["results"]
     logged = {r["step"]: r for r in downstream(run_dir)}[8]
     compared = 0
     for task in TASKS:
@@ -155,11 +152,9 @@ def test_the_exported_model_gives_the_same_numbers_with_lm_eval_hf(trained):
 
     import rrtrain.eval.lm  # noqa: F401 - registers `rrtrain`
 
-    (samples_file,) = list((root / "lm_eval_out").rglob("samples_tiny_gen_*.jsonl"))
-    samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
+    samples = evaluated["samples"]["tiny_gen"]
     hf_texts = [s["filtered_resps"][0] for s in samples]
     lm = get_model("rrtrain").create_from_arg_string(f"run_dir={run_dir},step=8", {"batch_size": 4, "device": "cpu"})
-    requests = [SimpleNamespace(args=(s["arguments"]["gen_args_0"]["arg_0"], s["arguments"]["gen_args_0"]["arg_1"]))
-                for s in samples]
+    requests = [SimpleNamespace(args=tuple(s["arguments"][0])) for s in samples]  # (context, generation kwargs)
     assert len(samples) == LIMIT and any(hf_texts)
     assert lm.generate_until(requests) == hf_texts

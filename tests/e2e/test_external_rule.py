@@ -44,9 +44,14 @@ def throwaway_venv(root: Path) -> Path:
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
     (site / "project_venv.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
-    probe = subprocess.run([str(py), "-c", "import setuptools, pip, torch, rrtrain.residuals as r; print(r.names())"],
+    # it finds the project's packages, and no rule `scaled` is registered yet (found, not imported: torch's import
+    # is proven by the runs below)
+    probe = subprocess.run([str(py), "-c", "import importlib.metadata as m, importlib.util as u; print([n for n in "
+                            "('setuptools', 'pip', 'torch', 'rrtrain.residuals') if u.find_spec(n) is None], "
+                            "[e.name for e in m.entry_points(group='rrtrain.residuals')])"],
                            capture_output=True, text=True, timeout=300, env=env())
-    assert probe.returncode == 0 and "scaled" not in probe.stdout, probe.stderr[-2000:]
+    assert probe.returncode == 0 and probe.stdout.startswith("[] ") and "scaled" not in probe.stdout, \
+        probe.stdout + probe.stderr[-2000:]
     return py
 
 

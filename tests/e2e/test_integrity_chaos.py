@@ -3,7 +3,10 @@ ranks, whose point is the distributed checkpoint under a kill), some inside chec
 evaluation, some at random, and restarted each time, ends with every step in metrics.jsonl exactly once and
 losses bitwise identical to the uninterrupted run. Every other restart writes its checkpoints in the
 background (`train.ckpt_async`): kills land inside those writes too, and a run resumes across the change of
-mode. Budget: about 90 s (1 process) + 70 s (FSDP) on a quiet machine."""
+mode. The two FSDP ranks start as srun or submitit start them (one process each, forked by the tests' fork
+server, `trainutil.start_ranks`) and every kill takes both ranks with whatever they started: torchrun's agent,
+SIGKILLed with its ranks, would play no part. Budget: about 90 s (1 process) + 30 s (FSDP) on a quiet
+machine."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainutil import final, kill_group, losses, records, start, train
+from trainutil import final, losses, records, start, start_ranks, train
 
 STEPS, EVERY_CKPT, EVERY_EVAL = 32, 2, 3
 ARGS = (f"train.max_steps={STEPS}", f"train.ckpt_every={EVERY_CKPT}", f"train.eval_every={EVERY_EVAL}",
@@ -49,15 +52,37 @@ def in_eval(run: Path) -> bool:
     return "loss" in rec and rec["step"] % EVERY_EVAL == 0 and rec["step"] < STEPS
 
 
-def kill_at(run: Path, proc, mode: str, rng: random.Random, stale: set[str], timeout: float = 240) -> str:
-    """Wait for the moment `mode` names, kill the process tree, and say where the kill landed."""
+def kill_all(procs: list) -> None:
+    """SIGKILL every rank's process tree at once (as kill_group does one launcher's), then wait for them."""
+    import psutil
+
+    tree = []
+    for proc in procs:
+        try:
+            root = psutil.Process(proc.pid)
+            tree += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=30)
+
+
+def kill_at(run: Path, procs: list, mode: str, rng: random.Random, stale: set[str], timeout: float = 240) -> str:
+    """Wait for the moment `mode` names, kill the process tree of every rank, and say where the kill landed."""
     start_step = max(losses(run), default=0)
     deadline = time.time() + timeout
     delay = rng.uniform(0.0, 1.5)
     progressed_at = None
     while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended by itself (exit {proc.returncode}):\n{proc.stdout.read()[-3000:]}")
+        ended = next((p for p in procs if p.poll() is not None), None)
+        if ended is not None:
+            err = ended.stderr.read() if ended.stderr else ""
+            raise AssertionError(f"the run ended by itself (exit {ended.returncode}):\n"
+                                 f"{(ended.stdout.read() + err)[-3000:]}")
         progressed = max(losses(run), default=0) > start_step
         if progressed and progressed_at is None:
             progressed_at = time.time()
@@ -70,7 +95,7 @@ def kill_at(run: Path, proc, mode: str, rng: random.Random, stale: set[str], tim
         time.sleep(0.002)
     else:
         raise AssertionError(f"no moment for a {mode} kill within {timeout} s")
-    kill_group(proc)
+    kill_all(procs)
     if tmp_dirs(run) - stale:
         return "ckpt"
     return "eval" if in_eval(run) else "step"
@@ -89,13 +114,14 @@ def test_chaos_run_matches_the_uninterrupted_run(tmp_path, stories_data, backend
     for i, mode in enumerate(modes):
         stale = tmp_dirs(run)
         writer = ("train.ckpt_async=true",) if i % 2 else ()
-        proc = start(run, stories_data, *ARGS, *extra, *writer, nproc=nproc)
+        args = (*ARGS, *extra, *writer)
+        procs = start_ranks(run, stories_data, *args, world=nproc) if nproc > 1 else [start(run, stories_data, *args)]
         try:
-            landed[kill_at(run, proc, mode, rng, stale)] += 1
+            landed[kill_at(run, procs, mode, rng, stale)] += 1
         finally:
-            if proc.poll() is None:
-                kill_group(proc)  # kill_at failed: no run is left training behind the test
-            proc.stdout.close()
+            kill_all(procs)  # kill_at failed: no run is left training behind the test
+            for p in procs:
+                p.communicate()
     train(run, stories_data, *ARGS, *extra, nproc=nproc)
     print(f"\nchaos {backend}: {len(modes)} SIGKILLs, {landed['ckpt']} inside a checkpoint write, {landed['eval']} "
           f"inside evaluation, {landed['step']} elsewhere; {len(modes)} restarts recovered; steps lost: 0")

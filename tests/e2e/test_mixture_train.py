@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
-from trainutil import PY, checkpoint_tensors, env, final, losses, max_rel_diff, records, train
+from trainutil import checkpoint_tensors, final, losses, max_rel_diff, records, train
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +36,8 @@ def reference(stories_data: Path, tmp_path_factory: pytest.TempPathFactory) -> t
     return root / "ref", second, mixture
 
 
-def test_a_mixture_paused_and_resumed_gives_the_uninterrupted_run(stories_data, tmp_path, reference):
+def test_a_mixture_paused_and_resumed_gives_the_uninterrupted_run(stories_data, tmp_path, reference, monkeypatch,
+                                                                 capsys):
     ref, second, mixture = reference
     run = tmp_path / "paused"
     run.mkdir()
@@ -54,13 +54,18 @@ def test_a_mixture_paused_and_resumed_gives_the_uninterrupted_run(stories_data, 
         assert r["val_loss"] == pytest.approx((3 * r[f"val/{stories_data.name}"] + r["val/copy"]) / 4, rel=1e-12)
     a, b = checkpoint_tensors(ref), checkpoint_tensors(run)
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
-    # `rrtrain eval --data`, from another folder: the loss on one source's whole validation split
+    # `rrtrain eval --data` (rrtrain.cli.main, in this process), from another folder: the loss on one source's
+    # whole validation split
+    from rrtrain.cli.main import main
+
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    got = subprocess.run([PY, "-m", "rrtrain", "eval", str(run), "--data", str(second), "--batch-size", "16"],
-                         cwd=elsewhere, env=env(), capture_output=True, text=True, timeout=300)
-    assert got.returncode == 0, got.stderr[-2000:]
-    loss = float(re.search(r"validation loss on .*: ([0-9.]+) \(\d+ sequences, step 8\)", got.stdout).group(1))
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    code = main(["eval", str(run), "--data", str(second), "--batch-size", "16"])
+    got = capsys.readouterr()
+    assert code == 0, got.err[-2000:]
+    loss = float(re.search(r"validation loss on .*: ([0-9.]+) \(\d+ sequences, step 8\)", got.out).group(1))
     assert abs(loss - evals[8]["val/copy"]) < 0.3  # the run's own evaluation reads 4 of those sequences
     sources = yaml.safe_load((run / "config.yaml").read_text())["data"]["sources"]
     assert sources == [{"path": os.path.abspath(stories_data), "weight": 3.0, "name": stories_data.name},

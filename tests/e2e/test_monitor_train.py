@@ -1,7 +1,13 @@
-"""The convergence monitor inside real training runs: at 40 sublayers on the synthetic stories the convex gate
-stalls at the unigram entropy and is flagged, the additive gate is not; a resumed run keeps its windows.
+"""The convergence monitor inside a real training run: at 40 sublayers on the synthetic stories the convex gate
+stalls at the unigram entropy, is flagged and stopped (exit status, checkpoint, console, TensorBoard, final.json);
+a resumed run keeps its windows.
 
-The curves behind the thresholds are in docs/depth.md ("The convex gate at 40 sublayers")."""
+The curves behind the thresholds are in docs/depth.md ("The convex gate at 40 sublayers"). Here the plateau test
+looks at a 25-step window from step 50 over 100 steps: the convex run is flagged at step 84 (0.6% improvement
+over the window); the additive run (`review`) under the same settings improves by 3% or more over every window
+to its end, and is never flagged (measured when these settings were chosen). That the additive gate at 40
+sublayers is not flagged where the convex one is, the monitor inside each `rrtrain train` of a sweep, is
+asserted by `rrtrain demo` end to end (tests/e2e/test_demo.py): it is not trained again here."""
 
 from __future__ import annotations
 
@@ -12,9 +18,10 @@ import pytest
 
 from trainutil import final, kill_group, records, start, train, wait_for_step
 
+WINDOW = 25
 DEEP = ["model.n_layers=20", "train.global_batch=8", "train.micro_batch=8", "train.lr=0.001", "train.warmup_steps=15",
-        "train.max_steps=150", "train.log_every=25", "train.eval_every=0", "train.ckpt_every=0",
-        "monitor.min_steps=60", "monitor.window=40"]
+        "train.max_steps=100", "train.log_every=25", "train.eval_every=0", "train.ckpt_every=0",
+        "monitor.min_steps=50", f"monitor.window={WINDOW}"]
 
 
 def flags(run) -> dict[str, int]:
@@ -30,10 +37,8 @@ def convex_run(tmp_path_factory, stories_data):
     return run, train(run, stories_data, *CONVEX, expect=4)
 
 
-def test_convex_gate_stalls_at_40_sublayers_and_additive_does_not(tmp_path, stories_data, convex_run):
+def test_convex_gate_stalls_at_40_sublayers_and_is_stopped(stories_data, convex_run):
     convex, proc = convex_run
-    additive = tmp_path / "additive"
-    train(additive, stories_data, *DEEP, "model.variant=review", "monitor.on_stall=stop")
     fin = final(convex)
     assert fin["status"] == "stalled" and fin["exit_code"] == 4 and "stalled" in fin["flags"], fin
     assert fin["flag_steps"]["stalled"] == fin["step"] == flags(convex)["stalled"]
@@ -45,12 +50,10 @@ def test_convex_gate_stalls_at_40_sublayers_and_additive_does_not(tmp_path, stor
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("monitor/stalled")] == [(fin["step"], 1.0)]
     assert any(tag.startswith("monitor/flags") for tag in acc.Tags()["tensors"]), acc.Tags()
-    assert final(additive)["status"] == "completed" and final(additive)["flags"] == [] and flags(additive) == {}
     manifest = json.loads((stories_data / "manifest.json").read_text())
     convex_loss = [r["loss"] for r in records(convex) if "loss" in r]
-    additive_loss = [r["loss"] for r in records(additive) if "loss" in r]
-    print(f"unigram entropy {manifest['unigram_entropy']:.3f}; stalled at step {fin['step']}; last losses: "
-          f"convex {convex_loss[-1]:.3f}, additive {additive_loss[-1]:.3f}")
+    print(f"unigram entropy {manifest['unigram_entropy']:.3f}; stalled at step {fin['step']}; last loss "
+          f"{convex_loss[-1]:.3f}")
 
 
 def test_a_resumed_run_keeps_its_monitor_windows(tmp_path, stories_data, convex_run):
@@ -64,7 +67,7 @@ def test_a_resumed_run_keeps_its_monitor_windows(tmp_path, stories_data, convex_
     kill_group(proc, signal.SIGTERM)
     assert proc.wait(timeout=120) == 75
     stopped = final(run)["step"]
-    assert at - 40 < stopped < at, (stopped, at)  # less than a window before the flag
+    assert at - WINDOW < stopped < at, (stopped, at)  # less than a window before the flag
     train(run, stories_data, *CONVEX, expect=4)
     assert flags(run) == flags(ref) and final(run)["flag_steps"] == final(ref)["flag_steps"]
     assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, at + 1))

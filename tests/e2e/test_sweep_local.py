@@ -4,6 +4,8 @@ Budget: about 2 minutes on 2 quiet cores."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import signal
 import subprocess
@@ -30,23 +32,44 @@ def sweep_file(tmp_path: Path, data: Path, name: str, **changes) -> Path:
 
 
 def rrtrain(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`rrtrain ARGS` in a process of its own (the debug executor trains inside it)."""
     return subprocess.run([PY, "-m", "rrtrain", *map(str, args)], capture_output=True, text=True, env=env(),
                           cwd=REPO, timeout=timeout)
 
 
-def status(out: Path) -> dict:
+@pytest.fixture
+def in_process(monkeypatch):
+    """`rrtrain ARGS` as the command line runs it (rrtrain.cli.main), in this process: its exit status and what it
+    printed. From the repository, with the environment trainutil.env() gives a subprocess, which the local
+    executor's runs (processes of their own) inherit."""
+    from rrtrain.cli.main import main
+
+    monkeypatch.chdir(REPO)
+    for key, value in env().items():
+        monkeypatch.setenv(key, value)
+
+    def rrtrain(*args: str) -> subprocess.CompletedProcess:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+        return subprocess.CompletedProcess(["rrtrain", *map(str, args)], code, out.getvalue(), err.getvalue())
+
+    return rrtrain
+
+
+def status(rrtrain, out: Path) -> dict:
     proc = rrtrain("status", out, "--json")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
-def test_local_sweep_failure_resubmission_and_refusal(tmp_path, stories_data):
-    out = tmp_path / "sweep"
+def test_local_sweep_failure_resubmission_and_refusal(tmp_path, stories_data, in_process):
+    rrtrain, out = in_process, tmp_path / "sweep"
     fail = {"tiny-standard-s0": {"data.path": str(tmp_path / "no-such-data")}}
     spec = sweep_file(tmp_path, stories_data, "loc", runs=fail)
     proc = rrtrain("sweep", spec, "--out", out, "--executor", "local", "--parallel", "2")
     assert proc.returncode == 1, proc.stdout + proc.stderr  # one run did not complete
-    st = status(out)
+    st = status(rrtrain, out)
     rows = {r["id"]: r for r in st["runs"]}
     assert st["counts"] == {"failed": 1, "completed": 1}
     assert st["runs"][0]["id"] == "tiny-standard-s0"  # the run needing attention comes first
@@ -78,15 +101,15 @@ def test_local_sweep_failure_resubmission_and_refusal(tmp_path, stories_data):
     assert json.loads((out / "sweep.json").read_text()) == rec
 
 
-def test_debug_sweep_then_nothing_to_resubmit(tmp_path, stories_data):
+def test_debug_sweep_then_nothing_to_resubmit(tmp_path, stories_data, in_process):
     out = tmp_path / "sweep"
     spec = sweep_file(tmp_path, stories_data, "dbg", variants=["review"])
-    proc = rrtrain("sweep", spec, "--out", out, "--executor", "debug")
+    proc = rrtrain("sweep", spec, "--out", out, "--executor", "debug")  # it trains: a process of its own
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    st = status(out)
+    st = status(in_process, out)
     assert st["counts"] == {"completed": 1} and st["runs"][0]["step"] == 6
     assert not list(out.glob("slurm/*.sbatch"))  # rendered by --dry-run only: no executor reads them
-    proc = rrtrain("sweep", spec, "--out", out, "--executor", "debug")
+    proc = in_process("sweep", spec, "--out", out, "--executor", "debug")
     assert proc.returncode == 0 and "nothing to submit" in proc.stdout
     assert len(json.loads((out / "sweep.json").read_text())["submissions"]) == 1
 
@@ -114,14 +137,14 @@ def test_two_copies_of_one_run_one_writer(tmp_path, stories_data):
     assert not (run_dir / "run.lock").exists()
 
 
-def test_array_script_forwards_the_signal_requeues_and_resumes(tmp_path, stories_data):
+def test_array_script_forwards_the_signal_requeues_and_resumes(tmp_path, stories_data, in_process):
     """The rendered array.sbatch outside Slurm (a stand-in `scontrol` records the requeue): USR2 to the batch
     shell reaches the run as TERM, the run checkpoints and exits 75, the shell requeues its array task; the
     restarted task resumes and completes with every step exactly once."""
     out = tmp_path / "sweep"
     spec = sweep_file(tmp_path, stories_data, "arr", variants=["review"],
                       sizes={"tiny": {"seeds": 1, "overrides": {"train.max_steps": 60}}})
-    proc = rrtrain("sweep", spec, "--out", out, "--dry-run")
+    proc = in_process("sweep", spec, "--out", out, "--dry-run")
     assert proc.returncode == 0, proc.stderr
     fakebin = tmp_path / "bin"
     fakebin.mkdir()

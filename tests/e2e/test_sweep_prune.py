@@ -6,6 +6,8 @@ then resumed trains exactly as the same run never interrupted. Budget: about a m
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 from pathlib import Path
@@ -22,9 +24,24 @@ RUNGS = (5, 10)  # 0.25 and 0.5 of 20 steps, multiples of train.stop_check_every
 LRS = {"tiny-standard-s0": 1e-6, "tiny-standard-s1": 3e-3, "tiny-standard-s2": 1e-2}  # s0 is hopeless
 
 
-def rrtrain(*args, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "rrtrain", *map(str, args)], capture_output=True, text=True, env=env(),
-                          cwd=REPO, timeout=timeout)
+@pytest.fixture(autouse=True)
+def as_a_shell_would(monkeypatch):
+    """`rrtrain` runs in this process (its runs are still processes of their own, started by the local executor)
+    from the repository, with the environment trainutil.env() gives a subprocess: the runs inherit it."""
+    monkeypatch.chdir(REPO)
+    for key, value in env().items():
+        monkeypatch.setenv(key, value)
+
+
+def rrtrain(*args) -> subprocess.CompletedProcess:
+    """`rrtrain ARGS` as the command line runs it (rrtrain.cli.main), in this process: its exit status and what it
+    printed."""
+    from rrtrain.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return subprocess.CompletedProcess(["rrtrain", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
 def val_at(run_dir: Path, step: int) -> float:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from trainutil import PY, REPO, TINY, env, final, kill_group, records, run_cmd, spawn, train_cmd, wait_for_step
+from trainutil import (PY, REPO, TINY, env, final, kill_group, records, run_cmd, spawn, train, train_cmd,
+                       wait_for_step)
 
 pytest.importorskip("wandb")
 
@@ -140,15 +141,13 @@ def test_a_run_without_log_wandb_does_not_import_wandb(tmp_path, stories_data):
 
 
 @pytest.mark.distributed
-def test_two_ranks_make_one_wandb_run_in_the_run_directory(tmp_path, stories_data):
-    """Rank 0 alone talks to W&B; without $WANDB_DIR its files go into the run directory."""
+def test_two_ranks_make_one_wandb_run_in_the_run_directory(tmp_path, stories_data, monkeypatch):
+    """Rank 0 alone talks to W&B; without $WANDB_DIR its files go into the run directory. The two ranks start
+    as srun starts them (trainutil.train: one process each, one rendezvous)."""
     run = tmp_path / "run"
-    e = {k: v for k, v in env().items() if k != "WANDB_DIR"}
-    proc = subprocess.run(train_cmd(run, stories_data, ["train.max_steps=2", "train.global_batch=4",
-                                                        "train.micro_batch=2", "data.eval_batches=1",
-                                                        "log.wandb.mode=offline"], nproc=2),
-                          cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    monkeypatch.delenv("WANDB_DIR", raising=False)  # the ranks' environment is this process's (trainutil.env)
+    train(run, stories_data, "train.max_steps=2", "train.global_batch=4", "train.micro_batch=2",
+          "data.eval_batches=1", "log.wandb.mode=offline", nproc=2)
     (one,) = (run / "wandb").glob("offline-run-*")
     recs = inspect(next(one.glob("*.wandb")))
     assert of_type(recs, "run")[0]["run_id"].startswith(wandb_run_id(run) + "-")

@@ -5,7 +5,6 @@ their run locks (the Slurm path, scancel, is tested on the local cluster in test
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,6 @@ import pytest
 from launchers import cancel
 from launchers.sweep import record
 from launchers.state import status as status_cli
-from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.outcome import cancelled_status
 from rrtrain.rundir.readers import Cancelled, read_cancelled
 from unit.launchers.state.test_monitor_sweep import H, curve, descending, write_run
@@ -103,10 +101,13 @@ def test_resubmission_leaves_a_cancelled_run_alone(tmp_path):
             p.wait()
 
 
-def test_cancel_flagged_needs_a_sweep_directory(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "rrtrain", "sweep", "--cancel-flagged", str(tmp_path)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 2 and "no sweep.json" in proc.stderr and "Traceback" not in proc.stderr
+def test_cancel_flagged_needs_a_sweep_directory(tmp_path, capsys):
+    """`rrtrain sweep --cancel-flagged` in this process (the command's main: an exception it let out would fail
+    the test)."""
+    from rrtrain.cli.main import main
+
+    assert main(["sweep", "--cancel-flagged", str(tmp_path)]) == 2
+    assert "no sweep.json" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags,state", [(["stalled"], "stalled"), (["early_stall"], "stalled"),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from launchers.executors.render import sbatch_lines
 from launchers.sweep.spec import Resources
 from rrtrain.config import load_config
 from rrtrain.core.errors import UsageError
-from trainutil import PY, REPO, TINY, env, train
+from trainutil import TINY, train
 
 
 def _strict(text: str) -> object:
@@ -48,12 +47,13 @@ def _sweep(tmp_path: Path, **changes) -> Path:
     return p
 
 
-def test_a_sweep_named_with_a_newline_is_refused_before_anything_is_written(tmp_path):
-    proc = subprocess.run([PY, "-m", "rrtrain", "sweep", str(_sweep(tmp_path, name="x\n")), "--out",
-                           str(tmp_path / "o"), "--dry-run"], capture_output=True, text=True, env=env(), cwd=REPO,
-                          timeout=120)
-    assert proc.returncode == 2 and "sweep name 'x\\n'" in proc.stderr and len(proc.stderr.splitlines()) == 1, \
-        proc.stderr
+def test_a_sweep_named_with_a_newline_is_refused_before_anything_is_written(tmp_path, capsys):
+    """`rrtrain sweep` in this process (the command's main)."""
+    from rrtrain.cli.main import main
+
+    assert main(["sweep", str(_sweep(tmp_path, name="x\n")), "--out", str(tmp_path / "o"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "sweep name 'x\\n'" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "o").exists()
 
 
@@ -106,11 +106,12 @@ def test_an_evaluation_that_ran_no_batch_is_never_a_loss():
     assert trainer.best_val == 4.0
 
 
-def test_the_cli_refuses_inf_init_std_in_one_line(tmp_path):
-    proc = subprocess.run([PY, "-m", "rrtrain", "train", TINY, "model.init_std=inf", f"run.dir={tmp_path / 'r'}"],
-                          capture_output=True, text=True, env=env(), cwd=REPO, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == "rrtrain train: error: model.init_std: expected a finite number, got 'inf'"
+def test_the_cli_refuses_inf_init_std_in_one_line(tmp_path, capsys):
+    """`rrtrain train` in this process (the command's main)."""
+    from rrtrain.cli.main import main
+
+    assert main(["train", TINY, "model.init_std=inf", f"run.dir={tmp_path / 'r'}"]) == 2
+    assert capsys.readouterr().err.strip() == "rrtrain train: error: model.init_std: expected a finite number, got 'inf'"
     assert not (tmp_path / "r").exists()
 
 

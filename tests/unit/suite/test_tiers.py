@@ -74,6 +74,12 @@ def test_a_test_that_starts_training_fails_in_the_fast_tier_only(tmp_path):
         "def pytest_configure(config):\n    if tiers.fast_tier():\n        tiers.install_guard()\n\n"
         "@pytest.fixture(autouse=True)\ndef guard():\n    yield\n    if tiers.fast_tier():\n"
         "        tiers.check_launches()\n")
+    # a torchrun by its name (the guard's other form, `python -m torch.distributed.run`, is refused above) that
+    # leaves a mark when it runs: the full tier starts it, the fast tier never does (and no torch is imported)
+    torchrun = tmp_path / "bin" / "torchrun"
+    torchrun.parent.mkdir()
+    torchrun.write_text('#!/bin/sh\ntouch "$0.ran"\n')
+    torchrun.chmod(0o755)
     (tmp_path / "test_launch.py").write_text(
         "import subprocess, sys\n\n"
         "RUNPY = 'import runpy, sys; runpy.run_module(\"rrtrain.train\") if False else sys.exit(int(sys.argv[1]))'\n\n"
@@ -83,7 +89,7 @@ def test_a_test_that_starts_training_fails_in_the_fast_tier_only(tmp_path):
         "    subprocess.run([sys.executable, '-c', RUNPY, '0'])\n\n"
         "def test_torchrun_is_not_even_started():\n"
         "    try:\n"
-        "        subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--help'])\n"
+        f"        subprocess.run([{str(torchrun)!r}, '--help'])\n"
         "    except Exception:\n"
         "        pass\n")
 
@@ -92,8 +98,11 @@ def test_a_test_that_starts_training_fails_in_the_fast_tier_only(tmp_path):
                                "--rootdir", str(tmp_path), str(tmp_path)], cwd=tmp_path, capture_output=True,
                               text=True, timeout=120, env={**os.environ, tiers.TIER_ENV: tier})
 
-    fast, full = run("fast"), run("")
+    fast = run("fast")
     assert "2 passed, 1 error" in fast.stdout, fast.stdout[-3000:]  # the run: at its end; torchrun: at once
     assert "test_a_start_that_runs_is_not" in fast.stdout and "started rrtrain.train (exit 0)" in fast.stdout
     assert "FAILED test_launch.py::test_torchrun_is_not_even_started" in fast.stdout
+    assert not (tmp_path / "bin" / "torchrun.ran").exists()
+    full = run("")
+    assert (tmp_path / "bin" / "torchrun.ran").exists()
     assert full.returncode == 0 and "3 passed" in full.stdout, full.stdout[-2000:]

@@ -1,7 +1,8 @@
 """`make test`'s `--dist loadgroup` scheduler (tests/xdist_groups.py): tests of one `xdist_group` run on one
 worker, in collection order, the others spread, on whatever pytest and pytest-xdist are installed (pytest 9.2
-dropped the node-id rewrite pytest-xdist's own loadgroup relies on). A pytest of its own on three workers over
-dummy files in a temporary folder. Runtime: about 5 s."""
+dropped the node-id rewrite pytest-xdist's own loadgroup relies on). A pytest of its own on two workers (as
+`make test-fast` runs; `make test` runs three: each worker more is an interpreter more, and two already show a
+group kept whole on one of them while the rest spread) over dummy files in a temporary folder. Runtime: about 5 s."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def ran(tmp_path_factory) -> list[dict]:
         body = "".join(f"def test_{name}{i}():\n    record('{name}{i}')\n\n" for i in range(4))
         (root / f"test_{name}.py").write_text(DUMMY + body)
     record = root / "record.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
                            "--dist", "loadgroup", "--rootdir", str(root), "-c", str(root / "pytest.ini"), str(root)],
                           cwd=root, capture_output=True, text=True, timeout=300, env={**os.environ, "RECORD": str(record)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

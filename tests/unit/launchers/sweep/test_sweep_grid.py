@@ -4,7 +4,6 @@ refused when two collide), typed values, the recorded point, resubmission, statu
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,10 @@ from launchers.state import status as status_cli
 from launchers.sweep.estimate import grid_costs
 from launchers.sweep.expand import data_path, expand
 from launchers.submit import to_submit
+from rrtrain.cli.main import main as cli
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir.points import encode_value, point_key
-from trainutil import PY, REPO
+from trainutil import REPO
 
 BASE = {"name": "g", "config": "tiny.yaml", "data": "/data/x", "variants": ["review", "standard"],
         "overrides": {"train": {"max_steps": 4}},
@@ -124,14 +124,14 @@ def test_colliding_points_are_refused(tmp_path):
         expand_body(tmp_path, body)
 
 
-def test_cli_refuses_bad_grid_with_exit_2(tmp_path):
+def test_cli_refuses_bad_grid_with_exit_2(tmp_path, capsys):
+    """`rrtrain sweep` in this process (the command's main; its exit status is main's return)."""
     p = tmp_path / "bad.yaml"
     p.write_text(yaml.safe_dump(with_(BASE, config=str(REPO / "configs/train/tiny.yaml"),
                                       grid={"train.lr": ["fast"]})))
-    proc = subprocess.run([PY, "-m", "rrtrain", "sweep", str(p), "--out", str(tmp_path / "o"), "--dry-run"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
-    assert "grid train.lr: value 'fast'" in proc.stderr
+    assert cli(["sweep", str(p), "--out", str(tmp_path / "o"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "grid train.lr: value 'fast'" in err
     assert not (tmp_path / "o").exists()
 
 
@@ -178,15 +178,16 @@ def test_dry_run_prices_each_group(tmp_path):
 
 
 @pytest.mark.slow
-def test_plan_sweep_knows_the_grid(tmp_path):
+def test_plan_sweep_knows_the_grid(tmp_path, capsys):
+    """`rrtrain plan SWEEP` in this process (the command's main)."""
     p = tmp_path / "g.yaml"
     p.write_text(yaml.safe_dump(with_(BASE, config=str(REPO / "configs/train/tiny.yaml"))))
-    proc = subprocess.run([PY, "-m", "rrtrain", "plan", str(p)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "grid micro review: 2 points, 4 runs" in proc.stdout
-    assert "tiny-review-lr3e-3-warmup_steps2-s0" in proc.stdout
-    proc = subprocess.run([PY, "-m", "rrtrain", "plan", str(p), "--json"], capture_output=True, text=True, timeout=300)
-    runs = json.loads(proc.stdout)["runs"]
+    assert cli(["plan", str(p)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "grid micro review: 2 points, 4 runs" in out
+    assert "tiny-review-lr3e-3-warmup_steps2-s0" in out
+    assert cli(["plan", str(p), "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
     assert runs["tiny-review-lr3e-3-warmup_steps2-s0"]["point"] == {"train.lr": 0.003, "train.warmup_steps": 2}
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import yaml
 from launchers.sweep import spec
 from launchers.sweep.expand import data_path, expand
 from rrtrain.core.errors import UsageError
-from trainutil import PY, REPO, env
+from trainutil import REPO
 
 BASE = {"name": "t", "config": "tiny.yaml", "data": "/data/x", "variants": ["review", "standard"],
         "sizes": {"tiny": {"seeds": 2, "overrides": {"train.max_steps": 5}}}}
@@ -57,12 +56,13 @@ def test_bad_training_key_names_the_run(tmp_path):
         expand(sweep, tmp_path / "out", data_path(sweep, tmp_path / "out"))
 
 
-def test_cli_exit_2_one_line(tmp_path):
+def test_cli_exit_2_one_line(tmp_path, capsys):
+    """`rrtrain sweep` in this process (the command's main)."""
+    from rrtrain.cli.main import main
+
     p = write(tmp_path, with_(sizes={"tiny": {"seeds": -1}}))
-    proc = subprocess.run([PY, "-m", "rrtrain", "sweep", str(p), "--out", str(tmp_path / "o"), "--dry-run"],
-                          capture_output=True, text=True, env=env(), cwd=REPO, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == "rrtrain sweep: error: sizes.tiny.seeds must be at least 1, got -1"
+    assert main(["sweep", str(p), "--out", str(tmp_path / "o"), "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == "rrtrain sweep: error: sizes.tiny.seeds must be at least 1, got -1"
     assert not (tmp_path / "o").exists()
 
 

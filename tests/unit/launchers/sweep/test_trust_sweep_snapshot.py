@@ -73,14 +73,18 @@ def test_a_planted_snapshot_is_refused(tmp_path, kind):
     assert "\n" not in str(err.value)
 
 
-def test_rrtrain_sweep_refuses_it_in_one_line_exit_2(tmp_path):
+def test_rrtrain_sweep_refuses_it_in_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    """`rrtrain sweep` in this process (the command's main)."""
+    from rrtrain.cli.main import main
+
     out = tmp_path / "sweep"
     _taken(out)
     _plant(out / "code", "sitecustomize")
-    proc = subprocess.run([PY, "-m", "rrtrain", "sweep", str(_sweep_file(tmp_path)), "--out", str(out), "--dry-run"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "code snapshot is not what was taken" in proc.stderr
+    monkeypatch.chdir(tmp_path)
+    code = main(["sweep", str(_sweep_file(tmp_path)), "--out", str(out), "--dry-run"])
+    got = capsys.readouterr()
+    assert code == 2, got.out + got.err
+    assert len(got.err.strip().splitlines()) == 1 and "code snapshot is not what was taken" in got.err
 
 
 def test_sweep_json_never_chooses_the_code(tmp_path):

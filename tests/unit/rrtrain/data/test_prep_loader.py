@@ -203,7 +203,8 @@ def test_dataloader_workers_ignore_the_trainers_signals(ids_data, tmp_path):
 
 _CRASH = """
 import os, signal, sys
-from streaming import StreamingDataset
+from rrtrain.core.lazy_import import streaming_module  # streaming's own class; `import streaming` adds transformers
+StreamingDataset = streaming_module("streaming.base.dataset").StreamingDataset
 ds = StreamingDataset(remote=sys.argv[1], local=sys.argv[2], split="train", batch_size=1)  # not through rrtrain: the test holds the lock
 ds[0]
 os.killpg(0, signal.SIGKILL)  # the whole job dies, multiprocessing's resource tracker included

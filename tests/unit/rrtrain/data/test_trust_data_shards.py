@@ -70,14 +70,18 @@ def files_named(root: Path, name: str) -> list[Path]:
     return [p for p in root.rglob(name)]
 
 
-def test_a_shard_name_that_is_a_path_is_refused_by_verify_and_training(tmp_path):
+def test_a_shard_name_that_is_a_path_is_refused_by_verify_and_training(tmp_path, capsys):
     """`raw_data.basename: ../../x` passed `prep --verify` ("ok": true) and training decompressed the shard to
-    the path it names; now both refuse it and nothing named x is written anywhere."""
+    the path it names; now both refuse it and nothing named x is written anywhere. The verification runs in this
+    process (prep's main), the training start as its own process."""
+    from data_prep.cli import main
+
     d = dataset(tmp_path)
     rewrite_index(d, set_shard("raw_data.basename", "../../x"))
-    res = verify(d)
-    assert res.returncode == 2 and json.loads(res.stdout)["ok"] is False
-    assert "'raw_data': file name '../../x' is not a plain file name" in one_line(res.stderr, "rrtrain prep:")
+    assert main(["--verify", str(d)]) == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out)["ok"] is False
+    assert "'raw_data': file name '../../x' is not a plain file name" in one_line(err, "rrtrain prep:")
     res = train(d, tmp_path / "run")
     assert res.returncode == 2
     assert "is not a plain file name" in one_line(res.stderr, "rrtrain train: error:")

@@ -93,9 +93,11 @@ def test_compressed_shards_are_checked_without_importing_transformers(tmp_path):
     import subprocess
     import sys
 
-    from trainutil import REPO, env, prep_stories
+    from prep_helpers import write_id_dataset
+    from trainutil import REPO, env
 
-    data = prep_stories(tmp_path / "zstd", num_docs=40, compression="zstd")
+    data = tmp_path / "zstd"
+    write_id_dataset(data, 40, compression="zstd")  # prep's own shard writer and manifest, in this process
     code = ("import sys\nfrom rrtrain.data.loader import read_manifest\nfrom rrtrain.data.verify import verify_run_data\n"
             f"verify_run_data({str(data)!r}, read_manifest({str(data)!r}), 0)\n"
             "print(sorted(m for m in ('transformers', 'torchvision') if m in sys.modules))")

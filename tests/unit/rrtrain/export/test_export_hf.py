@@ -5,8 +5,9 @@ Tiny real runs (d_model 32, 2 blocks, 3 steps) of `standard` (with RoPE, so that
 subprocess where importing rrtrain is impossible (a meta-path finder refuses it, cwd elsewhere, PYTHONPATH
 cleared, an empty transformers module cache): the exported directories are self-contained. Their logits must
 equal rrtrain's own model's within 1e-5 (fp32). Every other registered rule is written the same way from an
-untrained model with perturbed weights and loaded in the same subprocess. Those tests are `slow` (they train);
-the bundling of every rule, the tokenizers and the refusals that need no run are in the fast tier.
+untrained model with perturbed weights and loaded in the same subprocess, which also generates with each (the
+generation tests). Those tests are `slow` (they train); the bundling of every rule, the tokenizers and the
+refusals that need no run are in the fast tier.
 """
 
 from __future__ import annotations
@@ -131,18 +132,42 @@ def transformers_env(work: Path) -> dict[str, str]:
     return env
 
 
+#: LOADER's and GENERATOR's scripts, each with its own argv, one after the other in ONE process: transformers'
+#: import (about 10 s of CPU) is paid once
+BOTH = r"""
+import json, sys
+for code, argv in json.loads(sys.argv[1]):
+    sys.argv = ["-c", *argv]
+    exec(compile(code, "<-c>", "exec"), {"__name__": "__main__"})
+"""
+
+
 @pytest.fixture(scope="module")
-def loaded(exports: dict[str, Path], every_rule: dict[str, tuple[Path, torch.Tensor]],
-           tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """What transformers makes of every export, in a process where rrtrain cannot be imported."""
+def in_transformers(exports: dict[str, Path], every_rule: dict[str, tuple[Path, torch.Tensor]],
+                    tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    """What transformers makes of every export (LOADER), and what generation with each of GENERATION's exports
+    gives (GENERATOR), in one process where rrtrain cannot be imported; the generation first, so that the
+    loader's look at the modules loaded at its end covers both."""
     work = tmp_path_factory.mktemp("elsewhere")
-    jobs = {name: (str(path), not name.endswith("_stock")) for name, path in exports.items()}
-    jobs.update({f"rule_{rule}": (str(path), True) for rule, (path, _) in every_rule.items()})
-    result = work / "found.pt"
-    proc = subprocess.run([sys.executable, "-I", "-c", LOADER, json.dumps(jobs), TEXT, str(result)], cwd=work,
-                          env=transformers_env(work), capture_output=True, text=True, timeout=600)
+    rope = tmp_path_factory.mktemp("generation")
+    generate = {rule: str(path) for rule, (path, _) in every_rule.items()}
+    generate.update({f"{rule}_rope": str(write_untrained(rope / f"rope_{rule}", rule, "rope")[0])
+                     for rule in ROPE_RULES})
+    load = {name: (str(path), not name.endswith("_stock")) for name, path in exports.items()}
+    load.update({f"rule_{rule}": (str(path), True) for rule, (path, _) in every_rule.items()})
+    found, made = work / "found.pt", work / "generated.pt"
+    parts = [(GENERATOR, [json.dumps(generate), json.dumps(PROMPTS), str(NEW_TOKENS), str(made)]),
+             (LOADER, [json.dumps(load), TEXT, str(found)])]
+    proc = subprocess.run([sys.executable, "-I", "-c", BOTH, json.dumps(parts)], cwd=work,
+                          env=transformers_env(work), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(result, weights_only=False)
+    return torch.load(found, weights_only=False), torch.load(made, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def loaded(in_transformers: tuple[dict, dict]) -> dict:
+    """What transformers makes of every export, in a process where rrtrain cannot be imported."""
+    return in_transformers[0]
 
 
 def rrtrain_logits(run: Path) -> tuple[list[int], torch.Tensor]:
@@ -453,21 +478,12 @@ GENERATION = [*residuals.names(), *(f"{rule}_rope" for rule in ROPE_RULES)]
 
 
 @pytest.fixture(scope="module")
-def generated(every_rule: dict[str, tuple[Path, torch.Tensor]], tmp_path_factory: pytest.TempPathFactory) -> dict:
+def generated(in_transformers: tuple[dict, dict]) -> dict:
     """What generation with each of GENERATION's exports gives, in a process where rrtrain cannot be imported."""
-    root = tmp_path_factory.mktemp("generation")
-    jobs = {rule: str(path) for rule, (path, _) in every_rule.items()}
-    jobs.update({f"{rule}_rope": str(write_untrained(root / f"rope_{rule}", rule, "rope")[0]) for rule in ROPE_RULES})
-    work = tmp_path_factory.mktemp("generate_elsewhere")
-    result = work / "generated.pt"
-    proc = subprocess.run([sys.executable, "-I", "-c", GENERATOR, json.dumps(jobs), json.dumps(PROMPTS),
-                           str(NEW_TOKENS), str(result)], cwd=work, env=transformers_env(work),
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(result, weights_only=False)
+    return in_transformers[1]
 
 
-@pytest.mark.slow  # one transformers process generates with every rule's export (~20 s)
+@pytest.mark.slow  # trains tiny runs; the transformers process generates with every rule's export
 @pytest.mark.parametrize("name", GENERATION)
 def test_left_padded_batch_generates_as_each_prompt_alone(name: str, generated: dict) -> None:
     """Batched greedy generation over left-padded prompts gives each prompt's own tokens, and its logits at every
@@ -484,7 +500,7 @@ def test_left_padded_batch_generates_as_each_prompt_alone(name: str, generated: 
         assert diff <= 1e-5, (row, float(diff))
 
 
-@pytest.mark.slow  # one transformers process generates with every rule's export (~20 s)
+@pytest.mark.slow  # trains tiny runs; the transformers process generates with every rule's export
 @pytest.mark.parametrize("name", GENERATION)
 def test_padded_forward_gives_the_unpadded_logits(name: str, generated: dict) -> None:
     """Left and right padding alike: the real tokens' logits are those of the prompt alone."""
@@ -498,7 +514,7 @@ def test_padded_forward_gives_the_unpadded_logits(name: str, generated: dict) ->
             assert torch.isfinite(logits[row]).all(), (side, row)  # padded positions stay finite too
 
 
-@pytest.mark.slow  # one transformers process generates with every rule's export (~20 s)
+@pytest.mark.slow  # trains tiny runs; the transformers process generates with every rule's export
 @pytest.mark.parametrize("name", GENERATION)
 def test_cached_generation_equals_decoding_without_cache(name: str, generated: dict) -> None:
     """`generate` (a DynamicCache by default) gives the tokens of greedy decoding by whole forwards, for every
@@ -511,7 +527,7 @@ def test_cached_generation_equals_decoding_without_cache(name: str, generated: d
         assert got["no_cache_generate"][row].tolist() == got["no_cache"][row].tolist(), row
 
 
-@pytest.mark.slow  # one transformers process generates with every rule's export (~20 s)
+@pytest.mark.slow  # trains tiny runs; the transformers process generates with every rule's export
 def test_tokenizer_output_goes_straight_into_generate(generated: dict) -> None:
     """`model.generate(**tokenizer(text))` works (the single-prompt generations above are made so): the
     tokenizer returns no token_type_ids, and the model ignores them when given."""
@@ -521,14 +537,14 @@ def test_tokenizer_output_goes_straight_into_generate(generated: dict) -> None:
         assert got["generate_with_token_type_ids"] is None  # generate passes them on, the model takes them
 
 
-@pytest.mark.slow  # one transformers process generates with every rule's export (~20 s)
+@pytest.mark.slow  # trains tiny runs; the transformers process generates with every rule's export
 def test_text_generation_pipeline(generated: dict) -> None:
     for name, got in generated.items():
         assert got["pipeline"] == got["decoded_single"], name
         assert got["pipeline"].startswith(PROMPTS[1]) and len(got["pipeline"]) > len(PROMPTS[1]), name
 
 
-@pytest.mark.slow  # one transformers process generates with every rule's export (~20 s)
+@pytest.mark.slow  # trains tiny runs; the transformers process generates with every rule's export
 def test_generating_past_the_length_is_a_clear_error(generated: dict) -> None:
     """The first forward past max_position_embeddings (64) is a ValueError naming both lengths; 64 is fine."""
     for name, got in generated.items():

@@ -3,11 +3,9 @@ resolution into an int, and its refusal on a CPU (one line, exit 2, nothing writ
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from trainutil import PY, REPO, TINY, env
+from trainutil import TINY
 
 from rrtrain.config import load_config
 from rrtrain.core.errors import UsageError
@@ -60,13 +58,15 @@ def test_config_accepts_auto_and_integers_only():
             load_config(TINY, [f"train.micro_batch={bad}"])
 
 
-def test_train_refuses_auto_on_cpu_in_one_line_and_writes_nothing(tmp_path):
+def test_train_refuses_auto_on_cpu_in_one_line_and_writes_nothing(tmp_path, capsys):
+    """`rrtrain train` in this process (the command's main)."""
+    from rrtrain.cli.main import main
+
     run_dir = tmp_path / "run"
-    proc = subprocess.run([PY, "-m", "rrtrain", "train", TINY, f"run.dir={run_dir}", f"data.path={tmp_path}",
-                           "train.micro_batch=auto"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "train.micro_batch=auto needs a CUDA device" in lines[0], proc.stderr
+    assert main(["train", TINY, f"run.dir={run_dir}", f"data.path={tmp_path}", "train.micro_batch=auto"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "train.micro_batch=auto needs a CUDA device" in lines[0], err
     assert not run_dir.exists()
 
 

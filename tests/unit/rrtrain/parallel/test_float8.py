@@ -148,14 +148,16 @@ def test_config_keys():
             load_config(TINY, bad)
 
 
-def test_train_refuses_float8_on_cpu_in_one_line_and_writes_nothing(tmp_path):
+def test_train_refuses_float8_on_cpu_in_one_line_and_writes_nothing(tmp_path, capsys):
+    """`rrtrain train` in this process (the command's main)."""
+    from rrtrain.cli.main import main
+
     run_dir = tmp_path / "run"
-    proc = subprocess.run([PY, "-m", "rrtrain", "train", TINY, f"run.dir={run_dir}", f"data.path={tmp_path}",
-                           "parallel.float8=rowwise", "parallel.precision=bf16"],
-                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "parallel.float8=rowwise needs a GPU with float8 matmuls" in lines[0], proc.stderr
+    assert main(["train", TINY, f"run.dir={run_dir}", f"data.path={tmp_path}", "parallel.float8=rowwise",
+                 "parallel.precision=bf16"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "parallel.float8=rowwise needs a GPU with float8 matmuls" in lines[0], err
     assert not run_dir.exists()
 
 

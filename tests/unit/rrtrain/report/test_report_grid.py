@@ -130,17 +130,17 @@ def test_failing_at_every_point_is_reported_with_the_points(sweep, tmp_path):
     assert summary["grid"]["rule"].startswith("per size and variant")
 
 
-def test_bad_grid_options_exit_2(sweep):
-    import subprocess
-    import sys
+def test_bad_grid_options_exit_2(sweep, capsys):
+    """`rrtrain report` in this process (the command's main)."""
+    from rrtrain.cli.main import main
 
     for args, message in ((["--select-seeds", "0"], "--select-seeds must be at least 1"),
                           (["--shared", "train.lr=5"], "train.lr=5 was not tried"),
                           (["--shared", "train.wd=5"], "not a grid key"),
                           (["--lr-for", "huge"], "neither a size preset nor a parameter count")):
-        proc = subprocess.run([sys.executable, "-m", "rrtrain", "report", str(sweep), *args], capture_output=True,
-                              text=True, timeout=120)
-        assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr)
+        code = main(["report", str(sweep), *args])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err, (args, err)
 
 
 def test_fit_recovers_a_known_power_law(tmp_path):

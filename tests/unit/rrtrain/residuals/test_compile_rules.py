@@ -6,12 +6,16 @@ dynamo with fullgraph=True, forward and backward, also on a diagnostic step (the
 gate statistics). Graph breaks are found by dynamo's tracing whatever the backend, so the "eager" backend keeps
 this fast (no AOT autograd, no code generation; tests/e2e/test_train_single.py trains with inductor end to end).
 
-One graph per block: the blocks of a model of N_BLOCKS blocks (more than dynamo's recompile limit of 8, past
-which it stops compiling and runs eagerly) are compiled by `prepare_blocks`, the trainer's own path, with a
-backend that counts the graphs it is handed ("aot_eager": AOT autograd traces the backward too, no code
-generation). Before the fix AttnRes compiled one graph per block (8, then eager), GR, HC and mHC two or three
-(docs/performance.md, "Compile"). Loss and gradients equal the eager model's to 1e-5 over two steps, and the
-second step compiles nothing. Runtime: about 1 s per rule for the first test, 2-4 s for the second.
+One graph per block: the blocks of a model of N_BLOCKS blocks are compiled by `prepare_blocks`, the trainer's own
+path, with a backend that counts the graphs it is handed ("aot_eager": AOT autograd traces the backward too, no
+code generation). N_BLOCKS = 4 shows every block shape at least twice (the rules whose blocks alternate, or whose
+first block differs), so a graph per block counts 4, more than any rule's expected 1 or 2; a graph costs the same
+to compile at any depth, but a depth-aggregating rule's graph grows with the blocks it reads. Before the fix
+AttnRes compiled one graph per block (past dynamo's recompile limit of 8, it then ran eagerly), GR, HC and mHC two
+or three (docs/performance.md, "Compile"). Loss and gradients equal the eager model's to 1e-5 over two steps, and
+the second step compiles nothing. mHC runs 2 Sinkhorn iterations in both tests (SMALL), not its default 20: the
+same loop body, which dynamo unrolls, in a tenth of the graph. Runtime: about 0.5 s per rule for the first test,
+1-4 s for the second.
 """
 
 from __future__ import annotations
@@ -28,13 +32,15 @@ from rrtrain.parallel.prepare import prepare_blocks
 from rrtrain.residuals import StreamInfo
 from rrtrain.residuals.attnres import AttnResStream, Sources, depth_attention
 
-N_BLOCKS = 10
+N_BLOCKS = 4
+#: knobs that shrink a rule's graph without changing its structure (mHC's Sinkhorn loop, unrolled by dynamo)
+SMALL = {"mhc": {"sinkhorn_iters": 2}}
 
 
 def tiny(variant: str) -> torch.nn.Module:
     torch.manual_seed(0)
     m = ModelConfig(size="tiny", variant=variant, d_model=32, n_layers=1, n_heads=4, d_ff=64, seq_len=8,
-                    vocab_size=64, residual=dict())
+                    vocab_size=64, residual=dict(SMALL.get(variant, {})))
     return build_model(m)
 
 
@@ -71,7 +77,7 @@ RULES = {
     "gr": (["model.variant=gr"], 1),
     "hc": (["model.variant=hc"], 1),
     "hc_static": (["model.variant=hc", "model.residual.hc_dynamic=false"], 1),
-    "mhc": (["model.variant=mhc"], 1),
+    "mhc": (["model.variant=mhc", "model.residual.sinkhorn_iters=2"], 1),
     # a per-block constant (1/sqrt(l)) and a pair state whose two tensors are one at the first block
     "ln_scaling": (["model.variant=ln_scaling"], 1),
     "layer_scalars": (["model.variant=layer_scalars"], 1),

@@ -70,18 +70,19 @@ def report_peak(sweep: Path) -> tuple[int, int]:
 
 @pytest.mark.slow
 def test_report_on_a_sparse_metrics_file_stays_small(tmp_path):
-    """`rrtrain report` over a run whose metrics.jsonl holds a 1 GiB line of zeros: the run is reported with the
+    """`rrtrain report` over a run whose metrics.jsonl holds a 256 MiB line of zeros: the run is reported with the
     line counted in its problems, and the report's peak memory is that of the same report without the line (the
-    report itself, torch and matplotlib imported, is about 1 GB), not 1 GiB more."""
+    report itself, torch and matplotlib imported, is about 750 MB; the two differ by a few MB), within 64 MiB: not
+    the line's 256 MiB more."""
     peaks = {}
-    for name, size in (("plain", 0), ("sparse", 1024 * MiB)):
+    for name, size in (("plain", 0), ("sparse", 256 * MiB)):
         run = tmp_path / name / "tiny" / "review-0"
         sparse_metrics(run / "metrics.jsonl", size)
         (run / "final.json").write_text(json.dumps({"status": "completed", "step": 2, "final_val_loss": 2.0,
                                                     "params": 1e6, "variant": "review", "size": "tiny", "seed": 0}))
         code, peaks[name] = report_peak(tmp_path / name)
         assert code == 0, (tmp_path / f"{name}.err").read_text()[-3000:]
-    assert peaks["sparse"] < peaks["plain"] + 256 * 1024, f"{peaks['sparse'] - peaks['plain']} KiB more for the line"
+    assert peaks["sparse"] < peaks["plain"] + 64 * 1024, f"{peaks['sparse'] - peaks['plain']} KiB more for the line"
     assert "metrics.jsonl: 1 unreadable line(s) skipped" in (tmp_path / "sparse" / "report" / "results.csv").read_text()
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from prep_helpers import prep
 from rrtrain.rundir.outcome import keeps_recorded
-from trainutil import REPO, env, train, train_cmd
+from trainutil import train, train_cmd
+from unit.rrtrain.training.test_callbacks_user import run_from
 
 PREP = ["--source", "synthetic:stories", "--num-docs", "30", "--seq-len", "32", "--min-val-samples", "4"]
 
@@ -165,12 +165,9 @@ def test_a_completed_run_stays_completed_when_a_later_attempt_fails_while_traini
     before = (run_dir / "final.json").read_bytes()
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "rrtrain_test_breaks.py").write_text(BREAKS)
-    e = env()
-    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp_path / "lib"), e.get("PYTHONPATH")) if p)
-    proc = subprocess.run(train_cmd(run_dir, stories_data, ["train.max_steps=3", "train.eval_every=0",
-                                                            "data.eval_batches=1", "train.allow_config_change=true",
-                                                            "train.callbacks=[rrtrain_test_breaks:Breaks]"]),
-                          cwd=REPO, env=e, capture_output=True, text=True, timeout=300)
+    proc = run_from(tmp_path / "lib", train_cmd(run_dir, stories_data, [
+        "train.max_steps=3", "train.eval_every=0", "data.eval_batches=1", "train.allow_config_change=true",
+        "train.callbacks=[rrtrain_test_breaks:Breaks]"]), timeout=300)
     assert proc.returncode == 1 and "a failure after training started" in proc.stderr, proc.stderr[-2000:]
     assert (run_dir / "final.json").read_bytes() == before  # the completed ending stands
     assert not (run_dir / "run.lock").exists()

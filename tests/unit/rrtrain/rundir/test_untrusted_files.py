@@ -42,7 +42,7 @@ from rrtrain.rundir import lock as runlock
 from rrtrain.rundir import train_state as train_state_file
 from rrtrain.rundir.metrics import MetricsLogger
 from sweeputil import write_record
-from trainutil import PY, REPO, env
+from trainutil import REPO
 
 RID = "tiny-review-s0"
 
@@ -228,13 +228,13 @@ def test_a_base_cycle_through_two_files_is_named(tmp_path):
         read_yaml(tmp_path / "a.yaml")
 
 
-def test_bad_config_yaml_through_rrtrain_train_is_one_line(tmp_path):
+def test_bad_config_yaml_through_rrtrain_train_is_one_line(tmp_path, capsys):
+    """`rrtrain train` in this process (the command's main: an exception it let out would fail the test)."""
     (tmp_path / "c.yaml").write_bytes(b"base: c.yaml\n")
-    proc = subprocess.run([PY, "-m", "rrtrain", "train", str(tmp_path / "c.yaml")], capture_output=True, text=True,
-                          env=env(), cwd=REPO, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == [f"rrtrain train: error: {tmp_path / 'c.yaml'}: base: 'c.yaml' leads "
-                                                "back to itself (c.yaml -> c.yaml)"]
+    assert rrtrain_main(["train", str(tmp_path / "c.yaml")]) == 2
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == [f"rrtrain train: error: {tmp_path / 'c.yaml'}: base: 'c.yaml' leads "
+                                        "back to itself (c.yaml -> c.yaml)"]
 
 
 @pytest.mark.parametrize("change, why", [
@@ -252,31 +252,32 @@ def test_a_manifest_field_of_the_wrong_type_or_range_is_refused(stories_data, tm
         read_manifest(str(tmp_path))
 
 
-def test_prep_and_report_out_through_a_file_is_one_line(tmp_path):
+def test_prep_and_report_out_through_a_file_is_one_line(tmp_path, capsys):
+    """The commands in this process (their main: an exception either let out would fail the test)."""
     (tmp_path / "f").write_text("x")
     sweep = fake_sweep(tmp_path / "s", {"status": "completed", "size": "tiny", "variant": "review", "seed": 0,
                                         "final_val_loss": 1.0})
     for cmd in (["prep", "--source", "synthetic:stories", "--tokenizer", "byte", "--seq-len", "16", "--num-docs", "5",
                  "--out", str(tmp_path / "f" / "d")], ["report", str(sweep), "--out", str(tmp_path / "f" / "r")]):
-        proc = subprocess.run([PY, "-m", "rrtrain", *cmd], capture_output=True, text=True, env=env(), cwd=REPO,
-                              timeout=120)
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1
+        code = rrtrain_main(cmd)
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.slow
-def test_prep_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path):
+def test_prep_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys):
     disk = tmp_path / "small"
     disk.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True).returncode:
         pytest.skip("mounting a small tmpfs needs root")
-    try:
-        proc = subprocess.run([PY, "-m", "rrtrain", "prep", "--source", "synthetic:stories", "--tokenizer", "byte",
-                               "--seq-len", "64", "--num-docs", "3000", "--out", str(disk / "data")],
-                              capture_output=True, text=True, env=env(), cwd=REPO, timeout=300)
-        assert proc.returncode == 1, proc.stderr[-2000:]
-        assert "Traceback" not in proc.stderr
-        assert proc.stderr.strip().splitlines()[-1].startswith(
+    try:  # `rrtrain prep` in this process (its main: an exception it let out would fail the test)
+        code = rrtrain_main(["prep", "--source", "synthetic:stories", "--tokenizer", "byte", "--seq-len", "64",
+                             "--num-docs", "3000", "--out", str(disk / "data")])
+        err = capsys.readouterr().err
+        assert code == 1, err[-2000:]
+        assert "Traceback" not in err
+        assert err.strip().splitlines()[-1].startswith(
             "rrtrain prep: error: cannot write the dataset: No space left on device")
         assert os.listdir(disk) == []  # the staging directory is gone, and no half-written OUT
     finally:

@@ -2,17 +2,17 @@
 handed the loop interface (not the trainer), its state checkpointed and restored like the built-ins'; a bad
 entry is refused with one line and exit 2 before the run directory is touched.
 
-Runtime: two short tiny runs (about 15 s) and a few refusals in-process."""
+Runtime: two short tiny runs (forked by the tests' fork server: about 5 s) and a few refusals in-process."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import trainutil
 from trainutil import PY, REPO, TINY, env, final
 
 MODULE = "rrtrain_test_user_callbacks"
@@ -78,12 +78,29 @@ def user_module(where: Path) -> Path:
     return where
 
 
+def run_from(folder: Path, cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """`cmd` (a one-process `python -m rrtrain.train ...`) started in `folder`, a user's own folder holding their
+    module, which `python -m` puts first on sys.path as PYTHONPATH would (a PYTHONPATH of its own would need a
+    fork server of its own): forked by the tests' fork server where one serves (tests/trainutil.py), else a plain
+    process."""
+    server = trainutil._server_for(env()) if trainutil._forks(cmd) else None
+    if server is not None:
+        proc = server.start(cmd, env(), str(folder), merge_stderr=False)
+    else:
+        proc = subprocess.Popen(cmd, cwd=folder, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            trainutil.kill_group(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def train_with(run: Path, data: Path, lib: Path, *overrides: str) -> subprocess.CompletedProcess:
-    e = env()
-    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(lib), e.get("PYTHONPATH")) if p)
     cmd = [PY, "-m", "rrtrain.train", TINY, f"data.path={data}", f"run.dir={run}", *SMALL,
            f"train.callbacks=[{MODULE}:StepCounter]", *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
+    proc = run_from(lib, cmd)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
