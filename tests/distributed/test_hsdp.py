@@ -15,7 +15,7 @@ parity bound, not bitwise. Checked per layout:
 (d) under HSDP, the resumed run restarted from its own later checkpoint continues bit for bit (exact resume at
     the new layout).
 A small model (d_model 32, 2 blocks, 2 heads) for 10 steps, resumed at step 5: resharding, the mesh's reductions
-and the resume do not depend on the width. Runtime: 9 launches (five of 4 ranks).
+and the resume do not depend on the width. Runtime: 9 launches (five of 4 ranks), about 60 CPU seconds.
 """
 
 from __future__ import annotations

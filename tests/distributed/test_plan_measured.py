@@ -4,7 +4,7 @@ process (this one) also activation checkpointing (full) and a multi-stream rule 
 checkpointing. The worker runs two real steps of the model and engine under torch's MemTracker
 (tests/distributed/plan_peak_worker.py), every case of a test in one process, eagerly (`train.compile=false`):
 the plan models eager steps, and met them within 2% here (a cold inductor compile of each case's blocks also
-tripled the test's time). Runtime: about 25 s on 2 quiet cores.
+tripled the test's time). Runtime: about 45 CPU seconds.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ step 2; a run resumed from that step-2 checkpoint ends exactly where the 4 steps
 parameters, bit for bit; nGPT's matrices on the unit sphere, which its hook keeps across the shards); then bf16
 under FSDP2's policy. Both runs of the resume check have the same schedule (max_steps 4), so the resumed run must
 restore its place in it. A small model (d_model 32, 2 blocks, 2 heads): what is checked is the rule's state under
-sharding, checkpointing and casting, which any width has. Runtime: 3 runs of 2 ranks per rule, about 10 CPU
+sharding, checkpointing and casting, which any width has. Runtime: 3 runs of 2 ranks per rule, about 8 CPU
 seconds; `rrtrain check-rule NAME` runs the resume and one-process parity checks on any rule as well.
 """
 

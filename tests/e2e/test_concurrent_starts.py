@@ -25,8 +25,8 @@ TINY = ("model.size=micro", "train.max_steps=1", "train.compile=false", "train.g
 #: exit unlinks its names, without any lock), until its stdin closes; a race it loses is its own problem (it
 #: counts them: a job that lost one). A job exits as Python does up to the point where its names are gone (its
 #: threads' exit hooks and joins, then the atexit hooks, streaming's unlinks among them); the interpreter's
-#: teardown after that, which only frees memory (about a second of CPU in a child of a process holding torch's
-#: modules, most of the test's CPU when it ran), is left out.
+#: teardown after that, which only frees memory, is left out: in a child of a process holding torch's modules
+#: it took about a second of CPU per job, ten times the rest of the job.
 FOREIGN = """
 import atexit, os, random, select, sys, threading, time
 from rrtrain.core.lazy_import import streaming_module  # streaming's modules only, without transformers

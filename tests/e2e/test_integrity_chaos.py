@@ -5,7 +5,7 @@ losses bitwise identical to the uninterrupted run. Every other restart writes it
 background (`train.ckpt_async`): kills land inside those writes too, and a run resumes across the change of
 mode. The two FSDP ranks start as srun or submitit start them (one process each, forked by the tests' fork
 server, `trainutil.start_ranks`) and every kill takes both ranks with whatever they started: torchrun's agent,
-SIGKILLed with its ranks, would play no part. Budget: about 90 s (1 process) + 30 s (FSDP) on a quiet
+SIGKILLed with its ranks, would play no part. Budget: about 90 s (1 process) + 50 s (FSDP) on a quiet
 machine."""
 
 from __future__ import annotations

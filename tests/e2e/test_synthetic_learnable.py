@@ -14,7 +14,7 @@ from rrtrain.config import ModelConfig
 from rrtrain.data.loader import TrainLoader, eval_batches, read_manifest
 from rrtrain.resolve import build_model
 
-STEPS, MICRO, SEQ = 300, 16, 64
+STEPS, MICRO, SEQ = 200, 16, 64
 
 
 @torch.no_grad()

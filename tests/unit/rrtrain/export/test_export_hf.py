@@ -463,8 +463,9 @@ for name, path in jobs.items():
     n = model.config.max_position_embeddings
     long = torch.randint(0, eos, (1, n - 4))
     f["max_len"] = n
-    f["too_long_generate"] = refusal(lambda: model.generate(long, max_new_tokens=8, do_sample=False))
-    f["too_long_no_cache"] = refusal(lambda: model.generate(long, max_new_tokens=8, do_sample=False, use_cache=False))
+    past = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False)  # min: no EOS ends it before the length
+    f["too_long_generate"] = refusal(lambda: model.generate(long, **past))
+    f["too_long_no_cache"] = refusal(lambda: model.generate(long, **past, use_cache=False))
     f["too_long_forward"] = refusal(lambda: model(torch.randint(0, eos, (1, n + 1))))
     f["full_length"] = model(torch.randint(0, eos, (1, n))).logits.shape[1]
 torch.save(found, out)
