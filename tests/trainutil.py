@@ -68,10 +68,10 @@ MAX_SERVERS = 3
 _DEFAULT = frozenset(forkserver.startup_env(env()).items())  # this process's own: served from the first run
 
 
-def _forks(cmd: list[str]) -> bool:
+def _forks(cmd: list[str], module: str = "rrtrain.train") -> bool:
     """Whether `cmd` may run as a child of a fork server (tests/forkserver.py): a one-process
-    `python -m rrtrain.train`, outside the fast tier (whose guard watches Popen), unless RRTRAIN_TEST_FORKSERVER=0."""
-    return (cmd[:3] == [PY, "-m", "rrtrain.train"] and os.environ.get(forkserver.ENV_SWITCH, "1") != "0"
+    `python -m MODULE`, outside the fast tier (whose guard watches Popen), unless RRTRAIN_TEST_FORKSERVER=0."""
+    return (cmd[:3] == [PY, "-m", module] and os.environ.get(forkserver.ENV_SWITCH, "1") != "0"
             and not tiers.fast_tier() and hasattr(os, "fork"))
 
 
@@ -96,23 +96,25 @@ def _server_for(environ: dict[str, str]) -> Optional[forkserver.Client]:
     return server if server.serves(environ) else None
 
 
-def spawn(cmd: list[str], environ: dict[str, str], merge_stderr: bool, fresh: bool = False) -> Process:
-    """Start `cmd` in a session of its own with stdout and stderr piped (merged or not): forked by a fork server
-    where one serves (`_forks`, `_server_for`), else a plain subprocess. `fresh`: always a plain subprocess (a
-    test of what a new interpreter does at start-up)."""
-    server = _server_for(environ) if not fresh and _forks(cmd) else None
+def spawn(cmd: list[str], environ: dict[str, str], merge_stderr: bool, fresh: bool = False,
+          cwd: Optional[Path] = None, module: str = "rrtrain.train") -> Process:
+    """Start `cmd` in a session of its own, in `cwd` (the repository by default), with stdout and stderr piped
+    (merged or not): forked by a fork server where one serves (`_forks` for `python -m MODULE`, `_server_for`), else a
+    plain subprocess. `fresh`: always a plain subprocess (a test of what a new interpreter does at start-up)."""
+    folder = cwd if cwd is not None else REPO
+    server = _server_for(environ) if not fresh and _forks(cmd, module) else None
     if server is not None:
-        return server.start(cmd, environ, str(REPO), merge_stderr)
-    return subprocess.Popen(cmd, cwd=REPO, env=environ, stdout=subprocess.PIPE,
+        return server.start(cmd, environ, str(folder), merge_stderr)
+    return subprocess.Popen(cmd, cwd=folder, env=environ, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
                             start_new_session=True)
 
 
-def run_cmd(cmd: list[str], environ: dict[str, str], timeout: float,
-            fresh: bool = False) -> subprocess.CompletedProcess:
-    """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout) in the repository, through spawn (a
-    one-process training run is forked by the fork server); on timeout the process tree is killed."""
-    proc = spawn(cmd, environ, merge_stderr=False, fresh=fresh)
+def run_cmd(cmd: list[str], environ: dict[str, str], timeout: float, fresh: bool = False,
+            cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout) in `cwd` (the repository by default),
+    through spawn (a one-process training run is forked by the fork server); on timeout the process tree is killed."""
+    proc = spawn(cmd, environ, merge_stderr=False, fresh=fresh, cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -7,28 +7,18 @@ and one more for torchrun's agent cost 3-4 s of CPU each, a fork ~0.3 s. Importe
 
 from __future__ import annotations
 
-import os
 import subprocess
 from typing import Optional
 
-import forkserver
-import tiers
 import trainutil
-from trainutil import PY, REPO, Process, env, free_port, wait_ranks
+from trainutil import PY, Process, env, free_port, wait_ranks
 
 
 def spawn_module(module: str, args: list[str], environ: dict[str, str], merge_stderr: bool = False) -> Process:
     """`python -m module *args` in the repository, in a session of its own, stdout and stderr piped (merged or
     not): forked by the fork server that serves `environ` (as `trainutil.spawn` forks a training run), else a
     plain subprocess (no server, RRTRAIN_TEST_FORKSERVER=0, the fast tier)."""
-    cmd = [PY, "-m", module, *args]
-    forks = os.environ.get(forkserver.ENV_SWITCH, "1") != "0" and not tiers.fast_tier() and hasattr(os, "fork")
-    server = trainutil._server_for(environ) if forks else None
-    if server is not None:
-        return server.start(cmd, environ, str(REPO), merge_stderr)
-    return subprocess.Popen(cmd, cwd=REPO, env=environ, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return trainutil.spawn([PY, "-m", module, *args], environ, merge_stderr, module=module)
 
 
 def rank_env(rank: int, world: int, port: int, local: Optional[tuple[int, int]] = None) -> dict[str, str]:

@@ -83,18 +83,7 @@ def run_from(folder: Path, cmd: list[str], timeout: float = 600) -> subprocess.C
     module, which `python -m` puts first on sys.path as PYTHONPATH would (a PYTHONPATH of its own would need a
     fork server of its own): forked by the tests' fork server where one serves (tests/trainutil.py), else a plain
     process."""
-    server = trainutil._server_for(env()) if trainutil._forks(cmd) else None
-    if server is not None:
-        proc = server.start(cmd, env(), str(folder), merge_stderr=False)
-    else:
-        proc = subprocess.Popen(cmd, cwd=folder, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            trainutil.kill_group(proc)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return trainutil.run_cmd(cmd, env(), timeout, cwd=folder)
 
 
 def train_with(run: Path, data: Path, lib: Path, *overrides: str) -> subprocess.CompletedProcess:
