@@ -225,24 +225,44 @@ def held(pids: list[int]) -> Iterator[None]:
     """The processes stopped (SIGSTOP) for the block and let go (SIGCONT) after it, also when it fails. A test
     that holds a trainer while a scheduler's warning is on its way decides the step the warning acts on,
     whatever the machine's speed: the run need not be long enough to outlast the scheduler's timer."""
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
     try:
-        deadline = time.time() + 10
-        while not all(_state(pid) in ("T", None) for pid in pids):
-            assert time.time() < deadline, f"{pids} did not stop"
-            time.sleep(0.01)
+        stop(pids)
         yield
     finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        let_go(pids)
+
+
+def stop(pids: list[int]) -> None:
+    """SIGSTOP, returning once each process has stopped (or is gone)."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    deadline = time.time() + 10
+    while not all(_state(pid) in ("T", None) for pid in pids):
+        assert time.time() < deadline, f"{pids} did not stop"
+        time.sleep(0.01)
+
+
+def let_go(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def children(pid: int) -> list[int]:
+    """The live (not yet reaped, not zombie) children of a process, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            status = _status(int(entry.name))
+            if status and status.get("PPid") == str(pid) and status["State"][:1] != "Z":
+                found.append(int(entry.name))
+    return found
 
 
 def _status(pid: int) -> dict[str, str] | None:
     try:
         text = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
     return dict((k, v.strip()) for k, _, v in (line.partition(":") for line in text.splitlines()))
 
@@ -250,6 +270,11 @@ def _status(pid: int) -> dict[str, str] | None:
 def _state(pid: int) -> str | None:
     status = _status(pid)
     return status["State"][:1] if status else None
+
+
+def ended(pid: int) -> bool:
+    """Whether a process has exited (a zombie its stopped parent has not reaped, or gone)."""
+    return _state(pid) in ("Z", None)
 
 
 def signalled(pid: int, sig: int) -> bool:

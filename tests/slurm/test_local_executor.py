@@ -3,12 +3,14 @@ sends USR2 `signal_delay_s` before `timeout_min` and restarts the job when the j
 The run checkpoints on the USR2, the entry point requeues through submitit's protocol, and the restarted
 job resumes, until the run finishes with exactly its step count and every step logged once. No Slurm.
 
-The trainer is held (SIGSTOP) from its first logged step until the executor's USR2 is pending, so that the
-warning falls mid-run however fast the machine trains: the run need not outlast the executor's timer, and a
-short run serves (a run long enough to outlast it on a quiet machine took over a dozen attempts on a loaded
-one). It checks for a stop every step, so it acts on the warning at the step after the hold; the time it has
-for that, its checkpoint and its exit is generous (a loaded machine took over 20 s), and is waited only when
-taken.
+The executor keeps each attempt's clock in its controller process, and the test stops that clock (SIGSTOP)
+whenever it is not the thing under test, so that no step depends on the machine's speed: while the first
+attempt starts up (the clock resumes once the trainer has logged its first step and is held there: the
+warning then falls mid-run however fast the machine trains), and for the whole of the second attempt (which
+then runs to the end however slowly it resumes: a loaded machine once took more than the executor's timer to
+resume, was warned again mid-load and ran out of restarts). The trainer checks for a stop every step, so it
+acts on the warning at the step after the hold; the time it has for that, its checkpoint and its exit is
+generous (a loaded machine took over 20 s), and is waited only when taken.
 
 One task: a rank other than 0 waits for rank 0's requeue to end the job (on Slurm it does at once), and the
 LocalExecutor restarts a job only when all its tasks have exited, so with two tasks every attempt would last
@@ -24,12 +26,20 @@ import time
 import submitit
 
 from launchers.executors.entry import RunJob
-from slurmutil import held, rrtrain, sweep_file, wait_signalled
+from slurmutil import children, ended, held, let_go, rrtrain, stop, sweep_file, wait_signalled
 from trainutil import env, final, losses, records
 
 STEPS = 20  # the trainer is held at its first logged step until the warning: what follows the resume is short
-SIGNAL_AFTER_S = 40  # USR2 this long after each attempt starts (start-up to the first step takes 5-20 s of it)
+SIGNAL_AFTER_S = 20  # USR2 this long after each attempt starts, on the executor's clock (stopped during start-up)
 EXIT_WITHIN_S = 120  # then the time the task has to save and exit before the executor kills it (not a requeue)
+
+
+def _task(controller: int, deadline: float, other_than: int | None = None) -> int:
+    """The executor's task (the trainer), once the controller has started one that is not `other_than`."""
+    while not (tasks := [pid for pid in children(controller) if pid != other_than]):
+        assert time.time() < deadline, "the executor started no task in time"
+        time.sleep(0.02)
+    return tasks[0]
 
 
 def test_local_executor_time_limit_requeues_until_done(tmp_path, stories_data):
@@ -43,25 +53,36 @@ def test_local_executor_time_limit_requeues_until_done(tmp_path, stories_data):
                                tasks_per_node=1)
     run = out / "tiny-review-s0"
     job = executor.submit(RunJob(str(out)), "tiny-review-s0")
+    controller = job._process.pid  # submitit's controller: it starts each attempt and keeps its clock
+    deadline = time.time() + 300
     try:
-        deadline = time.time() + 300
+        first = _task(controller, deadline)
+        stop([controller])
         while not losses(run):
-            assert time.time() < deadline and not job.done(), job.stderr()
+            assert time.time() < deadline and not ended(first), job.stderr()
             time.sleep(0.05)
-        pid = json.loads((run / "run.lock").read_text())["pid"]  # the trainer: the task itself
-        with held([pid]):
+        assert json.loads((run / "run.lock").read_text())["pid"] == first  # the trainer is the task itself
+        with held([first]):
             held_at = max(losses(run))
-            wait_signalled([pid], signal.SIGUSR2, timeout=SIGNAL_AFTER_S + 10)
+            let_go([controller])
+            wait_signalled([first], signal.SIGUSR2, timeout=SIGNAL_AFTER_S + 30)
+        second = _task(controller, deadline, other_than=first)  # requeued
+        stop([controller])
+        while not ended(second):
+            assert time.time() < deadline, job.stderr()
+            time.sleep(0.05)
+        let_go([controller])
         try:
             result = job.result()
         except submitit.core.utils.UncompletedJobError as err:  # killed by the executor, or out of restarts
             raise AssertionError(f"{err}\n{(job.stdout() or '')[-3000:]}\n{(job.stderr() or '')[-3000:]}") from None
     finally:
+        let_go([controller])
         if not job.done():
             job.cancel(check=False)
     log = job.stdout() or ""
     assert result["status"] == "completed" and result["step"] == STEPS, result
     resumed = [int(s) for s in re.findall(r"resumed at step (\d+)", log)]
-    assert log.count("Requeued job") >= 1 and resumed and held_at <= resumed[0] < STEPS, log[-3000:]
+    assert log.count("Requeued job") == 1 and len(resumed) == 1 and held_at <= resumed[0] < STEPS, log[-3000:]
     assert final(run)["status"] == "completed"
     assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, STEPS + 1)), "each step once"
