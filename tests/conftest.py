@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Iterator
@@ -94,6 +95,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, AN
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker sends the collection to the controller
 def pytest_collection_finish(session: pytest.Session) -> None:
     xdist_groups.write_groups(session)
+    # What collection built (every module, item and fixture definition: most of a worker's heap) lives as long as
+    # the session: out of the collector's reach, a full collection no longer walks it (each one did, hundreds of
+    # times over a worker's tests).
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -22,6 +22,7 @@ first); it ends when its stdin closes.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -306,6 +307,10 @@ def serve(path: str, preload: Sequence[str]) -> None:
     err_copy.seek(0)
     preamble = err_copy.read()
     err_copy.close()
+    # The imported modules live as long as any child: out of the collector's reach, a child's full collections
+    # do not walk them (and write to every page they touch, copying the server's heap page by page).
+    gc.collect()
+    gc.freeze()
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
