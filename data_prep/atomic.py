@@ -4,7 +4,8 @@ An interrupted prep (SIGINT, SIGTERM, an error) removes its staging directory; a
 (SIGKILL) leaves only a hidden `.NAME.tmp-HOST-PID-*` sibling, which the next prep names in a one-line
 warning once that process is gone and leaves: nothing proves this invocation made it (`files.made_here`).
 With `--overwrite` the old OUT is swapped out in one `renameat2(RENAME_EXCHANGE)` where the OS has it, else moved aside first, and deleted only after the new OUT is in place; `--overwrite`
-replaces only an empty directory or one holding an rrtrain dataset, never the working directory, a parent of
+replaces only an empty directory or one that is wholly an rrtrain dataset (its manifest, tokenizer and split
+directories of index and shards, nothing else: `dataset_problem`), never the working directory, a parent of
 it or a home directory. OUT must be the user's alone (`files.check_private_path`), and the published
 directory is too: 0700 and its files 0600 (0750 / 0640 under RRTRAIN_GROUP_READ=1), whatever the umask.
 """
@@ -14,9 +15,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
+import stat
 import sys
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
+
+from data_prep.manifest import MANIFEST, SPLITS
 
 from rrtrain.core import files
 from rrtrain.core.errors import UsageError
@@ -65,14 +70,53 @@ def _homes() -> set[str]:
     return {os.path.realpath(h) for h in homes if h}
 
 
-def holds_dataset(path: str | int) -> bool:
-    """Whether a directory (a path, or a descriptor) holds an rrtrain dataset: a manifest.json that is a JSON
-    object with the keys `rrtrain prep` writes (format_version, fingerprint)."""
+#: the files `rrtrain prep` writes at the top of OUT (data_prep/manifest.py, the tokenizer's save), and the
+#: marker an older prep left: with the split directories, all that --overwrite may replace
+DATASET_FILES = frozenset({MANIFEST, "tokenizer.json", files.MARKER})
+#: what a split directory holds (data_prep/writer.py's MDSWriter: the index and its numbered shards, each maybe
+#: compressed)
+SPLIT_FILE = re.compile(r"index\.json|shard\.[0-9]{5,}\.mds(\.[a-z0-9]+)?")
+
+
+def dataset_problem(path: str | int) -> Optional[str]:
+    """Why a directory (a path, or a descriptor) is not wholly an rrtrain dataset (None: it is): it must hold a
+    manifest.json that is a JSON object with the keys `rrtrain prep` writes (format_version, fingerprint) and
+    nothing but what prep writes (`DATASET_FILES`, the split directories of index.json and shards), each a
+    regular file or a directory, none a link. A copied manifest is no proof: whatever else is there is not
+    part of a dataset, and --overwrite never deletes it."""
     try:  # a regular file only and at most 1 MiB: a FIFO planted there would block prep, /dev/zero fill memory
-        manifest = json.loads(files.read_beneath(path, "manifest.json", 1 << 20))
+        manifest = json.loads(files.read_beneath(path, MANIFEST, 1 << 20))
     except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(manifest, dict) and "format_version" in manifest and "fingerprint" in manifest
+        manifest = None
+    if not (isinstance(manifest, dict) and "format_version" in manifest and "fingerprint" in manifest):
+        return f"no {MANIFEST} written by `rrtrain prep`"
+    dfd = os.dup(path) if isinstance(path, int) else files.open_root(path)
+    try:
+        for name in sorted(os.listdir(dfd)):
+            kind = stat.S_IFMT(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+            if name in DATASET_FILES and kind == stat.S_IFREG:
+                continue
+            if name not in SPLITS or kind != stat.S_IFDIR:
+                return f"'{name}' is not part of one"
+            sfd = files.open_beneath(dfd, name, directory=True)
+            try:
+                for entry in sorted(os.listdir(sfd)):
+                    if not (SPLIT_FILE.fullmatch(entry) and stat.S_ISREG(
+                            os.stat(entry, dir_fd=sfd, follow_symlinks=False).st_mode)):
+                        return f"'{name}/{entry}' is not part of one"
+            finally:
+                os.close(sfd)
+    except OSError as err:
+        return f"it cannot be listed ({err.strerror or type(err).__name__})"
+    finally:
+        os.close(dfd)
+    return None
+
+
+def holds_dataset(path: str | int) -> bool:
+    """Whether a directory (a path, or a descriptor) is wholly an rrtrain dataset (`dataset_problem`): what
+    --overwrite may delete."""
+    return dataset_problem(path) is None
 
 
 def check_target(out: str, overwrite: bool) -> None:
@@ -92,9 +136,10 @@ def check_target(out: str, overwrite: bool) -> None:
     if real in _homes():
         raise UsageError(f"output '{out}' is a home directory: --overwrite never replaces it; choose a new "
                          "directory for the dataset")
-    if not holds_dataset(out):
-        raise UsageError(f"output '{out}' is not empty and holds no rrtrain dataset (no manifest.json written by "
-                         "`rrtrain prep`): --overwrite replaces only a dataset; choose a new directory")
+    why = dataset_problem(out)
+    if why is not None:
+        raise UsageError(f"output '{out}' is not empty and holds no rrtrain dataset ({why}): --overwrite replaces "
+                         "only a dataset `rrtrain prep` wrote, nothing beside it; choose a new directory")
 
 
 def check_inputs_outside(out: str, inputs: Iterable[str]) -> None:

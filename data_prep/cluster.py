@@ -44,6 +44,7 @@ from data_prep.options import PrepOptions
 from data_prep.prep import _build_tokenizer, _chunks, _empty, _prepare, local_inputs, sigterm_as_interrupt
 from data_prep.sources import Directory, file_source, open_source, source_compressions
 from rrtrain.core import files
+from rrtrain.core.child_python import module_argv
 from rrtrain.core.errors import UsageError
 
 EXECUTORS = ("local", "slurm")
@@ -115,7 +116,7 @@ def owned(opts: PrepOptions, plan: dict[str, Any], chunk: int) -> Iterator[tuple
     if plan["mode"] == "files":
         for k, group in enumerate(plan["files"]):
             for path in group:
-                for doc in file_source(path, opts.doc_sep, opts.text_field):
+                for doc in file_source(path, opts.doc_sep, opts.text_field, root=opts.source):
                     yield k, doc
         return
     n = plan["tasks"]
@@ -138,7 +139,7 @@ class PrepTask:
         self.work = str(work)
 
     def argv(self, python: str, index: int) -> list[str]:
-        return [python, "-m", "data_prep.cluster", self.work, str(index)]
+        return module_argv("data_prep.cluster", self.work, str(index), python=python)
 
     def __call__(self, index: int) -> dict[str, Any]:
         return run_task(self.work, index)
@@ -165,8 +166,8 @@ def run_task(work: str, index: int) -> dict[str, Any]:
     tok = tk.reload(plan["tokenizer"], saved, plan["eos_id"])
     dtype = np.dtype(plan["dtype"])
     if plan["mode"] == "files":  # only its own files are read
-        mine = (doc for path in plan["files"][index] for doc in file_source(path, opts.doc_sep, opts.text_field)
-                if doc.strip())
+        mine = (doc for path in plan["files"][index]
+                for doc in file_source(path, opts.doc_sep, opts.text_field, root=opts.source) if doc.strip())
     else:
         mine = (doc for k, doc in owned(opts, plan, plan["chunk"]) if k == index and doc.strip())
     stage = files.make_temp_dir(f".task-{index}.tmp-", work)

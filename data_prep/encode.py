@@ -17,6 +17,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from data_prep import tokenizer as tk
+from rrtrain.core.child_python import safe_path_while_starting
 
 _WORKER_TOK: tk.Tokenizer | None = None
 
@@ -58,7 +59,8 @@ def encode_chunks(chunks: Iterable[list[str]], tok: tk.Tokenizer, saved_file: st
             yield texts, tok.encode_batch(texts)
         return
     ctx = mp.get_context("spawn")
-    pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok.spec, saved_file, tok.eos_id))
+    with safe_path_while_starting():  # the workers start as `python -c`: nothing from the current directory
+        pool = ctx.Pool(workers, initializer=_init_worker, initargs=(tok.spec, saved_file, tok.eos_id))
     try:
         inflight: collections.deque = collections.deque()
         it = iter(chunks)

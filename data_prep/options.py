@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from rrtrain.core.child_python import module_argv
 from rrtrain.core.errors import UsageError
 
 
@@ -113,5 +114,6 @@ def default(name: str) -> Any:
 
 
 def command(opts: PrepOptions, python: str = sys.executable) -> list[str]:
-    """The command line that runs `rrtrain prep` with these options in a fresh process."""
-    return [python, "-m", "rrtrain", "prep", *opts.argv()]
+    """The command line that runs `rrtrain prep` with these options in a fresh process (nothing imported from
+    the current directory: rrtrain.core.child_python)."""
+    return module_argv("rrtrain", "prep", *opts.argv(), python=python)

@@ -29,24 +29,24 @@ MAX_LINE_CHARS = files.MAX_LINE_BYTES
 
 
 @contextlib.contextmanager
-def _open_text(path: str) -> Iterator[TextIO]:
+def _open_text(path: str, root: str | None = None) -> Iterator[TextIO]:
     """A source file as text (`_open_binary`: the file the user named, or one found in the directory they named),
     decompressed as it is read when its name says so."""
-    with _open_binary(path) as fh:
+    with _open_binary(path, root) as fh:
         compression = compression_of(path)
         stream = fh if compression is None else open_decompressed(fh, compression)
         with io.TextIOWrapper(stream, encoding="utf-8", errors="strict", newline="") as text:
             yield text
 
 
-def _text_lines(path: str) -> Iterator[tuple[int, str]]:
+def _text_lines(path: str, root: str | None = None) -> Iterator[tuple[int, str]]:
     """(line number, line) of a .txt or .jsonl, newline kept; a line over `MAX_LINE_CHARS` is refused once that
     many are read, and a damaged compressed file or a read error is one line naming the file."""
     limit = MAX_LINE_CHARS
     compression = compression_of(path)
     errors = read_errors()
     try:
-        with _open_text(path) as f:
+        with _open_text(path, root) as f:
             lineno = 0
             while line := f.readline(limit + 2):  # room for "\r\n" after a line of exactly `limit`
                 lineno += 1
@@ -69,11 +69,18 @@ def _check_readable(path: str) -> None:
         raise UsageError(f"cannot read '{path}': permission denied")
 
 
-def _open_binary(path: str):  # noqa: ANN202 - a binary file object
-    """A source file opened by the layer, only when it is a regular file (a FIFO would hang prep), links followed
-    as the user chose; pyarrow or a decompressor then reads this open file, never the path."""
+def _open_binary(path: str, root: str | None = None):  # noqa: ANN202 - a binary file object
+    """A source file opened by the layer, only when it is a regular file (a FIFO would hang prep): the file the
+    user named with links followed as they chose, or, found in the directory `root` they named, beneath it with
+    no link followed (`files.open_beneath`: a link there is refused, whoever planted it and wherever it leads);
+    pyarrow or a decompressor then reads this open file, never the path."""
     try:
+        if root is not None:
+            return os.fdopen(files.open_beneath(root, os.path.relpath(path, root)), "rb")
         return files.open_named(path)
+    except files.LinkRefused as err:
+        raise UsageError(f"source '{path}': {err.strerror} (a directory source is read only through its own "
+                         "regular files; no link in it is followed)") from err
     except FileNotFoundError as err:
         raise UsageError(f"source '{path}' does not exist") from err
     except OSError as err:
@@ -92,17 +99,18 @@ class TextFile:
 
     path: str
     doc_sep: str = "blank"
+    root: str | None = None  # the directory source it was found in (read beneath it, no link followed)
 
     def __iter__(self) -> Iterator[str]:
         if self.doc_sep == "line":
-            for _, line in _text_lines(self.path):
+            for _, line in _text_lines(self.path, self.root):
                 text = line.rstrip("\r\n")
                 if text.strip():
                     yield text
             return
         para: list[str] = []
         size = start = 0
-        for lineno, line in _text_lines(self.path):
+        for lineno, line in _text_lines(self.path, self.root):
             if line.strip():
                 para.append(line)
                 size += len(line)
@@ -123,9 +131,10 @@ class JsonlFile:
 
     path: str
     text_field: str = "text"
+    root: str | None = None  # the directory source it was found in (read beneath it, no link followed)
 
     def __iter__(self) -> Iterator[str]:
-        for lineno, line in _text_lines(self.path):
+        for lineno, line in _text_lines(self.path, self.root):
             if not line.strip():
                 continue
             try:
@@ -147,11 +156,12 @@ class ParquetFile:
 
     path: str
     text_field: str = "text"
+    root: str | None = None  # the directory source it was found in (read beneath it, no link followed)
 
     def __iter__(self) -> Iterator[str]:
         import pyarrow.parquet as pq
 
-        with _open_binary(self.path) as fh:
+        with _open_binary(self.path, self.root) as fh:
             pf = self._library(lambda: pq.ParquetFile(fh))  # the open file, never the path
             if self.text_field not in pf.schema_arrow.names:
                 raise UsageError(f"{self.path}: no column '{self.text_field}' (set --text-field)")
@@ -226,7 +236,10 @@ class HFDataset:
 @dataclass(frozen=True)
 class Directory:
     """Every .txt/.jsonl/.parquet file below a directory (.txt and .jsonl compressed or not), in sorted path
-    order: the same files give the same documents in the same order, whatever mix of compressions they use."""
+    order: the same files give the same documents in the same order, whatever mix of compressions they use.
+    Only the directory's own files are read: a symbolic link among them (to a file, or to a directory that would
+    otherwise be searched) is refused in one line naming it, and each file is opened beneath the directory with
+    no link followed, so a link planted in a shared source directory never reads a file from elsewhere."""
 
     path: str
     doc_sep: str = "blank"
@@ -234,9 +247,14 @@ class Directory:
 
     def files(self) -> list[str]:
         found = []
-        for root, dirs, names in os.walk(self.path):
+        for root, dirs, names in os.walk(self.path):  # os.walk lists a link among the names, never descends it
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            found += [os.path.join(root, n) for n in names if n.endswith(FILE_SUFFIXES) and not n.startswith(".")]
+            for d in dirs:
+                _not_a_link(os.path.join(root, d))
+            read = [os.path.join(root, n) for n in names if n.endswith(FILE_SUFFIXES) and not n.startswith(".")]
+            for f in read:
+                _not_a_link(f)
+            found += read
         if not found:
             raise UsageError(f"directory '{self.path}' holds no .txt, .jsonl or .parquet files "
                              f"(nor .txt or .jsonl compressed as {_COMPRESSED})")
@@ -244,21 +262,29 @@ class Directory:
 
     def __iter__(self) -> Iterator[str]:
         for f in self.files():
-            yield from file_source(f, self.doc_sep, self.text_field)
+            yield from file_source(f, self.doc_sep, self.text_field, root=self.path)
+
+
+def _not_a_link(path: str) -> None:
+    """One line naming `path` when it is a symbolic link in a directory source (never followed out of it)."""
+    if os.path.islink(path):
+        raise UsageError(f"source '{path}' is a symbolic link: a directory source is read only through its own "
+                         "regular files, no link followed; remove the link or copy the file in")
 
 
 _COMPRESSED = ", ".join(COMPRESSIONS)
 
 
-def file_source(path: str, doc_sep: str, text_field: str):  # noqa: ANN201 - one of the readers above
-    """The reader of one file, chosen by its name: `.txt`/`.jsonl`, either maybe compressed, or `.parquet`."""
+def file_source(path: str, doc_sep: str, text_field: str, root: str | None = None):  # noqa: ANN201 - a reader
+    """The reader of one file, chosen by its name: `.txt`/`.jsonl`, either maybe compressed, or `.parquet`.
+    `root`: the directory source `path` lies in, which it is then opened beneath, no link followed."""
     inner = without_compression(path)
     if inner.endswith(".txt"):
-        return TextFile(path, doc_sep)
+        return TextFile(path, doc_sep, root)
     if inner.endswith(".jsonl"):
-        return JsonlFile(path, text_field)
+        return JsonlFile(path, text_field, root)
     if path.endswith(".parquet"):
-        return ParquetFile(path, text_field)
+        return ParquetFile(path, text_field, root)
     raise UsageError(f"unsupported source file '{path}' (expected .txt, .jsonl or .parquet; "
                      f".txt and .jsonl may be compressed: {_COMPRESSED})")
 

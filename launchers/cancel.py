@@ -15,37 +15,112 @@ those flags:
    to the lock holder for a run of the local executor, only when the holder proves itself (its pid, start
    time and command line match the lock and it holds the lock open: `rrtrain.rundir.lock.signallable_pid`);
 3. records the cancellation and its reason in `sweep.json`.
+
+It acts only on a sweep directory that is the user's alone (`files.check_private_path`, refused in one line
+otherwise), and on each run through its directory's descriptor, opened once from the sweep directory's with no
+link followed at any component before the run is judged (`HeldRuns`): what is judged is what gets the marker and
+whose lock holder gets the signal, whatever a name on the way leads to by then; a run whose recorded path holds
+a link is left alone, said in one line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
-from launchers.state.flags import CANCEL_FLAGS, judge_sweep, monitor_config, to_cancel
+from launchers.state.flags import CANCEL_FLAGS, RunVerdict, judge_sweep, monitor_config, read_run, to_cancel
 from launchers.sweep import record
 from launchers.sweep.job_token import carries_mark
 from launchers.sweep.record import SweepRecord
+from rrtrain.core import files
+from rrtrain.core.errors import UsageError
+from rrtrain.rundir import layout
 from rrtrain.rundir import lock as runlock
 from rrtrain.rundir.points import point_label, read_point
 from rrtrain.rundir.readers import read_cancelled
 from rrtrain.rundir.writers import write_cancelled
 
 
-def flagged(sweep_dir: Path, rec: SweepRecord) -> dict[str, dict[str, str]]:
-    """Run id -> {flag: why} for the sweep's runs that are still going and should be cancelled."""
-    by_dir = {str(Path(e.dir).resolve()): rid for rid, e in rec.runs.items()}
+class HeldRuns(contextlib.AbstractContextManager["HeldRuns"]):
+    """The sweep's recorded run directories, each opened once as a descriptor from the sweep directory's, no
+    link followed at any component (`files.open_beneath`), before anything is judged: judging reads, and the
+    cancellation writes and signals, through that very descriptor (`path`, /proc/self/fd/N), so a link swapped
+    into the recorded path meanwhile redirects nothing. A run whose recorded path holds a link (or leads out of
+    the sweep directory) is refused in one line and left alone; one with no directory yet is not there to judge.
+    Closed on exit."""
+
+    def __init__(self, sweep_dir: Path, rec: SweepRecord) -> None:
+        self.fds: dict[str, int] = {}  # run id -> its directory's descriptor
+        self.rels: dict[str, str] = {}  # path below the sweep directory -> run id
+        root = files.open_root(sweep_dir)
+        try:
+            for rid, entry in rec.runs.items():
+                rel = record.relative_dir(entry.dir, sweep_dir)
+                if rel is None:
+                    print(f"rrtrain: run {rid} left alone: its directory {entry.dir} is not below {sweep_dir}",
+                          file=sys.stderr, flush=True)
+                    continue
+                try:
+                    self.fds[rid] = files.open_beneath(root, rel, directory=True)
+                except FileNotFoundError:
+                    continue  # not started yet: nothing to judge or stop
+                except OSError as err:  # a link on the way (LinkRefused), not a directory, unreadable
+                    print(f"rrtrain: run {rid} left alone (neither judged nor stopped): {files.said(err)}",
+                          file=sys.stderr, flush=True)
+                    continue
+                self.rels[Path(rel).as_posix()] = rid
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            os.close(root)
+
+    def path(self, rid: str) -> Path:
+        """A path that names the run's opened directory itself, whatever its recorded name leads to now."""
+        return Path(f"/proc/self/fd/{self.fds[rid]}")
+
+    def reader(self, path: Path, root: Path, tail_bytes: int) -> RunVerdict:
+        """`judge_sweep`'s reader: a held run is read through its descriptor (its verdict's `path` is that), any
+        other run (a peer for the sweep-level flags) by its path."""
+        rel = path.relative_to(root).as_posix() if path != root else "."
+        rid = self.rels.get(rel)
+        if rid is None:
+            return read_run(path, root, tail_bytes)
+        held = self.path(rid)
+        verdict = read_run(held, held, tail_bytes)
+        verdict.rel = rel
+        return verdict
+
+    def run_of(self, verdict: RunVerdict) -> Optional[str]:
+        """The run id of a verdict read through a held descriptor, else None."""
+        rid = self.rels.get(verdict.rel)
+        return rid if rid is not None and verdict.path == self.path(rid) else None
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def flagged(sweep_dir: Path, rec: SweepRecord, held: HeldRuns) -> dict[str, dict[str, str]]:
+    """Run id -> {flag: why} for the sweep's runs that are still going and should be cancelled, each judged
+    through its held descriptor (`HeldRuns`)."""
     out: dict[str, dict[str, str]] = {}
-    for verdict in to_cancel(judge_sweep(sweep_dir, monitor_config(rec))):
-        rid = by_dir.get(str(verdict.path.resolve()))
-        if rid is not None and read_cancelled(verdict.path) is None:
+    for verdict in to_cancel(judge_sweep(sweep_dir, monitor_config(rec), reader=held.reader)):
+        rid = held.run_of(verdict)
+        if rid is not None and read_cancelled(held.path(rid)) is None:
             out[rid] = {k: v for k, v in verdict.flags.items() if k in CANCEL_FLAGS}
     return out
 
@@ -91,9 +166,9 @@ def _stop_slurm_job(job: object, sweep_dir: Path) -> str:
     return f"scancel {job}" + ("" if proc.returncode == 0 else f" failed: {proc.stderr.strip()}")
 
 
-def _stop_job(executor: str, job: Optional[str], run_dir: Path, sweep_dir: Optional[Path] = None) -> str:
-    """Stop one run's job (a Slurm job of the sweep in `sweep_dir`, or the local run's lock holder); returns what
-    was done."""
+def _stop_job(executor: str, job: Optional[str], run_dir: Path | int, sweep_dir: Optional[Path] = None) -> str:
+    """Stop one run's job (a Slurm job of the sweep in `sweep_dir`, or the local run's lock holder, read from
+    `run_dir`: a path, or the descriptor the run was judged through); returns what was done."""
     if executor == "slurm" and job:
         if sweep_dir is None:
             return "job not stopped: no sweep directory to confirm it by"
@@ -114,27 +189,43 @@ def _stop_job(executor: str, job: Optional[str], run_dir: Path, sweep_dir: Optio
 
 
 def cancel_flagged(sweep_dir: Path) -> dict[str, str]:
-    """Cancel every flagged run of the sweep; returns run id -> reason (empty when none)."""
+    """Cancel every flagged run of the sweep; returns run id -> reason (empty when none). Refused in one line
+    unless the sweep directory is the user's alone (`files.check_private_path`): this writes, signals and
+    cancels on the word of what is there."""
     sweep_dir = Path(sweep_dir)
+    files.check_private_path(sweep_dir, f"sweep directory {sweep_dir} (--cancel-flagged writes there and stops "
+                                        "its runs' jobs)")
     rec = record.load(sweep_dir)
     if rec is None:
         return {}
-    targets = flagged(sweep_dir, rec)
-    if not targets:
-        return {}
     last = rec.last_jobs()
     done: dict[str, str] = {}
-    for rid, flags in targets.items():
-        entry = rec.runs[rid]
-        run_dir = Path(entry.dir)
-        reason = "; ".join(f"{name}: {why}" for name, why in sorted(flags.items()))
-        write_cancelled(run_dir, reason, sorted(flags))
-        executor, job = last.get(rid, ("", None))
-        action = _stop_job(executor, job, run_dir, sweep_dir)
-        done[rid] = reason
-        point = read_point(entry.config)
-        at = f" at {point_label(point)}" if point else ""
-        print(f"cancelled {rid}{at} ({action}): {reason}", flush=True)
+    failed: list[str] = []
+    with HeldRuns(sweep_dir, rec) as held:
+        for rid, flags in flagged(sweep_dir, rec, held).items():
+            reason = "; ".join(f"{name}: {why}" for name, why in sorted(flags.items()))
+            try:  # the judged directory, not what its name leads to now; the marker first, or no signal
+                write_cancelled(held.path(rid), reason, sorted(flags))
+            except OSError as err:
+                failed.append(f"run {rid}: {Path(rec.runs[rid].dir) / layout.CANCELLED} cannot be written "
+                              f"({err.strerror or type(err).__name__}), so its job was not stopped")
+                continue
+            executor, job = last.get(rid, ("", None))
+            action = _stop_job(executor, job, held.fds[rid], sweep_dir)
+            done[rid] = reason
+            point = read_point(rec.runs[rid].config)
+            at = f" at {point_label(point)}" if point else ""
+            print(f"cancelled {rid}{at} ({action}): {reason}", flush=True)
+    if done:
+        record_cancellation(sweep_dir, rec, done)
+    if failed:
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise UsageError(f"{failed[0]}{more}")
+    return done
+
+
+def record_cancellation(sweep_dir: Path, rec: SweepRecord, done: dict[str, str]) -> None:
+    """Add what was cancelled, and why, to sweep.json (under the record's lock)."""
     cancellation: dict[str, Any] = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": done}
     points = {rid: p for rid in done if (p := read_point(rec.runs[rid].config))}
     if points:
@@ -146,5 +237,4 @@ def cancel_flagged(sweep_dir: Path) -> dict[str, str]:
         return now
 
     record.update(sweep_dir, add)
-    return done
 

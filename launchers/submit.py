@@ -32,6 +32,7 @@ from launchers.sweep.estimate import cost, grid_costs
 from launchers.sweep.expand import Run, check_safe
 from launchers.sweep.spec import Sweep
 from data_prep.options import PrepOptions, command
+from rrtrain.core.child_python import MODULE_AT, child_env
 from rrtrain.core.errors import UsageError
 from rrtrain.core.io import atomic_write_text
 from rrtrain.rundir.outcome import EXIT_CODES
@@ -73,10 +74,10 @@ def prepare_data(sweep: Sweep, out: Path, dry_run: bool, executor: str = "local"
         if executor == "slurm" and sweep.spec.resources.partition:
             cmd += ["--partition", sweep.spec.resources.partition]
     if dry_run:
-        print(f"would prepare the data: {' '.join(cmd[1:])}")
+        print(f"would prepare the data: -m {' '.join(cmd[MODULE_AT:])}")
         return
     print(f"preparing the data: {out / 'data'}", flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env())
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
         raise UsageError(f"data prep failed (exit {proc.returncode}): {last}")

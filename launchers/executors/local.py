@@ -18,6 +18,7 @@ from launchers.sweep import seal
 from launchers.sweep.snapshot import NO_BYTECODE
 from rrtrain.config_load import CONFIG_DIGEST_ENV
 from rrtrain.core import files
+from rrtrain.core.child_python import child_env
 from rrtrain.core.errors import UsageError
 
 #: seconds between two calls of `on_poll` (the cancellation of flagged runs) while runs are going
@@ -47,7 +48,7 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
                     seal.record_refusal(str(run.dir), why)
                     codes[run.id] = 2
                     continue
-                env = dict(os.environ)
+                env = child_env()  # nothing imported from the current directory (rrtrain.core.child_python)
                 env[CONFIG_DIGEST_ENV] = bound.configs[run.id]  # the trainer parses only the bytes bound here
                 env["PYTHONPATH"] = code + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
                 env.setdefault("OMP_NUM_THREADS", str(run.resources.cpus_per_task))
@@ -129,7 +130,7 @@ def run_array(task: ArrayTask, count: int, python: str, logs: Path, parallel: in
                 path = logs / f"task-{i}.log"
                 log = open_log(logs_fd, path)
                 proc = subprocess.Popen(task.argv(python, i), stdout=log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
+                                        env={**child_env(), **(env or {}), "PYTHONUNBUFFERED": "1"})
                 running[i] = (proc, log, path)
                 jobs[i] = f"local:{proc.pid}"
             for i, (proc, log, path) in list(running.items()):

@@ -17,6 +17,7 @@ from launchers.sweep import seal
 from launchers.sweep.expand import Run, check_safe
 from launchers.sweep.snapshot import NO_BYTECODE
 from launchers.sweep.spec import Resources
+from rrtrain.core.child_python import SAFE_PATH_ENV, module_argv
 from rrtrain.core.io import atomic_write_text
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "slurm"
@@ -74,9 +75,9 @@ def train_argv(run: Run, python: str, config_path: Path) -> list[str]:
     """The command that trains one run on one node: torchrun when it has several tasks, with its stores on
     loopback only (`launchers.torchrun.local`; `--standalone` would listen on every interface)."""
     if run.resources.tasks > 1:
-        return [python, "-m", "launchers.torchrun.local", f"--nproc_per_node={run.resources.tasks}",
-                "-m", "rrtrain.train", str(config_path)]
-    return [python, "-m", "rrtrain.train", str(config_path)]
+        return module_argv("launchers.torchrun.local", f"--nproc_per_node={run.resources.tasks}",
+                           "-m", "rrtrain.train", str(config_path), python=python)
+    return module_argv("rrtrain.train", str(config_path), python=python)
 
 
 def run_command(run: Run, python: str, code: str, config_path: Path, bound: seal.Bound) -> str:
@@ -84,7 +85,7 @@ def run_command(run: Run, python: str, code: str, config_path: Path, bound: seal
     and the config are those bound at submission (`launchers.sweep.seal`, its text in RRTRAIN_SEAL)."""
     q = shlex.quote
     check = [python, "-I", "-c"], [code, bound.code_sha256, str(config_path), bound.configs[run.id], str(run.dir)]
-    env = ["env", f"PYTHONPATH={code}", f"{seal.CONFIG_DIGEST_ENV}={bound.configs[run.id]}",
+    env = ["env", f"PYTHONPATH={code}", f"{SAFE_PATH_ENV}=1", f"{seal.CONFIG_DIGEST_ENV}={bound.configs[run.id]}",
            *(f"{k}={v}" for k, v in NO_BYTECODE.items()), f"OMP_NUM_THREADS={run.resources.cpus_per_task}"]
     return (" ".join(map(q, check[0])) + ' "$RRTRAIN_SEAL" ' + " ".join(map(q, check[1])) + " && exec "
             + " ".join(q(a) for a in env + train_argv(run, python, config_path)))
@@ -127,7 +128,9 @@ def render(out: Path, name: str, runs: list[Run], python: str, code: str, config
                          f"CODE_SHA256={bound.code_sha256}", f"CONFIG_SHA256={bound.configs[m.id]}",
                          *heredoc("RRTRAIN_SEAL", source),
                          f"GPUS_PER_NODE={max(1, r.tasks)}", f'RDZV_FILE="${{RRTRAIN_RDZV_FILE:-{q(str(rdzv))}}}"',
-                         'RDZV_DIR="${RDZV_DIR:-$HOME/.rrtrain/rendezvous}"', 'RDZV_PORT="${RDZV_PORT:-}"',
+                         'RDZV_DIR="${RDZV_DIR:-$HOME/.rrtrain/rendezvous}"',
+                         f'AGENT_DIR="${{RRTRAIN_AGENT_DIR:-{q(str(slurm_dir / "torchrun"))}}}"',
+                         'RDZV_PORT="${RDZV_PORT:-}"',
                          'RDZV_HOST="${RDZV_HOST:-}"',
                          'RDZV_TIMEOUT_S="${RDZV_TIMEOUT_S:-300}"', 'STEP_GRACE_S="${STEP_GRACE_S:-60}"',
                          f"MAX_REQUEUES={r.max_requeues}", *(f"export {k}={v}" for k, v in NO_BYTECODE.items()),

@@ -29,6 +29,7 @@ from launchers.executors.render import group_runs, heredoc
 from launchers.sweep.snapshot import NO_BYTECODE
 from launchers.sweep.spec import Resources
 from rrtrain.core import files
+from rrtrain.core.child_python import SHELL_EXPORT
 from rrtrain.core.errors import UsageError
 
 
@@ -78,6 +79,7 @@ def parameters(r: Resources, name: str, code: str) -> dict[str, Any]:
         "mem_gb": r.mem_gb, "timeout_min": r.time_min, "slurm_signal_delay_s": r.signal_delay_s,
         "slurm_array_parallelism": r.array_parallelism, "slurm_additional_parameters": extra_parameters(r),
         "slurm_setup": [f"export PYTHONPATH={shlex.quote(code)}${{PYTHONPATH:+:$PYTHONPATH}}",
+                        SHELL_EXPORT,  # submitit's `python -u -m submitit.core._submit`, run where sbatch was
                         f"export OMP_NUM_THREADS={r.cpus_per_task}",
                         *(f"export {k}={v}" for k, v in NO_BYTECODE.items())],
     }

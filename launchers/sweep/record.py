@@ -16,6 +16,7 @@ refused with the differences; new runs (more sizes, more seeds) are added.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -117,6 +118,24 @@ def _inside(p: str, root: Path) -> bool:
         return Path(p).resolve().is_relative_to(root)
     except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop
         return False
+
+
+def relative_dir(d: str, out: Path) -> Optional[str]:
+    """A recorded run directory `d` as a path below the sweep directory `out`, read from the text alone (under
+    `out` as given or as it resolves: a record written under another name of the same directory), never by
+    resolving `d`; None when it names no place below `out`. What acts on a run (`launchers.cancel`) opens this
+    from `out`'s descriptor with no link followed on the way (`files.open_beneath`), once: `_inside` resolved
+    `d` when the record was read, and a link on its way may lead elsewhere by now."""
+    try:
+        place = os.path.normpath(os.path.abspath(d))
+        roots = dict.fromkeys([os.path.abspath(out), os.path.realpath(out)])
+    except (OSError, ValueError):  # a NUL byte
+        return None
+    for root in roots:
+        rel = os.path.relpath(place, root)
+        if rel != "." and rel != ".." and not rel.startswith(".." + os.sep):
+            return rel
+    return None
 
 
 def _run(rid: Any, entry: Any, root: Path) -> RunEntry | str:

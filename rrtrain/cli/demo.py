@@ -26,13 +26,13 @@ import argparse
 import os
 import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from rrtrain.core import files
 from rrtrain.core.args import CommandParser
+from rrtrain.core.child_python import MODULE_AT, child_env, module_argv
 from rrtrain.core.errors import UsageError
 from rrtrain.sizing import configs_dir
 
@@ -60,8 +60,8 @@ def sweep_file() -> Path:
 def sweep_command(args: argparse.Namespace, out: Path) -> list[str]:
     """The `rrtrain sweep` command line the demo runs."""
     local = ["--parallel", str(args.parallel)] if args.executor == "local" else []
-    return [sys.executable, "-m", "rrtrain", "sweep", str(sweep_file()), "--out", str(out),
-            "--executor", args.executor, *local, *args.overrides]
+    return module_argv("rrtrain", "sweep", str(sweep_file()), "--out", str(out), "--executor", args.executor,
+                       *local, *args.overrides)
 
 
 def read_status(out: Path) -> Optional[dict[str, Any]]:
@@ -197,14 +197,14 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--out {args.out!r} cannot be written: {why}")
     cmd = sweep_command(args, out)
     log_path = out / "sweep.log"
-    print(f"rrtrain demo: {shlex.join(['rrtrain'] + cmd[3:])}\n  (its output: {log_path})", flush=True)
+    print(f"rrtrain demo: {shlex.join(cmd[MODULE_AT:])}\n  (its output: {log_path})", flush=True)
     t0 = time.time()
     try:
         log = files.open_append(log_path)  # never through a link planted at OUT/sweep.log, never to a FIFO
     except OSError as err:
         raise UsageError(f"{log_path} cannot be appended to: {err.strerror or type(err).__name__}") from None
     with log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
         try:
             status = follow(proc, out, args.interval, wait_for_runs=args.executor == "slurm")
         except KeyboardInterrupt:

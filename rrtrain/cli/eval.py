@@ -6,9 +6,11 @@ from task YAML files of your own (`--include`: a directory or one file; lm-eval'
 log-likelihood and perplexity tasks, and generation tasks (`generate_until`, decoded greedily with a key/value
 cache, as `lm_eval --model hf` decodes an export; rrtrain/eval/generate.py). Prints a
 table (task, metric, value, stderr) and writes `RUN_DIR/eval/step_NNNNNNNN-KEY.json` (written aside and
-renamed; docs/evaluation.md). Bad input (an unknown task, a step without a checkpoint, a directory that is not
-a run, a tokenizer that does not match the checkpoint, a generation task that samples or leaves no room for its
-context) is one line, exit status 2, and nothing is written.
+renamed; docs/evaluation.md), or the same file in `--out DIR`: a run directory someone else can write (or owns)
+is read, never written into, so its result goes elsewhere. Bad input (an unknown task, a step without a
+checkpoint, a directory that is not a run, a tokenizer that does not match the checkpoint, a generation task that
+samples or leaves no room for its context, a result directory someone else can write) is one line, exit status 2,
+and nothing is written.
 
 `--data DIR` names a prepared dataset: the model's tokenizer is read from its manifest (where the run's own dataset
 has moved, or another dataset prepared with the same tokenizer; a mixture run without it uses its first source),
@@ -41,6 +43,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="few-shot examples per prompt (default: each task's own, else 0)")
     p.add_argument("--batch-size", type=int, default=16, metavar="B", help="sequences per forward (default 16)")
     p.add_argument("--include", default=None, metavar="PATH", help="a directory or YAML file of your own tasks")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write the result file here instead of RUN_DIR/eval (needed for a run directory someone "
+                   "else can write)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when there is one)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="the model's dtype (default fp32)")
     p.add_argument("--bootstrap-iters", type=int, default=1000, metavar="N",
@@ -77,6 +82,9 @@ def main(argv: list[str]) -> int:
     from rrtrain.artifact import load_run
 
     run_dir = run_with_model(args)
+    from rrtrain.eval.results import check_target
+
+    check_target(run_dir, args.out)  # where the result goes is the user's alone: before anything is loaded
     from rrtrain.core import dist
 
     info = dist.setup(timeout_s=1800)  # under torchrun: one rank per device; else one process
@@ -111,7 +119,7 @@ def main(argv: list[str]) -> int:
         return 0
     content = results.content(run.step, tasks, args.num_fewshot, args.limit, seconds, harness.lm_eval_version(),
                               found)
-    path = results.write(run_dir, run.step, result_key(tasks, args.num_fewshot, args.limit), content)
+    path = results.write(run_dir, run.step, result_key(tasks, args.num_fewshot, args.limit), content, args.out)
     print(f"rrtrain eval: {run_dir} step {run.step} ({run.config.model.variant}), {seconds:.1f} s", flush=True)
     print(results.table(found))
     print(f"wrote {path}")

@@ -138,21 +138,41 @@ def _linked(out: Path) -> str:
             "remove the link or choose another --out")
 
 
-def output_dir(out: Path) -> Path:
-    """The report's directory, created when missing and opened without following a symbolic link (a
+def refuse_unless_private(out: Path, given: bool) -> None:
+    """One line when someone other than the user (or root) can write `out` or a directory on its way: a report
+    is written only where no one else can change it, and a sweep directory read as data is not such a place
+    (`given`: `out` is --out, else SWEEP_DIR/report)."""
+    why = files.private_path_problem(out)
+    if why is None:
+        return
+    if given:
+        raise UsageError(f"--out {str(out)!r}: {why}: {files.PRIVATE_RULE}")
+    raise UsageError(f"{out} (the report's default place, inside SWEEP_DIR): {why}; rrtrain writes only into "
+                     "directories no one else can write: choose a directory of your own with --out DIR")
+
+
+def output_dir(out: Path, given: bool = True) -> Path:
+    """The report's directory (`given`: named by --out), refused unless it is the user's alone, created when
+    missing (`files.make_dirs`: private) and opened without following a symbolic link (a
     `SWEEP/report` planted as a link would send the report's files wherever it points); the path returned names
     that opened directory (/proc/self/fd/N), so a swap of `out` for a link afterwards redirects nothing. Every file
     is then written aside in it and renamed into place, which replaces a link at its name rather than writing
     through it."""
     if out.is_symlink():
         raise UsageError(_linked(out))
+    refuse_unless_private(out, given)  # before anything is made there
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        files.make_dirs(out)  # the user's alone, whatever the umask
         fd = files.open_dir(out)
     except OSError as err:  # a file on its path, a read-only mount, a link planted meanwhile (ELOOP)
         if out.is_symlink():
             raise UsageError(_linked(out)) from None
         raise UsageError(f"--out {str(out)!r} cannot be created: {err.strerror or type(err).__name__}") from None
+    try:
+        refuse_unless_private(out, given)  # again, once made: a directory slipped in meanwhile is caught
+    except UsageError:
+        os.close(fd)
+        raise
     held = Path(f"/proc/self/fd/{fd}")
     if held.is_dir():  # Linux: the descriptor's own directory, whatever its name points to later
         return held  # (the descriptor stays open until the command ends)
@@ -171,6 +191,7 @@ def main(argv: list[str]) -> int:
         raise UsageError(_linked(out))
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {str(out)!r} exists and is not a directory")
+    refuse_unless_private(out, args.out is not None)  # before the analysis, and again when it is opened
 
     from rrtrain.report.collect import find_runs
     from rrtrain.report.options import choose_variants
@@ -189,9 +210,9 @@ def main(argv: list[str]) -> int:
     from rrtrain.report import grid
 
     if grid.has_grid(runs):
-        return grid_report(runs, opts, sweep, out)
+        return grid_report(runs, opts, sweep, out, args.out is not None)
     analysis = with_downstream(analyze(runs, opts))
-    where = output_dir(out)
+    where = output_dir(out, args.out is not None)
     drawn = plots.write_all(analysis, where)
     write_text(where / "results.csv", render.results_csv(analysis))
     write_text(where / "summary.json", render.summary_json(analysis, drawn, str(sweep)))
@@ -202,7 +223,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def grid_report(runs: list, opts, sweep: Path, out: Path) -> int:
+def grid_report(runs: list, opts, sweep: Path, out: Path, given: bool = True) -> int:
     """A sweep with a grid: the grid's section (selection, the two tables, failures, the lr fit) first; the full
     report below it is the one at the selected settings (its means, tests, trend, plots and CSV)."""
     from rrtrain.core.io import atomic_write_text as write_text
@@ -212,7 +233,7 @@ def grid_report(runs: list, opts, sweep: Path, out: Path) -> int:
 
     ga = grid.analyze_grid(runs, opts, sweep)
     with_downstream(ga.selected)  # the downstream tables at the points the loss chose, on the test seeds
-    where = output_dir(out)
+    where = output_dir(out, given)
     transfer_plot = plots.write_transfer(ga.transfer, where) if ga.transfer else None
     shown = transfer_plot["file"] if transfer_plot and "skipped" not in transfer_plot else None
     head = grid_render.grid_md(ga, sweep.resolve().name, shown)  # type: ignore[arg-type]

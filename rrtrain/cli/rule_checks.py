@@ -17,10 +17,8 @@ The last two train through `python -m rrtrain.train` in subprocesses on a tiny d
 from __future__ import annotations
 
 import math
-import os
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +30,7 @@ import yaml
 from rrtrain import residuals, sizing
 from rrtrain.config import ModelConfig
 from rrtrain.core import files
+from rrtrain.core.child_python import child_env, module_argv
 from rrtrain.residuals import RuleKnobs, SiteInfo, StreamInfo
 from rrtrain.resolve import build_model
 from rrtrain.rundir import readers
@@ -159,7 +158,7 @@ def check_compile(rule: RuleUnderCheck) -> str:
 def _env() -> dict[str, str]:
     """On CPU whatever the machine has: the parity and resume figures are CPU's (gloo), and two ranks on one GPU
     would not start."""
-    env = dict(os.environ)
+    env = child_env()  # nothing imported from the current directory (rrtrain.core.child_python)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env["CUDA_VISIBLE_DEVICES"] = ""
@@ -192,10 +191,10 @@ def _run_config(rule: RuleUnderCheck, run_dir: Path, **train: object) -> Path:
 def _train(rule: RuleUnderCheck, run_dir: Path, *overrides: str, nproc: int = 1, **train: object) -> dict[int, float]:
     """Train to the end; the training loss per step from metrics.jsonl."""
     config = _run_config(rule, run_dir, **train)
-    cmd = [sys.executable, "-m", "rrtrain.train", str(config), *overrides]
+    cmd = module_argv("rrtrain.train", str(config), *overrides)
     if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-               f"--master_port={_free_port()}", "-m", "rrtrain.train", str(config), *overrides]
+        cmd = module_argv("torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+                          f"--master_port={_free_port()}", "-m", "rrtrain.train", str(config), *overrides)
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["(no output)"]

@@ -51,7 +51,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="seconds to wait for another `rrtrain sweep` on the same directory to finish "
                         f"(default {sweep_lock.DEFAULT_WAIT_S:g}), then refuse")
     p.add_argument("--cancel-flagged", action="store_true",
-                   help="cancel the jobs of the sweep directory's stalled and diverged runs, recording why")
+                   help="cancel the jobs of the sweep directory's stalled and diverged runs, recording why (a "
+                        "sweep directory no one else can write, else refused)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override the sweep file's keys")
     return p.parse_intermixed_args(argv)
 

@@ -2,7 +2,9 @@
 sweep, kept live: every `--refresh` seconds the logdir takes what the runs wrote since (`rrtrain.dashboard.live`:
 new runs, new steps, flags, changed outcomes), appended, while TensorBoard runs as a child process.
 
-The logdir (`SWEEP_DIR/.dashboard/logdir`, rebuilt at each start and swapped in atomically) holds one run per
+The logdir (`SWEEP_DIR/.dashboard/logdir` in a sweep directory of the user's alone, else a private directory of
+this invocation under $TMPDIR, removed at its end: `state_home`; rebuilt at each start and swapped in atomically;
+all of it 0700 / 0600) holds one run per
 run directory, named `SIZE/VARIANT/seedN` (so TensorBoard's run filter takes a size as `^SIZE/`, a variant as
 `/VARIANT/`; a run of a grid is `SIZE/VARIANT/POINT/seedN`, POINT as in its id: `lr3e-3`): symlinks to the run's
 own event files, plus one event file written here from `metrics.jsonl` (the source of truth) with
@@ -24,11 +26,13 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from rrtrain.core import files
 from rrtrain.core.args import CommandParser
+from rrtrain.core.child_python import child_env, module_argv
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir import fields, readers
 from rrtrain.rundir.layout import run_dirs
@@ -37,6 +41,7 @@ from rrtrain.dashboard.live import IDENTITY, SERIES, layout  # noqa: F401  (the 
 from rrtrain.rundir.points import point_key, read_point
 
 HOST = "127.0.0.1"  # loopback only: on a cluster, reach it through an SSH tunnel
+STATE_DIR = ".dashboard"  # the dashboard's own state in a sweep of the user's own (`state_home`)
 REFRESH_S = 10.0  # the logdir's default refresh interval
 
 
@@ -71,8 +76,10 @@ class LiveLogdir:
     """What the dashboard keeps between refreshes: the build directory TensorBoard reads, one feed per run shown
     (`rrtrain.dashboard.live.RunFeed`), the `_sweep` pseudo-run, and the runs skipped (never looked at again)."""
 
-    def __init__(self, sweep: Path, build: Path, summary: Optional[live.Summary] = None) -> None:
+    def __init__(self, sweep: Path, build: Path, summary: Optional[live.Summary] = None,
+                 scratch: Optional[Path] = None) -> None:
         self.sweep, self.build = sweep, build
+        self.scratch = scratch  # the per-invocation state directory to remove at the end (`state_home`), if any
         self.feeds: dict[Path, live.RunFeed] = {}
         self.names: list[str] = []
         self.skipped: set[Path] = set()
@@ -91,7 +98,7 @@ class LiveLogdir:
 
     def refresh(self) -> int:
         """Find the runs that appeared, append what is new for every run; the number of runs that changed."""
-        home = self.sweep / ".dashboard"
+        home = self.sweep / STATE_DIR
         added = 0
         for run in run_dirs(self.sweep):
             if run in self.feeds or run in self.skipped or home in run.parents:
@@ -107,16 +114,38 @@ class LiveLogdir:
         return added + live.refresh_all(list(self.feeds.values()), self.sweep_feed)
 
 
+def state_home(sweep: Path) -> tuple[Path, bool]:
+    """Where the dashboard keeps its own state (its builds of the logdir, their key, the `logdir` link), and
+    whether that is a directory of this invocation alone (removed when the dashboard ends). `SWEEP/.dashboard`
+    (made `dir_mode()`) when the sweep is the user's alone (`files.private_path_problem`): no one else can plant
+    or swap anything there, a later start reuses it and `tensorboard --logdir SWEEP/.dashboard/logdir` works
+    after (the demo prints it). Otherwise (another user's sweep, a shared group-writable one) a fresh private
+    directory (`tempfile.mkdtemp` under $TMPDIR, 0700): a read-only command writes nothing into a directory
+    others can write, and never reads its state from there (a link planted at `.dashboard/logdir` would show
+    another directory's runs). UsageError, one line, when neither is private."""
+    if files.private_path_problem(sweep) is None:
+        home = sweep / STATE_DIR
+        if home.is_symlink() or (home.exists() and not home.is_dir()):
+            raise UsageError(f"{home} is not a directory of its own (a link or a file): move it away")
+        why = files.prepare_private_dir(home)
+        if why is not None:
+            raise UsageError(f"the dashboard's directory {home}: {why}: {files.PRIVATE_RULE}")
+        return home, False
+    home = Path(files.make_temp_dir("rrtrain-dashboard-", tempfile.gettempdir()))
+    files.check_private_path(home, f"the dashboard's directory {home} ($TMPDIR)")
+    return home, True
+
+
 def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLogdir]] = None,
                  summary: Optional[live.Summary] = None) -> tuple[Path, list[str]]:
-    """Build the sweep's logdir aside and swap it in with one rename; returns (logdir, run names). `state`:
-    a list that receives the `LiveLogdir` the refresher keeps appending to; `summary`: the `_sweep` table's
-    source (`rrtrain.dashboard.live.SweepFeed`)."""
+    """Build the sweep's logdir aside, in the dashboard's own private directory (`state_home`), and swap it in
+    with one rename; returns (logdir, run names). `state`: a list that receives the `LiveLogdir` the refresher
+    keeps appending to; `summary`: the `_sweep` table's source (`rrtrain.dashboard.live.SweepFeed`)."""
     sweep = Path(sweep_dir)
     if not sweep.is_dir():
         raise UsageError(f"{sweep}: not a directory")
-    home = sweep / ".dashboard"
-    found = [d for d in run_dirs(sweep) if home not in d.parents]
+    skip = sweep / STATE_DIR
+    found = [d for d in run_dirs(sweep) if skip not in d.parents]
     if not found:
         raise UsageError(f"{sweep}: no runs (no final.json or metrics.jsonl under it)")
     runs, idents = [], []
@@ -130,13 +159,11 @@ def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLog
             print(f"rrtrain dashboard: skipping {run}: {why}", file=sys.stderr, flush=True)
     if not runs:
         raise UsageError(f"{sweep}: no run that the dashboard can show (every one was skipped, see above)")
-    if home.is_symlink() or (home.exists() and not home.is_dir()):
-        raise UsageError(f"{home} is not a directory of its own (a link or a file): move it away")
-    home.mkdir(exist_ok=True)
-    key = files.directory_key(home)  # the dashboard's own: a later start proves, and deletes, this build
-    build = Path(files.make_temp_dir("build-", home, key=key))
-    build.chmod(0o755)
-    kept = LiveLogdir(sweep, build, summary)
+    home, scratch = state_home(sweep)
+    # the dashboard's own: a later start proves, and deletes, this build (a scratch directory: this process's key)
+    key = None if scratch else files.directory_key(home)
+    build = Path(files.make_temp_dir("build-", home, key=key))  # dir_mode(): 0700
+    kept = LiveLogdir(sweep, build, summary, home if scratch else None)
     for run, ident in zip(runs, idents):
         kept.add(run, ident)
     kept.skipped.update(d for d in found if d not in kept.feeds)
@@ -151,7 +178,7 @@ def build_logdir(sweep_dir: str | os.PathLike[str], state: Optional[list[LiveLog
         print(f"rrtrain dashboard: {link} is a loop of symbolic links; replacing it", file=sys.stderr, flush=True)
         old = None
     files.link_atomically(link, build.name)
-    if old is not None and old != build and old.parent == home:
+    if old is not None and old != build and old.parent == Path(os.path.realpath(home)):
         files.discard_made_dir(old, key=key)  # only a build a start made here, never what a link names
     return link, names
 
@@ -172,13 +199,20 @@ def main(argv: list[str], summary_of: Optional[Callable[[Path], live.Summary]] =
     state: list[LiveLogdir] = []
     summary = summary_of(Path(args.sweep_dir)) if summary_of is not None else None
     logdir, names = build_logdir(args.sweep_dir, state, summary)
+    logdir = Path(os.path.realpath(state[0].build))  # TensorBoard reads this private build itself, no name on the way
     print(f"rrtrain dashboard: {len(names)} runs from {args.sweep_dir} at http://{HOST}:{args.port}/ "
           f"(refreshed every {args.refresh:g} s)", flush=True)
-    cmd = [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", HOST,
-           "--port", str(args.port), "--reload_interval", f"{min(args.refresh, 15.0):g}",
-           # the derived event files grow beside the runs' own, and TensorBoard reads every one that grows
-           "--reload_multifile", "true", "--load_fast", "false"]
-    return serve(cmd, state[0], args.refresh)
+    cmd = module_argv("tensorboard.main", "--logdir", str(logdir), "--host", HOST,
+                      "--port", str(args.port), "--reload_interval", f"{min(args.refresh, 15.0):g}",
+                      # the derived event files grow beside the runs' own, and TensorBoard reads every one that grows
+                      "--reload_multifile", "true", "--load_fast", "false")
+    try:
+        return serve(cmd, state[0], args.refresh)
+    finally:
+        if state[0].scratch is not None:  # this invocation's own state directory (`state_home`)
+            why = files.discard_made_dir(state[0].scratch, [args.sweep_dir])
+            if why is not None:
+                print(f"rrtrain dashboard: {why}", file=sys.stderr, flush=True)
 
 
 def serve(cmd: list[str], kept: LiveLogdir, every: float) -> int:
@@ -193,7 +227,7 @@ def serve(cmd: list[str], kept: LiveLogdir, every: float) -> int:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
-    child = subprocess.Popen(cmd)
+    child = subprocess.Popen(cmd, env=child_env())  # nothing imported from the current directory
     try:
         while child.poll() is None:
             deadline = time.monotonic() + every

@@ -30,6 +30,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 from rrtrain.core.lazy_import import streaming_module
 from rrtrain.core.signals import ignore_stop_signals
@@ -84,6 +85,17 @@ class _Split:
         self.rows = _Rows(ds, dtype, row_len)
 
 
+def private_cache(cache_dir: str) -> str:
+    """`cache_dir` as an absolute path, made (the user's alone) and checked to be writable by no one else, on
+    its way included: streaming reads the index and shards it finds there as the dataset, so a cache a
+    co-tenant can write is training data they choose. One line (UsageError) otherwise."""
+    local = os.path.abspath(cache_dir)
+    why = files.prepare_private_dir(local)
+    if why is not None:
+        raise UsageError(f"data cache '{local}' (data.cache_dir): {why}: {files.PRIVATE_RULE}")
+    return local
+
+
 def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str, *, batch_size: int,
                 num_canonical_nodes: int, seed: int, local_rank: int = 0) -> _Split:
     """A StreamingDataset used for random access only (its own iteration is never used), opened through
@@ -96,8 +108,7 @@ def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str,
     """
     remote_mode = is_remote(path) or bool(manifest.get("compression"))
     if remote_mode:
-        remote, local = (path if is_remote(path) else os.path.abspath(path)), os.path.abspath(cache_dir)
-        os.makedirs(local, exist_ok=True)
+        remote, local = (path if is_remote(path) else os.path.abspath(path)), private_cache(cache_dir)
     else:
         remote, local = None, os.path.abspath(path)
     key = (remote, local, split, str(manifest["fingerprint"]))
@@ -133,8 +144,7 @@ def _open_mixture(mixture: Mixture, split: str, cache_dir: str, *, batch_size: i
         remote_mode = is_remote(path) or bool(manifest.get("compression"))
         if remote_mode:
             remote = path if is_remote(path) else os.path.abspath(path)
-            local = os.path.abspath(os.path.join(cache_dir, f"{i}-{source.name}"))
-            os.makedirs(local, exist_ok=True)
+            local = private_cache(os.path.join(cache_dir, f"{i}-{source.name}"))
         else:
             remote, local = None, os.path.abspath(path)
             read_index(os.path.join(path, split), split)  # bounded, typed, plain shard names: before streaming

@@ -1,4 +1,5 @@
-"""The result file of `rrtrain eval`, `RUN_DIR/eval/step_NNNNNNNN-KEY.json`, and the table it prints.
+"""The result file of `rrtrain eval`, `RUN_DIR/eval/step_NNNNNNNN-KEY.json` (or in `--out DIR`: a run directory
+someone else can write is not written into), and the table it prints.
 
 The file (read by the report and the dashboard through rrtrain.rundir):
 `{"step", "tasks", "num_fewshot", "limit", "source": "eval", "seconds", "lm_eval_version",
@@ -9,7 +10,6 @@ and renamed.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,32 +19,56 @@ from rrtrain.core.io import json_text
 from rrtrain.rundir import layout
 
 
-def result_path(run_dir: Path, step: int, key: str) -> Path:
-    return Path(run_dir) / layout.EVAL / f"step_{step:08d}-{key}.json"
+def result_path(run_dir: Path, step: int, key: str, out: Optional[str | Path] = None) -> Path:
+    """Where the result file goes: `out/step_NNNNNNNN-KEY.json` (`--out`), else in `RUN_DIR/eval`."""
+    return target_dir(run_dir, out) / f"step_{step:08d}-{key}.json"
 
 
-def eval_dir(run_dir: Path) -> Path:
-    """`RUN_DIR/eval`, made when missing; a link or anything but a directory there is refused (one line)."""
-    path = Path(run_dir) / layout.EVAL
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        pass
-    except OSError as err:
-        raise UsageError(f"cannot create {path}: {err.strerror or err}") from None
+def target_dir(run_dir: Path, out: Optional[str | Path] = None) -> Path:
+    return Path(out) if out is not None else Path(run_dir) / layout.EVAL
+
+
+def check_target(run_dir: Path, out: Optional[str | Path] = None) -> Path:
+    """The directory the result goes to, refused in one line unless no one but the user (or root) can write it
+    or a directory on its way: a run directory read as data (someone else's) is not written into. Checked
+    before anything runs, and again when the file is written (`write`)."""
+    where = target_dir(run_dir, out)
+    why = files.private_path_problem(where)
+    if why is not None:
+        raise UsageError(_refusal(where, out is not None, why))
+    return where
+
+
+def _refusal(where: Path, given: bool, why: str) -> str:
+    if given:
+        return f"--out {str(where)!r}: {why}: {files.PRIVATE_RULE}"
+    return (f"{where}: {why}; rrtrain eval writes its result into RUN_DIR/eval only when no one else can write "
+            "there: choose a directory of your own with --out DIR")
+
+
+def eval_dir(run_dir: Path, out: Optional[str | Path] = None) -> Path:
+    """`RUN_DIR/eval` (or `out`), made when missing (the user's alone) and checked to be private once made; a link
+    or anything but a directory there is refused (one line)."""
+    path = target_dir(run_dir, out)
+    why = files.prepare_private_dir(path)
+    if why is not None:
+        raise UsageError(_refusal(path, out is not None, why))
     if path.is_symlink() or not path.is_dir():
         raise UsageError(f"{path} is not a directory of this run (a link or a file): remove it")
     return path
 
 
-def write(run_dir: Path, step: int, key: str, content: dict[str, Any]) -> Path:
-    eval_dir(run_dir)
-    path = result_path(run_dir, step, key)
+def write(run_dir: Path, step: int, key: str, content: dict[str, Any], out: Optional[str | Path] = None) -> Path:
+    """The result file, written aside and renamed in `RUN_DIR/eval` (or `out`, `--out`)."""
+    eval_dir(run_dir, out)
+    path = result_path(run_dir, step, key, out)
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise UsageError(f"{path} is not a regular file: remove it")
-    try:  # beneath the run directory: eval/ and the file never through a link, however they change meanwhile
-        files.atomic_write_beneath(run_dir, f"{layout.EVAL}/{path.name}", json_text(content).encode("utf-8"),
-                                   make_parents=False)
+    # beneath the run directory (or the directory --out names): eval/ and the file never through a link,
+    # however they change meanwhile
+    root, rel = (run_dir, f"{layout.EVAL}/{path.name}") if out is None else (out, path.name)
+    try:
+        files.atomic_write_beneath(root, rel, json_text(content).encode("utf-8"), make_parents=False)
     except OSError as err:
         raise UsageError(f"cannot write {path}: {err.strerror or err}") from None
     return path

@@ -14,13 +14,20 @@ What is checked, and why each:
 - The local data a task names (`dataset_path` when it is a local path, `dataset_kwargs.data_files`, globs
   expanded as `datasets` expands them): regular files, or directories of regular files with no link.
 
-Every refusal is one line, `WHERE: PATH: why`. The user's own task directory is theirs to trust: the modules
-its `!function` tags name run as lm-eval runs them.
+- Who can change them: lm-eval imports the `!function` modules, so the include directory, every directory on
+  its way and everything below it, each task YAML it reads (an `include:` target too: its `!function` names a
+  module beside it) and each module (and its `__pycache__` entry) must be writable by no one but the user or
+  root (`files.check_private_path`): a directory a co-tenant can write is code they run as the user. A task's
+  data is read as data and need not be private.
+
+Every refusal is one line, `WHERE: PATH: why`, before lm-eval imports or opens anything. A private task
+directory is the user's own to trust: the modules its `!function` tags name run as lm-eval runs them.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -41,20 +48,33 @@ PACKAGED_BUILDERS = frozenset({"arrow", "audiofolder", "conll", "csv", "eval", "
 
 
 def check(include: Path, where: str) -> None:
-    """Refuse, in one line, an include (a directory or one YAML file) holding anything lm-eval would open that
-    is not a regular file of its bound, a link, or a YAML file that does not parse."""
+    """Refuse, in one line, an include (a directory or one YAML file) someone else can write, or holding
+    anything lm-eval would open that is not a regular file of its bound, a link, or a YAML file that does not
+    parse."""
+    private(include, where)
     if include.is_dir():
         try:
             listing = files.regular_tree(include)
         except OSError as err:
             raise UsageError(f"{where}: {files.said(err)} (lm-eval opens the files of a task directory itself: "
                              "each must be a regular file, none a link)") from None
+        for dirpath, dirnames, filenames in os.walk(include):  # no link below it (regular_tree): each entry once
+            for name in sorted(dirnames + filenames):
+                private(Path(dirpath) / name, where)
         checker = _Checker(where, include, set(listing))
         for rel in sorted(listing):
             if rel.endswith(".yaml") and not IGNORED_DIRS & set(Path(rel).parts[:-1]):
                 checker.task_yaml(include / rel, 0)
     else:
         _Checker(where, None, set()).task_yaml(include, 0)
+
+
+def private(path: Path, where: str) -> None:
+    """One line when someone other than the user (or root) can change `path` or a directory on its way:
+    lm-eval imports the code a task directory holds or names."""
+    refusal = files.private_path_refusal(path)
+    if refusal is not None:
+        raise UsageError(f"{where}: {refusal} (lm-eval imports the `!function` code of a task directory)")
 
 
 class _Checker:
@@ -78,8 +98,11 @@ class _Checker:
         """A task file's bytes through the layer: beneath the include directory when inside it (no link on the
         way), else as a file the task named (links followed, as lm-eval follows them); regular and bounded."""
         rel = self._inside(path)
+        inside = rel is not None and rel in self.listing
+        if not inside:  # below the include directory: checked with it
+            private(path, self.where)
         try:
-            if rel is not None and rel in self.listing:
+            if inside:
                 return files.read_beneath(self.root, rel, "config")  # type: ignore[arg-type]
             return files.read_named(path, "config")
         except OSError as err:
@@ -110,8 +133,10 @@ class _Checker:
             self.task_yaml(target, depth + 1)
         for qual in _functions(cfg):
             module = path.parent / (qual.rpartition(".")[0].replace(".", "/") + ".py")
+            private(module, self.where)  # lm-eval imports it (and would one made there later)
+            private(Path(importlib.util.cache_from_source(str(module))), self.where)  # or its compiled form
             if os.path.lexists(module):
-                self.read(module)  # lm-eval imports it
+                self.read(module)
         self.data(cfg)
 
     def data(self, cfg: dict) -> None:

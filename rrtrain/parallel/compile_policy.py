@@ -13,19 +13,55 @@ within ~100-1,000 steps, so the CUDA threshold is conservative.
 
 `true` asks for compilation wherever possible. Where compilation is unavailable (Python version, no Triton
 for CUDA, no C++ compiler for CPU) the run continues eagerly and says so in one line.
+
+A run that compiles first points torch's compile cache at a directory of the user's own (`private_compile_cache`):
+inductor loads pickled graphs and compiled modules from it, and its default, /tmp/torchinductor_USER, is a name
+in a shared directory that torch uses without asking who made it.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import tempfile
 from typing import Optional, Union
 
 import torch
 
+from rrtrain.core import files
+from rrtrain.core.errors import UsageError
+
 #: shortest runs (optimizer steps) that "auto" compiles, on a GPU and on CPU: see docs/performance.md, "Compile"
 AUTO_MIN_STEPS = 1000
 AUTO_MIN_STEPS_CPU = 10_000
+
+#: where inductor keeps (and loads) its compiled graphs and, under it, Triton's kernels
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+#: Triton's own cache, when the user points it elsewhere (unset: inductor keeps Triton's under CACHE_ENV)
+TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
+
+
+def default_compile_cache(root: Optional[str] = None) -> str:
+    """`<root>/rrtrain-<uid>-torchinductor` (root: the temp dir, node-local as torch's own default)."""
+    return os.path.join(root or tempfile.gettempdir(), f"rrtrain-{os.geteuid()}-torchinductor")
+
+
+def private_compile_cache(root: Optional[str] = None) -> str:
+    """Point torch's compile cache at a directory only the user can write, made when missing, before anything
+    compiles; returns it. TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR) set by the user are honoured but
+    checked the same way (`files.prepare_private_dir`): one that someone else could write is refused in one
+    line, since what is in it runs as the user."""
+    path = os.environ.get(CACHE_ENV) or default_compile_cache(root)
+    for name, where in ((CACHE_ENV, path), (TRITON_CACHE_ENV, os.environ.get(TRITON_CACHE_ENV))):
+        if not where:
+            continue
+        why = files.prepare_private_dir(where)
+        if why is not None:
+            raise UsageError(f"train.compile: the compile cache {where} ({name}): {why}: torch loads code from it; "
+                             f"set {name} to a directory of yours no one else can write")
+    os.environ[CACHE_ENV] = os.path.abspath(path)
+    return os.environ[CACHE_ENV]
 
 
 def unavailable_reason(device: torch.device) -> Optional[str]:
@@ -61,6 +97,7 @@ def resolve_compile(setting: Union[bool, str], device: torch.device, total_steps
         return False
     reason = unavailable_reason(device)
     if reason is None:
+        private_compile_cache()  # before anything compiles
         return True
     if announce:
         print(f"rrtrain: train.compile: {reason}; running eagerly", flush=True)

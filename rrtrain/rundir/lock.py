@@ -138,6 +138,7 @@ def _read_open(fd: int, path: Path) -> Optional[dict[str, Any]]:
     info["heartbeat"] = st.st_mtime
     info["lock_path"] = str(path)
     info["lock_id"] = [st.st_dev, st.st_ino, st.st_nlink]
+    info["lock_uid"] = st.st_uid
     return info
 
 
@@ -152,9 +153,17 @@ def read(run_dir: str | os.PathLike[str]) -> Optional[dict[str, Any]]:
         return None
 
 
-def _read_beneath(run_dir: str | os.PathLike[str]) -> Optional[dict[str, Any]]:
+def _read_beneath(run_dir: str | os.PathLike[str] | int) -> Optional[dict[str, Any]]:
     """As `read`, with the run directory itself opened without following a link either (what a signal is
-    sent on: a run directory that is a link to another run's names that run's holder)."""
+    sent on: a run directory that is a link to another run's names that run's holder), or read from the
+    directory descriptor `run_dir` (one opened once, no link on its way: `launchers.cancel`), so that the lock
+    read is the one of the directory judged, whatever its name leads to meanwhile."""
+    if isinstance(run_dir, int):
+        path = Path(f"/proc/self/fd/{run_dir}") / LOCK_NAME
+        try:
+            return _read_open(files.open_beneath(run_dir, LOCK_NAME), path)
+        except OSError:
+            return None
     path = Path(run_dir) / LOCK_NAME
     head, name = os.path.split(os.path.normpath(os.fspath(run_dir)))
     try:
@@ -243,17 +252,19 @@ def _has_open(pid: int, dev: int, ino: int) -> bool:
     return False
 
 
-def signallable_pid(run_dir: str | os.PathLike[str]) -> Optional[int]:
+def signallable_pid(run_dir: str | os.PathLike[str] | int) -> Optional[int]:
     """The pid of the live process on this host that provably holds the run's lock, else None: only such a
     process may be signalled. Proof: the lock file is read without following a link (neither `run.lock` nor
-    the run directory may be one), it is this directory's own file (one link: no hard link to another run's
-    lock), its pid is alive with the start time and command line recorded, that process has this very file
-    open (device and inode) and holds its flock."""
+    the run directory may be one; `run_dir` may be a descriptor of the directory, opened once: then the lock
+    is that very directory's, whatever its path names by now), it is this directory's own file (one link: no
+    hard link to another run's lock) and this user's (a lock another user wrote proves nothing of this
+    user's run), its pid is alive with the start time and command line recorded, that process has this very
+    file open (device and inode) and holds its flock."""
     info = _read_beneath(run_dir)
     if info is None:
         return None
     dev, ino, links = info["lock_id"]
-    if links != 1:
+    if links != 1 or info.get("lock_uid") != os.geteuid():
         return None
     pid = _same_process(info)
     if pid is None or not _has_open(pid, dev, ino) or _holds_flock(pid, info["lock_path"], ino) is not True:

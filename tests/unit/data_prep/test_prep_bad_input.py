@@ -16,12 +16,13 @@ from prep_helpers import REPO, prep, prep_subprocess, tree
 
 @pytest.fixture()
 def out_before(tmp_path):
-    """An existing OUT with content (an earlier dataset, as --overwrite may replace), to prove a failed prep
-    leaves it untouched."""
+    """An existing OUT with content (an earlier dataset: nothing but what prep writes, as --overwrite may
+    replace), to prove a failed prep leaves it untouched."""
     out = tmp_path / "out"
-    out.mkdir()
+    (out / "train").mkdir(parents=True)
     (out / "manifest.json").write_text(json.dumps({"format_version": 1, "fingerprint": "earlier"}))
-    (out / "keep.txt").write_text("precious")
+    (out / "train" / "index.json").write_text("{}")
+    (out / "train" / "shard.00000.mds").write_text("precious")
     return out
 
 
@@ -112,8 +113,13 @@ def test_bad_options(args, expect, tmp_path, capsys, out_before):
 def test_non_empty_out_needs_overwrite_and_overwrite_replaces(tmp_path, capsys, out_before):
     args = ["--source", "synthetic:stories", "--num-docs", "30", "--seq-len", "32", "--min-val-samples", "4"]
     assert "exists and is not empty (use --overwrite" in _bad(capsys, tmp_path, out_before, *args)
+    (out_before / "keep.txt").write_text("not the dataset's")  # --overwrite replaces only what prep writes
+    assert "holds no rrtrain dataset ('keep.txt' is not part of one)" in _bad(capsys, tmp_path, out_before, *args,
+                                                                                "--overwrite")
+    os.unlink(out_before / "keep.txt")
     assert prep(*args, "--out", str(out_before), "--overwrite") == 0
-    assert not (out_before / "keep.txt").exists() and (out_before / "manifest.json").exists()
+    assert json.loads((out_before / "manifest.json").read_text())["fingerprint"] != "earlier"
+    assert (out_before / "train" / "shard.00000.mds").read_bytes() != b"precious"
     assert not _staging_dirs(out_before) and not [n for n in os.listdir(tmp_path) if n.endswith(".old")]
     empty = tmp_path / "empty_out"
     empty.mkdir()

@@ -55,10 +55,14 @@ def test_an_hf_tokenizer_directory_inside_out_is_refused(out, tmp_path, capsys):
     assert "holds the input" in capsys.readouterr().err and (out / "tok").is_dir()
 
 
-def test_a_source_outside_out_still_replaces_it(out, tmp_path):
+def test_a_source_outside_out_still_replaces_it(out, tmp_path, capsys):
     (tmp_path / "corpus.txt").write_text((out / "corpus.txt").read_text())
+    before = tree(out)  # the corpus copied out, the old one still beside the dataset: not prep's to delete
+    assert prep("--source", str(tmp_path / "corpus.txt"), "--out", str(out), "--overwrite", *SMALL) == 2
+    assert "'corpus.txt' is not part of one" in capsys.readouterr().err and tree(out) == before
+    (out / "corpus.txt").unlink()  # OUT wholly the dataset: replaced
     assert prep("--source", str(tmp_path / "corpus.txt"), "--out", str(out), "--overwrite", *SMALL) == 0
-    assert (out / "manifest.json").is_file() and not (out / "corpus.txt").exists()
+    assert (out / "manifest.json").is_file()
 
 
 def test_a_fifo_as_the_manifest_does_not_hang_prep(tmp_path):

@@ -17,6 +17,7 @@ from data_prep.options import PrepOptions, command
 from rrtrain import config
 from rrtrain.cli import plan as plan_cli
 from rrtrain.config import Config, ModelConfig, ParallelConfig, TrainConfig
+from rrtrain.core.child_python import module_argv
 from rrtrain.core.errors import UsageError
 from rrtrain.parallel import memory as planner
 from rrtrain.config_load import dotted_keys
@@ -188,7 +189,7 @@ def test_prep_parser_defaults_are_prep_options() -> None:
 ])
 def test_prep_options_round_trip_through_the_command_line(opts: PrepOptions) -> None:
     assert options_from_args(opts.argv()) == opts
-    assert command(opts, python="PY")[:4] == ["PY", "-m", "rrtrain", "prep"]
+    assert command(opts, python="PY") == [*module_argv("rrtrain", "prep", python="PY"), *opts.argv()]
 
 
 def test_prep_options_given_leave_unset_keys_to_prep() -> None:

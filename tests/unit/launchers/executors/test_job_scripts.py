@@ -29,14 +29,17 @@ PREEMPTED = '{"status": "preempted"}'
 @pytest.fixture
 def standins(tmp_path) -> Path:
     """scontrol (prints node1 for `show hostnames`, notes every requeue), srun and scancel stand-ins, in a
-    directory to put first on PATH. srun is the multi-node run: final.json `preempted`, then the signal
-    STANDIN_SIGNAL to the batch shell, then exit 1 (torchrun's status when a rank exited 75)."""
+    directory to put first on PATH. srun is the multi-node run: it makes the agents' log directory it is given
+    (as torchrun's agent does) and notes it in agent_logs.txt with its parent's mode, then final.json `preempted`,
+    then the signal STANDIN_SIGNAL to the batch shell, then exit 1 (torchrun's status when a rank exited 75)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     tools = {
         "scontrol": f'#!/bin/sh\n[ "$1" = show ] && {{ echo node1; exit 0; }}\n'
                     f'echo "$*" >> {tmp_path}/scontrol.log\n',
-        "srun": f"#!/bin/sh\nprintf '{PREEMPTED}' > \"$RRTRAIN_RUN_DIR/final.json\"\n"
+        "srun": "#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in --log-dir=*) d=\"${a#--log-dir=}\"; mkdir -p \"$d\"; "
+                f"echo \"$d $(stat -c %a \"$(dirname \"$d\")\") $PYTHONSAFEPATH\" > {tmp_path}/agent_logs.txt;; esac; done\n"
+                f"printf '{PREEMPTED}' > \"$RRTRAIN_RUN_DIR/final.json\"\n"
                 "kill -$STANDIN_SIGNAL $PPID\nexit 1\n",
         "scancel": "#!/bin/sh\nexit 0\n",
     }
@@ -120,11 +123,19 @@ def test_a_multinode_job_honours_cancelled_json(tmp_path, standins, rendered, ca
     script, run_dir, config = multinode_script(tmp_path, rendered)
     if cancelled:
         (run_dir / "cancelled.json").write_text("{}")
-    job = str(10**8 + secrets.randbelow(10**8))  # its agent log directory, /tmp/rrtrain-torchrun-JOB-0, is drawn
+    job = str(10**8 + secrets.randbelow(10**8))
     env = {"SLURM_JOB_ID": job, "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[1-2]", "STANDIN_SIGNAL": "USR2",
            "RRTRAIN_PYTHON": sys.executable, "RRTRAIN_RUN_DIR": str(run_dir), "RDZV_DIR": str(tmp_path / "rdzv")}
+    # the agents' logs: by hand, in RRTRAIN_AGENT_DIR; rendered, in the sweep's own slurm directory
+    agent_dir = tmp_path / "agents" if not rendered else script.parent / "torchrun"
+    if not rendered:
+        env["RRTRAIN_AGENT_DIR"] = str(agent_dir)
     proc = run_script(script, standins, env, config)
     out, log = proc.stdout + proc.stderr, tmp_path / "scontrol.log"
+    logs, mode, safe_path = (tmp_path / "agent_logs.txt").read_text().split()
+    # a directory of the job's own (700, a drawn name) in AGENT_DIR, never a name in /tmp; gone once the job ended
+    assert Path(logs).parent.parent == agent_dir and Path(logs).parent.name.startswith(f"{job}-0."), logs
+    assert mode == "700" and not Path(logs).parent.exists() and safe_path == "1", (logs, mode, safe_path)
     port = re.search(r"rendezvous node1:(\d+),", proc.stdout)  # read from the rendezvous file by the program
     assert port and 20000 <= int(port.group(1)) < 32768, out
     if cancelled:
@@ -141,3 +152,39 @@ def test_the_scripts_read_no_json_themselves():
         text = (TEMPLATES / name).read_text()
         code = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
         assert not [line for line in code if re.search(r"\b(grep|sed|awk|jq|cut)\b.*json", line)], name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planted", ["file", "group-writable", "link"])
+def test_a_multinode_job_refuses_an_agent_dir_others_control(tmp_path, standins, planted):
+    """Where the torchrun agents' logs go is the user's alone: a file in the way, a directory others can write
+    or a link (what a co-tenant plants at a name in a shared directory) ends the job at its start in one line,
+    before srun, and nothing is written there."""
+    script, run_dir, config = multinode_script(tmp_path, rendered=False)
+    agent_dir = tmp_path / "agents"
+    if planted == "file":
+        agent_dir.write_text("")
+    elif planted == "group-writable":
+        agent_dir.mkdir()
+        agent_dir.chmod(0o770)
+    else:
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        agent_dir.symlink_to(tmp_path / "elsewhere")
+    env = {"SLURM_JOB_ID": "41", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[1-2]", "STANDIN_SIGNAL": "USR2",
+           "RRTRAIN_PYTHON": sys.executable, "RRTRAIN_RUN_DIR": str(run_dir), "RDZV_DIR": str(tmp_path / "rdzv"),
+           "RRTRAIN_AGENT_DIR": str(agent_dir)}
+    proc = run_script(script, standins, env, config)
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert proc.returncode == 2 and len(errors) == 1 and "RRTRAIN_AGENT_DIR" in errors[0], proc.stderr
+    assert not (tmp_path / "agent_logs.txt").exists() and not (run_dir / "final.json").exists(), proc.stderr
+    assert planted != "link" or not any((tmp_path / "elsewhere").iterdir())
+
+
+def test_the_scripts_use_no_predictable_name_in_a_shared_directory():
+    """No name in /tmp, /var/tmp or /dev/shm in the scripts' code (a co-tenant can make it first), and every
+    Python they start keeps the current directory off its import path (PYTHONSAFEPATH)."""
+    for name in ("array.sbatch", "multinode.sbatch"):
+        text = (TEMPLATES / name).read_text()
+        code = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+        assert not [line for line in code if re.search(r"/(tmp|var/tmp|dev/shm)\b", line)], name
+        assert "export PYTHONSAFEPATH=1" in code, name

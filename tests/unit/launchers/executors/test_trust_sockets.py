@@ -20,6 +20,7 @@ import yaml
 from launchers.sweep.expand import Run
 from launchers.executors.render import train_argv
 from launchers.sweep.spec import Resources
+from rrtrain.core.child_python import MODULE_AT, module_argv
 from trainutil import REPO, TINY, env, free_port
 
 WILDCARD = {"0.0.0.0", "::", "::ffff:0.0.0.0", ""}
@@ -52,7 +53,7 @@ def test_a_single_node_launch_listens_on_loopback_only(stories_data, tmp_path):
     config.write_text(yaml.safe_dump(cfg))
     run = Run("tiny-review-s0", "tiny", "review", 0, cfg, Resources(tasks_per_node=2))
     argv = train_argv(run, sys.executable, config)
-    assert "--standalone" not in argv and argv[1:3] == ["-m", "launchers.torchrun.local"]
+    assert "--standalone" not in argv and argv[:MODULE_AT + 1] == module_argv("launchers.torchrun.local")
     proc = subprocess.Popen(argv, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     root = psutil.Process(proc.pid)
     seen: set[tuple[int, str, int]] = set()

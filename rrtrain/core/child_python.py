@@ -1,0 +1,67 @@
+"""How rrtrain starts a Python child, the one place that says so: `python -P -m MODULE ARGS` with PYTHONSAFEPATH=1
+in its environment.
+
+Python puts the current directory first on sys.path for `python -m X` (and `-c`): a co-tenant who can write the
+directory the user runs rrtrain from would run code as the user by planting `rrtrain/__init__.py`,
+`tensorboard/__init__.py` or `data_prep/__init__.py` there. `-P` (Python 3.11's safe_path) leaves it off;
+PYTHONSAFEPATH=1 does the same for what the child starts in turn, whose command lines rrtrain does not build
+(torchrun's workers, `python -u -m rrtrain.train`; multiprocessing's spawned processes; submitit's tasks).
+PYTHONPATH still counts: the sweep's verified code snapshot is put first on it explicitly
+(launchers.executors.local, the job scripts), never reached through the current directory.
+Python 3.10 has neither: there the child starts through `-c` with a line that drops the current directory from
+sys.path before it imports anything, then runs the module as `-m` does (runpy), so that the command line still
+names the module (rrtrain.rundir.lock reads it); what such a child starts in turn is not covered."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Iterator, Mapping, Optional
+
+#: the environment variable that keeps the current directory off every Python child's sys.path (3.11+)
+SAFE_PATH_ENV = "PYTHONSAFEPATH"
+
+#: whether this interpreter (the one every child runs: sys.executable) knows `-P` and PYTHONSAFEPATH
+HAS_SAFE_PATH = sys.version_info >= (3, 11)
+
+#: Python 3.10's stand-in for `-P -m`: sys.path[0] is the current directory ('') until this line drops it
+BOOTSTRAP = "import sys; del sys.path[0]; import runpy; runpy._run_module_as_main(sys.argv.pop(1))"
+
+
+def module_argv(module: str, *args: str, python: str = sys.executable, safe_path: bool = HAS_SAFE_PATH) -> list[str]:
+    """The command line that runs `python -m module args` with nothing imported from the current directory.
+    `python` is this interpreter (or one of its version: the job scripts name sys.executable)."""
+    if safe_path:
+        return [python, "-P", "-m", module, *args]
+    return [python, "-c", BOOTSTRAP, module, *args]
+
+
+#: where `module_argv` puts the module's name: what comes before it is the interpreter's
+MODULE_AT = 3
+
+
+def child_env(base: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """`base` (default: this process's environment) with PYTHONSAFEPATH=1: the environment of every child."""
+    env = dict(os.environ if base is None else base)
+    env[SAFE_PATH_ENV] = "1"
+    return env
+
+
+#: the same as a line of a job script: every Python the job starts (srun's tasks, torchrun's agents and workers)
+SHELL_EXPORT = f"export {SAFE_PATH_ENV}=1"
+
+
+@contextlib.contextmanager
+def safe_path_while_starting() -> Iterator[None]:
+    """PYTHONSAFEPATH=1 in this process's own environment for the block, then as it was: for children a library
+    starts itself from it (multiprocessing's spawned workers run `python -c ...` in the current directory)."""
+    old = os.environ.get(SAFE_PATH_ENV)
+    os.environ[SAFE_PATH_ENV] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[SAFE_PATH_ENV]
+        else:
+            os.environ[SAFE_PATH_ENV] = old
