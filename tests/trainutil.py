@@ -111,10 +111,10 @@ def spawn(cmd: list[str], environ: dict[str, str], merge_stderr: bool, fresh: bo
 
 
 def run_cmd(cmd: list[str], environ: dict[str, str], timeout: float, fresh: bool = False,
-            cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+            cwd: Optional[Path] = None, module: str = "rrtrain.train") -> subprocess.CompletedProcess:
     """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout) in `cwd` (the repository by default),
-    through spawn (a one-process training run is forked by the fork server); on timeout the process tree is killed."""
-    proc = spawn(cmd, environ, merge_stderr=False, fresh=fresh, cwd=cwd)
+    through spawn (`python -m MODULE` is forked by the fork server); on timeout the process tree is killed."""
+    proc = spawn(cmd, environ, merge_stderr=False, fresh=fresh, cwd=cwd, module=module)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from launchers import cancel
-from launchers.sweep import record
 from launchers.state import status as status_cli
 from sweeputil import write_record
 from trainutil import final, records, start
@@ -39,7 +38,7 @@ def test_a_cancelled_run_says_why_in_the_final_json_it_writes(tmp_path, stories_
     run_dir = sweep / RID
     proc = start(run_dir, stories_data, "train.max_steps=100000", "train.log_every=1", "train.eval_every=0",
                  "train.ckpt_every=0", "train.global_batch=8", "train.micro_batch=8", "model.n_layers=2",
-                 *STALL_AT_ONCE)
+                 "train.compile=false", *STALL_AT_ONCE)  # 100,000 steps would compile ("auto"): 20 s of CPU
     try:
         config = {"train": {"max_steps": 100000, "global_batch": 8}, "model": {"size": "tiny"},
                   "data": {"path": str(stories_data)}}

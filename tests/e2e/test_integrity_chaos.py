@@ -5,8 +5,9 @@ losses bitwise identical to the uninterrupted run. Every other restart writes it
 background (`train.ckpt_async`): kills land inside those writes too, and a run resumes across the change of
 mode. The two FSDP ranks start as srun or submitit start them (one process each, forked by the tests' fork
 server, `trainutil.start_ranks`) and every kill takes both ranks with whatever they started: torchrun's agent,
-SIGKILLed with its ranks, would play no part. Budget: about 90 s (1 process) + 50 s (FSDP) on a quiet
-machine."""
+SIGKILLed with its ranks, would play no part. The model is the smallest that has every part (2 blocks of
+d_model 32): what is under test is the run's recovery, not its size. Budget: about 15 s of CPU (1 process) +
+30 s (FSDP)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from trainutil import final, losses, records, start, start_ranks, train
 
 STEPS, EVERY_CKPT, EVERY_EVAL = 32, 2, 3
 ARGS = (f"train.max_steps={STEPS}", f"train.ckpt_every={EVERY_CKPT}", f"train.eval_every={EVERY_EVAL}",
-        "train.log_every=1", "train.keep_ckpts=2", "data.eval_batches=6")
+        "train.log_every=1", "train.keep_ckpts=2", "data.eval_batches=6",
+        "model.d_model=32", "model.n_layers=2", "model.n_heads=2")  # what is killed is the run, not its size
 BACKENDS = {"single": ((), 1), "fsdp2": (("train.micro_batch=8", "parallel.backend=fsdp"), 2)}
 MODES = {  # backend: where its kills aim
     "single": ["ckpt"] * 4 + ["eval"] * 3 + ["random"] * 3,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainutil import PY, REPO, env, final, losses, spawn
+from trainutil import PY, REPO, env, final, losses, run_cmd, spawn
 
 pytestmark = pytest.mark.slow
 
@@ -32,9 +32,9 @@ def sweep_file(tmp_path: Path, data: Path, name: str, **changes) -> Path:
 
 
 def rrtrain(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`rrtrain ARGS` in a process of its own (the debug executor trains inside it)."""
-    return subprocess.run([PY, "-m", "rrtrain", *map(str, args)], capture_output=True, text=True, env=env(),
-                          cwd=REPO, timeout=timeout)
+    """`rrtrain ARGS` in a process of its own (the debug executor trains inside it), forked by the tests' fork
+    server (trainutil.spawn)."""
+    return run_cmd([PY, "-m", "rrtrain", *map(str, args)], env(), timeout, module="rrtrain")
 
 
 @pytest.fixture

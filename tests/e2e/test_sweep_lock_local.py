@@ -1,16 +1,17 @@
 """Two `rrtrain sweep` on the same --out at once, with the local executor and real tiny runs: the second waits
 for the first (the sweep lock), then submits only what is new. Every run trains once, sweep.json keeps both
-submissions' job ids, and the code snapshot the first one's runs import survives. Budget: about 1 minute."""
+submissions' job ids, and the code snapshot the first one's runs import survives. The two `rrtrain sweep` are
+processes of their own, forked by the tests' fork server (trainutil.spawn); the runs they start are the local
+executor's own fresh interpreters. Budget: about 20 s of CPU."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from trainutil import PY, REPO, env
+from trainutil import PY, env, spawn
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +34,7 @@ def test_two_sweeps_on_one_directory_train_each_run_once(tmp_path, stories_data)
     cmd = [PY, "-m", "rrtrain", "sweep", str(spec), "--out", str(out), "--executor", "local", "--lock-wait", "300"]
     # started together: both would see an empty directory; the second asks for one more seed, so both want
     # tiny-review-s0 and one of them also tiny-review-s1
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=REPO)
-             for c in (cmd, cmd + ["sizes.tiny.seeds=2"])]
+    procs = [spawn(c, env(), merge_stderr=False, module="rrtrain") for c in (cmd, cmd + ["sizes.tiny.seeds=2"])]
     outputs = [p.communicate(timeout=600) for p in procs]
     for p, (stdout, stderr) in zip(procs, outputs):
         assert p.returncode == 0, stdout + stderr

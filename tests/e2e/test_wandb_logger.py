@@ -128,12 +128,18 @@ def test_the_resumed_start_continues_the_same_wandb_run(two_starts):
 
 
 def test_a_run_without_log_wandb_does_not_import_wandb(tmp_path, stories_data):
+    """The run in a process of its own, forked by the tests' fork server (trainutil.spawn), which imports what
+    every run imports and never wandb: what the process holds at the end is that and what this run imported."""
     argv = [TINY, f"data.path={stories_data}", f"run.dir={tmp_path / 'run'}", "train.max_steps=2",
             "train.global_batch=4", "train.micro_batch=4", "data.eval_batches=1"]
-    code = ("import json, sys; from rrtrain.train import main; "
-            f"rc = main({argv!r}); "
-            "print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'rrtrain'))]))")
-    proc = subprocess.run([PY, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    code = ("import json, sys\nfrom rrtrain.train import main\n"
+            f"rc = main({argv!r})\n"
+            "print(json.dumps([rc, sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'rrtrain'))]))\n")
+    (tmp_path / "no_wandb_probe.py").write_text(code)
+    cmd = [PY, "-m", "no_wandb_probe"]
+    proc = spawn(cmd, env(), merge_stderr=False, cwd=tmp_path, module="no_wandb_probe")
+    out, err = proc.communicate(timeout=600)
+    proc = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rc, loaded = json.loads(proc.stdout.splitlines()[-1])
     assert rc == 0 and "rrtrain.training.trainer" in loaded  # it did train

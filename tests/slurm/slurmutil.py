@@ -102,7 +102,9 @@ def sweep_file(path: Path, data: Path, *, variants: list[str], steps: int, resou
         "name": name, "config": str(REPO / "configs" / "train" / "tiny.yaml"), "data": str(data),
         "variants": variants, "sizes": {"tiny": {"seeds": 1, "overrides": {"train.max_steps": steps}}},
         "overrides": {"train.global_batch": 8, "train.micro_batch": 8, "train.log_every": 1,
-                      "train.eval_every": 0, "train.ckpt_every": 0, "train.warmup_steps": 2, **(overrides or {})},
+                      "train.eval_every": 0, "train.ckpt_every": 0, "train.warmup_steps": 2,
+                      "train.compile": False,  # "auto" would compile a run of 10,000 steps or more on CPU
+                      **(overrides or {})},
         "resources": {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem_gb": 2, **resources},
         "runs": runs or {},
     }
