@@ -5,8 +5,9 @@ generic check of `rrtrain check-rule`.
 
 The environment sees the project's packages (torch, rrtrain itself) through a `site.addsitedir` line: a venv
 made with --system-site-packages would see the base interpreter's packages, not the project venv's. pip runs
-with --no-deps --no-build-isolation --no-index, so nothing is downloaded. Runtime: about 55 s of CPU time,
-most of it the seven short training processes of the resume and FSDP checks.
+with --no-deps --no-build-isolation --no-index, so nothing is downloaded. Runtime: about 45 s of CPU time,
+most of it the five short training processes of the resume and FSDP checks (two of them FSDP's ranks)
+and the two of the test's own `rrtrain train`.
 """
 
 from __future__ import annotations
