@@ -219,17 +219,20 @@ def wait_for_step(run_dir: Path, step: int, proc: Process, timeout: float = 300)
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
-def kill_group(proc: Process, sig: int = signal.SIGKILL) -> None:
-    """Signal the launcher and every process below it. torchrun starts each rank in a session of its
-    own, so signalling the launcher's process group alone would leave the ranks running."""
+def _tree(proc: Process) -> list:
+    """`proc` and every process below it (psutil's), or nothing when it is gone."""
     import psutil
 
     try:
         root = psutil.Process(proc.pid)
-        tree = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return
-    targets = tree if sig == signal.SIGKILL else [root]  # a SIGTERM to torchrun is forwarded by torchrun itself
+        return []
+
+
+def _signal_all(targets: list, sig: int) -> None:
+    import psutil
+
     for p in targets:
         try:
             p.send_signal(sig)
@@ -237,6 +240,19 @@ def kill_group(proc: Process, sig: int = signal.SIGKILL) -> None:
             pass
     if sig == signal.SIGKILL:
         psutil.wait_procs(targets, timeout=30)
+
+
+def kill_group(proc: Process, sig: int = signal.SIGKILL) -> None:
+    """Signal the launcher and every process below it. torchrun starts each rank in a session of its
+    own, so signalling the launcher's process group alone would leave the ranks running."""
+    tree = _tree(proc)
+    _signal_all(tree if sig == signal.SIGKILL else tree[:1], sig)  # a SIGTERM to torchrun is forwarded by torchrun
+
+
+def kill_all(procs: list[Process]) -> None:
+    """SIGKILL the process trees of every one of `procs` at once (srun-style ranks have a session each: they die
+    together, as the ranks of a killed torchrun job do), then wait for them."""
+    _signal_all([p for proc in procs for p in _tree(proc)], signal.SIGKILL)
 
 
 def records(run_dir: Path) -> list[dict]:

@@ -20,14 +20,12 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from distributed.rankutil import run_ranks
-from trainutil import REPO, env, final, kill_group, records, train, train_cmd
+from distributed.rankutil import kill_ranks, run_ranks, wait_for_step
+from trainutil import final, records, start_ranks, train
 
 pytestmark = pytest.mark.distributed
 
@@ -126,30 +124,18 @@ def test_zero_matches_one_process(stage, stories_data, baseline, tmp_path):
 
 
 def test_zero3_kill_and_resume(stories_data, baseline, tmp_path):
-    """ZeRO-3, 2 ranks, checkpoints every 5 steps, SIGKILLed at step 13 (ranks and torchrun at once), restarted
+    """ZeRO-3, 2 ranks, checkpoints every 5 steps, SIGKILLed at step 13 (both ranks at once), restarted
     with the same command: it resumes from step 10, the recomputed steps 11..13 are bitwise identical to the
     killed run's, and the finished run matches the
     one-process run step by step (including the NaN skip at step 7, before the checkpoint it resumed from)."""
     run_dir = tmp_path / "zero3"
     args = [*COMMON, *ZERO, "parallel.zero_stage=3", "train.ckpt_every=5"]
-    log = (tmp_path / "first.log").open("w")
-    proc = subprocess.Popen(train_cmd(run_dir, stories_data, args, nproc=2), cwd=REPO, env=env(), stdout=log,
-                            stderr=subprocess.STDOUT)
-    kill_after, deadline = 13, time.time() + 300
+    kill_after = 13
+    procs = start_ranks(run_dir, stories_data, *args, world=2)  # srun-style, forked: the kill, not the launcher
     try:
-        while True:
-            if max(_losses(run_dir), default=0) >= kill_after:
-                kill_group(proc)
-                break
-            if proc.poll() is not None:
-                pytest.fail(f"the first run ended (exit {proc.returncode}) before step {kill_after}: "
-                            f"{(tmp_path / 'first.log').read_text()[-3000:]}")
-            assert time.time() < deadline, "the first run did not reach the kill step in time"
-            time.sleep(0.02)
+        wait_for_step(run_dir, kill_after, procs)
     finally:
-        kill_group(proc)
-        proc.wait()
-        log.close()
+        kill_ranks(procs)
     first = _losses(run_dir)
     killed_at = max(first)
     resumed_from = int((run_dir / "checkpoints" / "latest").read_text().strip().split("_")[1])

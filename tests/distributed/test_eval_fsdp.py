@@ -1,19 +1,20 @@
 """In-loop downstream evaluation on 2 CPU ranks under FSDP2: each rank scores its share of the requests through
 the sharded model (a batch count that does not divide by the ranks, so one rank runs a padding forward, or
 the run would hang), the scores are gathered, and the logged metrics equal `rrtrain eval` of the same
-checkpoints on one process (4 decimals); and `rrtrain eval` itself on 2 ranks under torchrun gives what it gives on
-one process. The one-process path end to end: tests/e2e/test_eval.py."""
+checkpoints on one process (4 decimals); and `rrtrain eval` itself on 2 ranks gives what it gives on one process.
+Every process is forked by the tests' fork server, the ranks srun-style (tests/distributed/rankutil.py): what is
+tested is what the ranks compute, not how a launcher starts them. The one-process path end to end:
+tests/e2e/test_eval.py."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from distributed.rankutil import spawn_module
+from distributed.rankutil import run_ranks, spawn_module
 from evalutil import KEY, LIMIT, TASKS, close, downstream, write_tasks
-from trainutil import PY, REPO, env, train
+from trainutil import env, train
 
 pytestmark = pytest.mark.distributed
 
@@ -44,12 +45,10 @@ def test_ranks_share_the_requests_and_log_what_one_process_computes(stories_data
                 if not name.endswith("_stderr"):
                     assert close(logged[step][f"downstream/{task}/{name}"], value), (step, task, name)
 
-    # rrtrain eval on 2 ranks (torchrun): each rank scores its share of the same batches of 5; the file rank 0
-    # writes holds the one-process numbers
+    # rrtrain eval on 2 ranks (srun-style, forked): each rank scores its share of the same batches of 5; the file
+    # rank 0 writes holds the one-process numbers
     one = json.loads((run_dir / "eval" / f"step_{4:08d}-{KEY}.json").read_text())["results"]
-    ranks = subprocess.run([PY, "-m", "launchers.torchrun.local", "--nproc_per_node=2", "-m", "rrtrain", "eval",
-                            *argv[1], "--batch-size", "5"], cwd=REPO, env=env(), capture_output=True, text=True,
-                           timeout=300)
+    ranks = run_ranks("rrtrain", ["eval", *argv[1], "--batch-size", "5"], 2, timeout=300)
     assert ranks.returncode == 0, ranks.stderr[-3000:]
     assert ranks.stdout.count("wrote ") == 1, ranks.stdout  # rank 0 alone reports
     two = json.loads((run_dir / "eval" / f"step_{4:08d}-{KEY}.json").read_text())["results"]

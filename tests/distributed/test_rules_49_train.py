@@ -2,14 +2,18 @@
 frac, ngpt, mudd) under the real trainer: each trains 4 steps under FSDP2 on 2 CPU ranks (gloo), checkpointing at
 step 2; a run resumed from that step-2 checkpoint ends exactly where the 4 steps straight end (losses and
 parameters, bit for bit; nGPT's matrices on the unit sphere, which its hook keeps across the shards); then bf16
-under FSDP2's policy. Both runs of the resume check have the same schedule (max_steps 4), so the resumed run must
-restore its place in it. A small model (d_model 32, 2 blocks, 2 heads): what is checked is the rule's state under
-sharding, checkpointing and casting, which any width has. Runtime: 3 runs of 2 ranks per rule, about 8 CPU
-seconds; `rrtrain check-rule NAME` runs the resume and one-process parity checks on any rule as well.
+under FSDP2's policy: 4 optimizer steps of each rule's engine as training builds it, stepped by the trainer's own
+optimizer step, every rule in turn in ONE job of 2 ranks (tests/distributed/bf16_rules_worker.py; a training run
+per rule cost a launch each, a third of this file). Both runs of the resume check have the same schedule
+(max_steps 4), so the resumed run must restore its place in it. A small model (d_model 32, 2 blocks, 2 heads):
+what is checked is the rule's state under sharding, checkpointing and casting, which any width has. Runtime: 2
+runs of 2 ranks per rule and the bf16 job, about 55 CPU seconds; `rrtrain check-rule NAME` runs the resume and
+one-process parity checks on any rule as well.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -17,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from distributed.rankutil import run_ranks
 from trainutil import checkpoint_tensors, final, losses, max_rel_diff, train
 
 pytestmark = pytest.mark.distributed
@@ -68,11 +73,23 @@ def test_trains_two_steps_under_fsdp_and_resumes_exactly(tmp_path, stories_data,
             torch.testing.assert_close(norms, torch.ones_like(norms), rtol=0, atol=1e-6, msg=key)
 
 
+@pytest.fixture(scope="module")
+def bf16_steps(tmp_path_factory) -> dict[str, dict[str, list[float]]]:
+    """Every rule of NEW stepped 4 times under FSDP2's bf16 policy on 2 ranks, all in one job
+    (tests/distributed/bf16_rules_worker.py): {label: {"losses": [...], "skipped": [...]}}."""
+    tmp = tmp_path_factory.mktemp("bf16")
+    bf16 = ["train.global_batch=4", "train.micro_batch=2", "parallel.backend=fsdp", "parallel.precision=bf16"]
+    (tmp / "cases.json").write_text(json.dumps({label: [*rule_args(label), *bf16] for label in NEW}))
+    proc = run_ranks("tests.distributed.bf16_rules_worker", [str(tmp / "out.json"), str(tmp / "cases.json"), "4"], 2)
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-5000:]}"
+    return json.loads((tmp / "out.json").read_text())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", NEW)
-def test_fsdp_bf16(tmp_path, stories_data, variant):
-    """FSDP2 casts the blocks' inputs and parameters to bf16 (layer_scalars' pair state, ln_scaling's fp32 buffer)."""
-    run = tmp_path / variant
-    train(run, stories_data, *ARGS, *rule_args(variant), "train.ckpt_every=0", "parallel.precision=bf16", nproc=2)
-    got = losses(run)
-    assert sorted(got) == [1, 2, 3, 4] and all(math.isfinite(v) for v in got.values())
+def test_fsdp_bf16(bf16_steps, variant):
+    """FSDP2 casts the blocks' inputs and parameters to bf16 (layer_scalars' pair state, ln_scaling's fp32 buffer):
+    4 optimizer steps, every loss finite and no step skipped."""
+    got = bf16_steps[variant]
+    assert len(got["losses"]) == 4 and all(math.isfinite(v) for v in got["losses"]), got
+    assert got["skipped"] == [0.0] * 4, got
