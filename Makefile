@@ -20,7 +20,7 @@ demo: $(STAMP)
 # Three workers on two cores: the Slurm tests stay together on one (tests/conftest.py), which waits on the
 # scheduler and the daemons; with a third worker both cores stay busy (2% idle over a whole run).
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n 3 --dist loadgroup --durations=20
+	$(PY) -m pytest -q -p no:cacheprovider -n 4 --dist loadgroup --durations=20
 
 # The edit loop's tier: tests/unit without the `slow` mark, on two workers, 3 minutes on two cores by budget (3¾ when last measured). It
 # starts no training subprocess, torchrun, browser or cluster: tests/tiers.py fails a test that does.

@@ -141,6 +141,10 @@ class JsonlFile:
                 obj = json.loads(line)
             except json.JSONDecodeError as err:
                 raise UsageError(f"{self.path}:{lineno}: not valid JSON ({err.msg})") from err
+            except ValueError as err:  # an integer of more digits than Python converts
+                raise UsageError(f"{self.path}:{lineno}: not a document ({str(err).splitlines()[0][:120]})") from None
+            except RecursionError:
+                raise UsageError(f"{self.path}:{lineno}: nested too deeply to be a document") from None
             if not isinstance(obj, dict) or self.text_field not in obj:
                 raise UsageError(f"{self.path}:{lineno}: no field '{self.text_field}' (set --text-field)")
             text = obj[self.text_field]

@@ -6,8 +6,10 @@ data, so a worker never needs the parent's objects (and a trained BPE travels as
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import tempfile
 from typing import Callable, Iterable, Iterator, Protocol
 
 import numpy as np
@@ -89,6 +91,32 @@ class HFTokenizer:
         return "tokenizer.json"
 
 
+TIKTOKEN_CACHE_ENV = "TIKTOKEN_CACHE_DIR"
+
+
+@contextlib.contextmanager
+def _private_tiktoken_cache() -> Iterator[None]:
+    """tiktoken's download cache, for the block, in a directory only the user can write: TIKTOKEN_CACHE_DIR when
+    set (checked), else `$TMPDIR/rrtrain-<uid>-tiktoken`. tiktoken's own default, /tmp/data-gym-cache, is a
+    name anyone on the machine may have made first, and it opens the files there with a plain open(): a FIFO
+    planted at an encoding's name hung prep."""
+    where = os.environ.get(TIKTOKEN_CACHE_ENV) or os.path.join(tempfile.gettempdir(),
+                                                               f"rrtrain-{os.geteuid()}-tiktoken")
+    why = files.prepare_private_dir(where)
+    if why is not None:
+        raise UsageError(f"tiktoken's cache {where} ({TIKTOKEN_CACHE_ENV}): {why}: set {TIKTOKEN_CACHE_ENV} to a "
+                         "directory of yours no one else can write")
+    old = os.environ.get(TIKTOKEN_CACHE_ENV)
+    os.environ[TIKTOKEN_CACHE_ENV] = os.path.abspath(where)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[TIKTOKEN_CACHE_ENV]
+        else:
+            os.environ[TIKTOKEN_CACHE_ENV] = old
+
+
 class TiktokenTokenizer:
     """An OpenAI tiktoken encoding (needs its BPE file: network or a populated TIKTOKEN_CACHE_DIR)."""
 
@@ -98,7 +126,10 @@ class TiktokenTokenizer:
         except ImportError as err:
             raise UsageError(f"tokenizer 'tiktoken:{name}' needs the tiktoken package (pip install tiktoken)") from err
         try:
-            self._enc = tiktoken.get_encoding(name)
+            with _private_tiktoken_cache():
+                self._enc = tiktoken.get_encoding(name)
+        except UsageError:
+            raise
         except ValueError as err:
             raise UsageError(f"unknown tiktoken encoding '{name}'") from err
         except Exception as err:  # network errors: requests/urllib raise many types

@@ -40,23 +40,43 @@ def stories_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return prep_stories(tmp_path_factory.mktemp("data") / "stories")
 
 
-SLURM_TESTS = Path(__file__).resolve().parent / "slurm"
+TESTS = Path(__file__).resolve().parent
+SLURM_TESTS = TESTS / "slurm"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `make test` (pytest-xdist, three workers, `--dist loadgroup` scheduled by tests/xdist_groups.py)
+    """Under `make test` (pytest-xdist, four workers, `--dist loadgroup` scheduled by tests/xdist_groups.py)
     the tests that use the local Slurm cluster share it: they form one group, run by one worker in order.
     tests/slurm comes first, so that the group's long chain of scheduler waits overlaps the rest of the suite on
     the other workers; its tests that need no cluster (the LocalExecutor, the rendezvous) stay out of the group.
     Every other test goes with the rest of its file: a module's fixtures (a sweep trained for the dashboard, an
     HSDP run) are then built once, not once per worker, and a file with a test on the cluster goes to the group
-    whole."""
+    whole. The rest are handed out longest first (`LONGEST_FIRST`). Four workers on two cores: the Slurm group's
+    worker mostly waits on the scheduler, and so do tests that wait on a signal, a browser or a rendezvous; with
+    three, a fresh-clone run kept the cores 145% busy."""
     in_slurm = {item.nodeid: Path(item.path).resolve().is_relative_to(SLURM_TESTS) for item in items}
     on_cluster = {item.path for item in items if "cluster_session" in getattr(item, "fixturenames", ())}
     for item in items:  # a file with one test on the cluster goes whole: its other tests share its fixtures
         item.add_marker(pytest.mark.xdist_group("slurm" if item.path in on_cluster else Path(item.path).stem))
-    items[:] = [item for item in items if in_slurm[item.nodeid]] + [item for item in items if not in_slurm[item.nodeid]]
+    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    rest = sorted((item for item in items if not in_slurm[item.nodeid]),
+                  key=lambda item: first.get(_under_tests(item), len(first)))  # stable: the rest keep their order
+    items[:] = [item for item in items if in_slurm[item.nodeid]] + rest
+
+
+#: The files whose tests take minutes of wall time, longest first (measured in a full `make test`): handed out
+#: right after the Slurm group, so that the short tests fill the workers' ends. Started last, the demo alone
+#: (5-6 minutes on a loaded machine) was the suite's tail. Scheduling only: no test depends on it.
+LONGEST_FIRST = ("e2e/test_demo.py", "e2e/test_docs_commands.py", "distributed/test_rules_49_train.py",
+                 "distributed/test_fsdp.py", "distributed/test_deepspeed.py", "e2e/test_external_rule.py",
+                 "e2e/test_dashboard.py", "e2e/test_integrity_chaos.py", "e2e/test_gpu_device_script.py",
+                 "e2e/test_sweep_prune.py", "e2e/test_concurrent_starts.py", "e2e/test_monitor_train.py",
+                 "distributed/test_hsdp.py", "e2e/test_sweep_local.py")
+
+
+def _under_tests(item: pytest.Item) -> str:
+    return Path(item.path).resolve().relative_to(TESTS).as_posix()
 
 
 #: How much lower than the Slurm group's the priority of the other tests' processes is under `make test`.

@@ -27,7 +27,9 @@ costs four stats a refresh; nothing here waits on a run being written.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -208,6 +210,11 @@ class RunFeed:
                         print(f"rrtrain dashboard: skipping {src}: a loop of symbolic links", file=sys.stderr,
                               flush=True)
                     continue
+                if not _regular(target):  # TensorBoard would open a FIFO and wait forever, for every run
+                    if src not in self.unlinkable:
+                        self.unlinkable.add(src)
+                        print(f"rrtrain dashboard: skipping {src}: not a regular file", file=sys.stderr, flush=True)
+                    continue
                 link.symlink_to(target)
 
     def _at(self, step: int) -> int:
@@ -375,3 +382,10 @@ def refresh_all(feeds: list[RunFeed], sweep: Optional[SweepFeed]) -> int:
         sweep.refresh(feeds)
     return changed
 
+
+def _regular(path: Path) -> bool:
+    """Whether `path` (resolved: no link left) is a regular file, without opening it."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False

@@ -227,7 +227,11 @@ def serve(cmd: list[str], kept: LiveLogdir, every: float) -> int:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
-    child = subprocess.Popen(cmd, env=child_env())  # nothing imported from the current directory
+    # TensorBoard writes $TMPDIR/.tensorboard-info/pid-N.info through any link at that name, in a directory it
+    # makes 0777 without the sticky bit: in a shared /tmp anyone could point it at a file of the user's. Its
+    # $TMPDIR is a private directory of this invocation instead, removed when it ends.
+    tb_tmp = files.make_temp_dir("rrtrain-tensorboard-", tempfile.gettempdir())
+    child = subprocess.Popen(cmd, env={**child_env(), "TMPDIR": tb_tmp})  # nothing imported from the current dir
     try:
         while child.poll() is None:
             deadline = time.monotonic() + every
@@ -250,3 +254,7 @@ def serve(cmd: list[str], kept: LiveLogdir, every: float) -> int:
                 child.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 child.kill()
+                child.wait()
+        why = files.discard_made_dir(tb_tmp, [])
+        if why is not None:
+            print(f"rrtrain dashboard: {why}", file=sys.stderr, flush=True)

@@ -51,7 +51,8 @@ GOOD = json.dumps({"text": "a perfectly fine document " * 20})
 
 
 @pytest.mark.parametrize("case", [
-    "missing", "empty_file", "all_empty_docs", "bad_json", "no_text_field", "not_utf8", "empty_dir",
+    "missing", "empty_file", "all_empty_docs", "bad_json", "deep_json", "huge_int_json", "no_text_field", "not_utf8",
+    "empty_dir",
 ])
 def test_bad_sources(case, tmp_path, capsys, out_before):
     expect = {
@@ -59,6 +60,8 @@ def test_bad_sources(case, tmp_path, capsys, out_before):
         "empty_file": "is empty or every document in it is empty",
         "all_empty_docs": "is empty or every document in it is empty",
         "bad_json": "c.jsonl:3: not valid JSON",
+        "deep_json": "c.jsonl:2: nested too deeply",  # RecursionError in json: a traceback before
+        "huge_int_json": "c.jsonl:2: not a document",  # ValueError (int digits limit): a traceback before
         "no_text_field": "c.jsonl:2: no field 'text'",
         "not_utf8": "not valid UTF-8",
         "empty_dir": "holds no .txt, .jsonl or .parquet files",
@@ -72,6 +75,10 @@ def test_bad_sources(case, tmp_path, capsys, out_before):
         src = _jsonl(tmp_path, [json.dumps({"text": t}) for t in ("", "   ", "\n\n", "")])
     elif case == "bad_json":
         src = _jsonl(tmp_path, [GOOD, GOOD, "{not json", GOOD])
+    elif case == "deep_json":
+        src = _jsonl(tmp_path, [GOOD, "[" * 200000])
+    elif case == "huge_int_json":
+        src = _jsonl(tmp_path, [GOOD, '{"text": "a", "n": ' + "1" * 6000 + "}"])
     elif case == "no_text_field":
         src = _jsonl(tmp_path, [GOOD, json.dumps({"body": "x"})])
     elif case == "not_utf8":

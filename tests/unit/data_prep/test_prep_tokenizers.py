@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -132,3 +134,33 @@ def test_hf_path_split_source_reads_the_named_split_of_a_local_folder(tmp_path, 
     with pytest.raises(UsageError) as err:
         list(open_source(f"hf:{folder}:test"))
     assert "\n" not in str(err.value) and "test" in str(err.value)
+
+
+def test_tiktoken_downloads_into_a_private_cache_only(monkeypatch, tmp_path):
+    """tiktoken's own default cache, /tmp/data-gym-cache, is a name anyone may have made first (a FIFO there
+    hung prep): unset, the cache is a directory of the user's own; set, one others can write is refused."""
+    tiktoken = pytest.importorskip("tiktoken")
+    import tempfile
+
+    seen = []
+
+    def offline(name):
+        seen.append(os.environ["TIKTOKEN_CACHE_DIR"])
+        raise ConnectionError("no route to host")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
+    with pytest.raises(UsageError):
+        tk.build("tiktoken:gpt2")
+    assert seen and os.path.dirname(seen[0]) == str(tmp_path) and os.stat(seen[0]).st_mode & 0o077 == 0
+    assert "TIKTOKEN_CACHE_DIR" not in os.environ
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(shared))
+    with pytest.raises(UsageError) as err:
+        tk.build("tiktoken:gpt2")
+    assert "TIKTOKEN_CACHE_DIR" in str(err.value) and "group" in str(err.value) and "\n" not in str(err.value)
+    assert len(seen) == 1  # refused before tiktoken looked there

@@ -77,3 +77,41 @@ def test_tensorboard_reads_the_private_build_and_the_scratch_goes_at_the_end(tmp
     assert given == os.path.realpath(kept.build) and kept.scratch is not None
     assert Path(given).parent == Path(os.path.realpath(kept.scratch))
     assert not kept.scratch.exists()
+
+
+def test_an_event_file_that_is_not_a_regular_file_is_not_handed_to_tensorboard(tmp_path, capsys):
+    """A FIFO at an event file's name in someone's run: TensorBoard would open it and wait forever, and show no
+    run at all (the review); it is skipped, in one line, and the other runs are shown."""
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "tiny-review-s0", "tiny", "review", range(1, 3))
+    make_run(sweep / "tiny-standard-s0", "tiny", "standard", range(1, 3))
+    (sweep / "tiny-review-s0" / "tb").mkdir()
+    os.mkfifo(sweep / "tiny-review-s0" / "tb" / "events.out.tfevents.1.host")
+    (sweep / "tiny-standard-s0" / "tb").mkdir()
+    (sweep / "tiny-standard-s0" / "tb" / "events.out.tfevents.2.host").write_bytes(b"")
+    logdir, _ = build_logdir(sweep, [])
+    linked = {p.name for p in logdir.rglob("events.out.tfevents.*")}
+    assert "events.out.tfevents.2.host" in linked and "events.out.tfevents.1.host" not in linked
+    assert "events.out.tfevents.1.host: not a regular file" in capsys.readouterr().err
+
+
+def test_tensorboard_keeps_its_info_files_in_a_private_temp_dir_removed_at_the_end(tmp_path):
+    """TensorBoard writes $TMPDIR/.tensorboard-info/pid-N.info through a link at that name, in a directory it
+    makes 0777 without the sticky bit: under a shared /tmp a co-tenant's link there overwrote a file of the
+    user's (the review). Its TMPDIR is a private directory of this invocation, gone when it ends."""
+    import signal
+    import sys
+
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "tiny-review-s0", "tiny", "review", range(1, 3))
+    state: list[LiveLogdir] = []
+    build_logdir(sweep, state)
+    seen = tmp_path / "seen"
+    child = [sys.executable, "-c", "import os, sys; open(sys.argv[1], 'w').write(os.environ['TMPDIR'])", str(seen)]
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        assert tensorboard.serve(child, state[0], 0.1) == 0
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    given = Path(seen.read_text())
+    assert given.name.startswith("rrtrain-tensorboard-") and not given.exists()
