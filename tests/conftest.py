@@ -53,8 +53,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     Every other test goes with the rest of its file: a module's fixtures (a sweep trained for the dashboard, an
     HSDP run) are then built once, not once per worker, and a file with a test on the cluster goes to the group
     whole. The rest are handed out longest first (`LONGEST_FIRST`). Four workers on two cores: the Slurm group's
-    worker mostly waits on the scheduler, and so do tests that wait on a signal, a browser or a rendezvous; with
-    three, a fresh-clone run kept the cores 145% busy."""
+    worker mostly waits on the scheduler, and so do tests that wait on a signal, a browser or a rendezvous (the
+    same length as three in a fresh-clone run, 24 minutes: the cores are busy throughout)."""
     in_slurm = {item.nodeid: Path(item.path).resolve().is_relative_to(SLURM_TESTS) for item in items}
     on_cluster = {item.path for item in items if "cluster_session" in getattr(item, "fixturenames", ())}
     for item in items:  # a file with one test on the cluster goes whole: its other tests share its fixtures
