@@ -128,11 +128,12 @@ class _Checker:
             raise self.refuse(path, f"not a task YAML{at} ({str(why)[:160]})") from None
         if not isinstance(cfg, dict):
             return  # lm-eval passes over it too
+        base = Path(os.path.realpath(path)).parent  # lm-eval resolves a YAML first: what it names is beside the target
         for inc in _strings(cfg.get("include")):
-            target = Path(inc) if os.path.isabs(inc) else path.parent / inc
+            target = Path(inc) if os.path.isabs(inc) else base / inc
             self.task_yaml(target, depth + 1)
         for qual in _functions(cfg):
-            module = path.parent / (qual.rpartition(".")[0].replace(".", "/") + ".py")
+            module = base / (qual.rpartition(".")[0].replace(".", "/") + ".py")
             private(module, self.where)  # lm-eval imports it (and would one made there later)
             private(Path(importlib.util.cache_from_source(str(module))), self.where)  # or its compiled form
             if os.path.lexists(module):

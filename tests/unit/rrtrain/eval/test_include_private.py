@@ -96,3 +96,19 @@ def test_the_training_time_include_is_refused_the_same_way(tmp_path: Path) -> No
     message = str(got.value)
     assert message.startswith("eval.downstream.include: ") and "\n" not in message and "can be written by" in message
     assert not (tasks / "PWNED").exists()
+
+
+def test_the_module_of_a_linked_yaml_is_checked_where_lm_eval_imports_it(tmp_path: Path) -> None:
+    """lm-eval resolves a task YAML before it imports its `!function` modules: a YAML reached through a link
+    imports the module beside the link's target, which must be the one checked (the third review: a writable
+    module beside the target ran while the link's own directory, which has none, passed)."""
+    real = planted(tmp_path / "real")
+    os.chmod(real / "utils.py", 0o666)  # beside the target: writable by anyone
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (tmp_path / "linked.yaml").symlink_to(real / "tiny_mc.yaml")  # outside the include directory (inside: refused)
+    (inc / "t.yaml").write_text(f"task: linked_task\ninclude: {tmp_path / 'linked.yaml'}\n")
+    with pytest.raises(UsageError) as got:
+        check_include(inc)
+    assert "utils.py" in str(got.value) and "can be written by" in str(got.value) and "\n" not in str(got.value)
+    assert not list(tmp_path.rglob("PWNED"))
