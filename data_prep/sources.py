@@ -186,6 +186,24 @@ class ParquetFile:
             raise UsageError(f"cannot read parquet '{self.path}': {_first_line(err)}") from None
 
 
+def _check_data_files(root: str) -> None:
+    """Each `state.json` of a saved dataset names the files `load_from_disk` opens, joined to its directory: an
+    absolute or `..` name would open a file outside it (a FIFO there hung prep). Each must be a plain name."""
+    for dirpath, _, names in os.walk(root):  # os.walk descends into no link (regular_tree refused any anyway)
+        if "state.json" not in names:
+            continue
+        where = os.path.join(dirpath, "state.json")
+        try:
+            state = json.loads(files.read_named(where))
+            named = [entry["filename"] for entry in state.get("_data_files", [])]
+        except (ValueError, RecursionError, TypeError, KeyError, AttributeError):
+            raise UsageError(f"cannot load dataset '{root}': {where} is not a saved dataset's state") from None
+        for name in named:
+            if not isinstance(name, str) or not name or name != os.path.basename(name) or name in (".", ".."):
+                raise UsageError(f"cannot load dataset '{root}': {where} names a data file outside its "
+                                 f"directory ({str(name)[:120]!r})")
+
+
 @dataclass(frozen=True)
 class HFDataset:
     """A `datasets` dataset: saved with `save_to_disk` (a directory) or by name from the Hub."""
@@ -225,6 +243,8 @@ class HFDataset:
         try:
             if os.path.isdir(self.name_or_path):
                 files.regular_tree(self.name_or_path)
+                if self.from_disk:
+                    _check_data_files(self.name_or_path)
             else:
                 files.open_named(self.name_or_path).close()
         except OSError as err:

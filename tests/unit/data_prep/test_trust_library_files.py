@@ -68,6 +68,25 @@ def test_a_fifo_in_a_saved_dataset_is_one_line(tmp_path: Path) -> None:
     one_line(got, "state.json", "not a regular file")
 
 
+def test_a_saved_dataset_naming_a_data_file_outside_it_is_one_line(tmp_path: Path) -> None:
+    """`load_from_disk` joins each `_data_files` name of state.json to the directory: an absolute name opens any
+    file (the third review: a FIFO named there hung prep). Refused before `datasets` opens anything."""
+    import datasets
+
+    from data_prep.sources import HFDataset
+    from rrtrain.core.errors import UsageError
+
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"text": ["a story", "another story"]}).save_to_disk(str(saved))
+    os.mkfifo(tmp_path / "fifo")
+    state = json.loads((saved / "state.json").read_text())
+    state["_data_files"] = [{"filename": str(tmp_path / "fifo")}]
+    (saved / "state.json").write_text(json.dumps(state))
+    with pytest.raises(UsageError) as err:
+        HFDataset(str(saved), from_disk=True)._check_local()
+    assert "outside its directory" in str(err.value) and "\n" not in str(err.value)
+
+
 @pytest.fixture
 def bpe_data(tmp_path: Path) -> Path:
     out = tmp_path / "bpe"
