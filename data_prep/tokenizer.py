@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Iterator, Protocol
 import numpy as np
 
 from rrtrain.core import files
+from rrtrain.core.child_python import environ_while
 from rrtrain.core.errors import UsageError
 
 UINT32_MAX_VOCAB = 1 << 32
@@ -94,8 +95,7 @@ class HFTokenizer:
 TIKTOKEN_CACHE_ENV = "TIKTOKEN_CACHE_DIR"
 
 
-@contextlib.contextmanager
-def _private_tiktoken_cache() -> Iterator[None]:
+def _private_tiktoken_cache() -> contextlib.AbstractContextManager[None]:
     """tiktoken's download cache, for the block, in a directory only the user can write: TIKTOKEN_CACHE_DIR when
     set (checked), else `$TMPDIR/rrtrain-<uid>-tiktoken`. tiktoken's own default, /tmp/data-gym-cache, is a
     name anyone on the machine may have made first, and it opens the files there with a plain open(): a FIFO
@@ -106,15 +106,7 @@ def _private_tiktoken_cache() -> Iterator[None]:
     if why is not None:
         raise UsageError(f"tiktoken's cache {where} ({TIKTOKEN_CACHE_ENV}): {why}: set {TIKTOKEN_CACHE_ENV} to a "
                          "directory of yours no one else can write")
-    old = os.environ.get(TIKTOKEN_CACHE_ENV)
-    os.environ[TIKTOKEN_CACHE_ENV] = os.path.abspath(where)
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[TIKTOKEN_CACHE_ENV]
-        else:
-            os.environ[TIKTOKEN_CACHE_ENV] = old
+    return environ_while(TIKTOKEN_CACHE_ENV, os.path.abspath(where))
 
 
 class TiktokenTokenizer:

@@ -53,15 +53,21 @@ SHELL_EXPORT = f"export {SAFE_PATH_ENV}=1"
 
 
 @contextlib.contextmanager
-def safe_path_while_starting() -> Iterator[None]:
-    """PYTHONSAFEPATH=1 in this process's own environment for the block, then as it was: for children a library
-    starts itself from it (multiprocessing's spawned workers run `python -c ...` in the current directory)."""
-    old = os.environ.get(SAFE_PATH_ENV)
-    os.environ[SAFE_PATH_ENV] = "1"
+def environ_while(name: str, value: str) -> Iterator[None]:
+    """`name=value` in this process's own environment for the block, then as it was: for what a library reads
+    from the environment itself, or passes on to the children it starts."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            del os.environ[SAFE_PATH_ENV]
+            del os.environ[name]
         else:
-            os.environ[SAFE_PATH_ENV] = old
+            os.environ[name] = old
+
+
+def safe_path_while_starting() -> contextlib.AbstractContextManager[None]:
+    """PYTHONSAFEPATH=1 for the block: children a library starts itself (multiprocessing's spawned workers run
+    `python -c ...` in the current directory) import nothing from there."""
+    return environ_while(SAFE_PATH_ENV, "1")
