@@ -19,9 +19,11 @@ the whole time limit. The two-rank path is tested on the cluster (test_timelimit
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import submitit
 
@@ -53,7 +55,10 @@ def test_local_executor_time_limit_requeues_until_done(tmp_path, stories_data):
                                tasks_per_node=1)
     run = out / "tiny-review-s0"
     job = executor.submit(RunJob(str(out)), "tiny-review-s0")
-    controller = job._process.pid  # submitit's controller: it starts each attempt and keeps its clock
+    # submitit's controller (`python -m submitit.local._local FOLDER`, a child of this process): it starts each
+    # attempt and keeps its clock
+    controller, = (pid for pid in children(os.getpid())
+                   if str(tmp_path / "submitit") in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
     deadline = time.time() + 300
     try:
         first = _task(controller, deadline)
