@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TextIO
 
@@ -204,6 +205,31 @@ def _check_data_files(root: str) -> None:
                                  f"directory ({str(name)[:120]!r})")
 
 
+#: what the Hugging Face Hub could take for a repository id: `NAME` or `OWNER/NAME` (a path that starts with
+#: `/`, `./` or `../`, or has more than one `/`, is no Hub name and is only ever read as a path)
+_HUB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
+
+
+def hub_name_refusal(name: str, what: str) -> str | None:
+    """Why `name` cannot be read (None: it can): `datasets`, lm-eval and a tokenizer look a Hub name up first
+    as a path relative to the working directory, so a co-tenant who can write that directory would choose what
+    is read in its place. A Hub name that is also a path there is refused; a local path is named as one
+    (./NAME or absolute) and then passes the checks every local source does."""
+    if not _HUB_NAME.fullmatch(name) or not os.path.lexists(name):
+        return None
+    return (f"{what} '{name}' is a Hugging Face Hub name, and '{os.path.abspath(name)}' is there too: a Hub name "
+            f"is read only from the Hub (whoever can write the directory you run from would choose the data); "
+            f"name the local one as ./{name} or by its absolute path, or run from another directory")
+
+
+def check_hub_name(name: str, what: str) -> None:
+    """UsageError, one line, when `name` is a Hub name that is also a path in the working directory
+    (`hub_name_refusal`): checked before anything is loaded or downloaded."""
+    refusal = hub_name_refusal(name, what)
+    if refusal is not None:
+        raise UsageError(refusal)
+
+
 @dataclass(frozen=True)
 class HFDataset:
     """A `datasets` dataset: saved with `save_to_disk` (a directory) or by name from the Hub."""
@@ -212,6 +238,10 @@ class HFDataset:
     split: str | None = None
     text_field: str = "text"
     from_disk: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.from_disk:  # `hf:NAME`: a Hub name is never read from the working directory
+            check_hub_name(self.name_or_path, "source hf:")
 
     def _load(self):  # noqa: ANN202 - a datasets.Dataset
         self._check_local()
@@ -237,7 +267,7 @@ class HFDataset:
     def _check_local(self) -> None:
         """A saved dataset's directory (or a local path `hf:` names) is opened by `datasets` itself, file by file:
         every file below it must be a regular file and none a link (a FIFO would hang it). A Hub name is not
-        a path here and is left to `datasets`."""
+        a path here (one that is was refused when the source was named) and is left to `datasets`."""
         if not os.path.lexists(self.name_or_path):
             return
         try:

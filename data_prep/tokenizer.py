@@ -16,6 +16,7 @@ import numpy as np
 
 from rrtrain.core import files
 from rrtrain.core.child_python import environ_while
+from rrtrain.core.host_locks import private_host_dir
 from rrtrain.core.errors import UsageError
 
 UINT32_MAX_VOCAB = 1 << 32
@@ -97,11 +98,13 @@ TIKTOKEN_CACHE_ENV = "TIKTOKEN_CACHE_DIR"
 
 def _private_tiktoken_cache() -> contextlib.AbstractContextManager[None]:
     """tiktoken's download cache, for the block, in a directory only the user can write: TIKTOKEN_CACHE_DIR when
-    set (checked), else `$TMPDIR/rrtrain-<uid>-tiktoken`. tiktoken's own default, /tmp/data-gym-cache, is a
-    name anyone on the machine may have made first, and it opens the files there with a plain open(): a FIFO
-    planted at an encoding's name hung prep."""
-    where = os.environ.get(TIKTOKEN_CACHE_ENV) or os.path.join(tempfile.gettempdir(),
-                                                               f"rrtrain-{os.geteuid()}-tiktoken")
+    set (checked), else `$TMPDIR/rrtrain-<uid>-tiktoken` (or, when another user made that name first, a private
+    directory recorded for this host: rrtrain.core.host_locks.private_host_dir). tiktoken's own default,
+    /tmp/data-gym-cache, is a name anyone on the machine may have made first, and it opens the files there with
+    a plain open(): a FIFO planted at an encoding's name hung prep."""
+    where = os.environ.get(TIKTOKEN_CACHE_ENV)
+    if not where:
+        where = private_host_dir(tempfile.gettempdir(), f"rrtrain-{os.geteuid()}-tiktoken", what="tiktoken's cache")
     why = files.prepare_private_dir(where)
     if why is not None:
         raise UsageError(f"tiktoken's cache {where} ({TIKTOKEN_CACHE_ENV}): {why}: set {TIKTOKEN_CACHE_ENV} to a "
@@ -229,6 +232,10 @@ def _read(read: Callable[[], bytes], where: str) -> bytes:
 def load_hf(arg: str, eos_token: str | None = None, spec: str | None = None) -> HFTokenizer:
     """Load a tokenizer.json (file, or a directory holding one) or a pretrained name from the Hub."""
     spec = spec or f"hf:{arg}"
+    if not arg.endswith(".json"):  # a Hub name is never read from the working directory (.json: a file, never one)
+        from data_prep.sources import check_hub_name
+
+        check_hub_name(arg, "tokenizer hf:")
     if os.path.isdir(arg):
         where = os.path.join(arg, "tokenizer.json")
         if not os.path.lexists(where):

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import stat
 import sys
 import time
@@ -340,6 +341,129 @@ def _field(argv: Sequence[str]) -> int:
     return 0
 
 
+#: how `agentdir`'s refusals end (the multi-node script's words for it)
+AGENT_DIR_RULE = ("the torchrun agents' logs go only where no one else can write, on the way to it included: "
+                  "set RRTRAIN_AGENT_DIR to a directory of yours")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _chain_problem(absolute: str, uid: int) -> Optional[str]:
+    """Why someone other than the user (or root) could change what is at `absolute` (None: no one can): each
+    existing component owned by the user or root and writable by no one else, a sticky directory (/tmp) above
+    a component of the user's own fine. rrtrain.core.files's private-path rule (OpenSSH's StrictModes), mirrored
+    here because this program imports nothing of rrtrain."""
+    parts = [p for p in absolute.split(os.sep) if p]
+    chain = [os.sep] + [os.sep + os.path.join(*parts[: i + 1]) for i in range(len(parts))]
+    for i, place in enumerate(chain):
+        try:
+            st = os.lstat(place)
+        except FileNotFoundError:
+            return None  # still to be made
+        except OSError as err:
+            return f"'{place}' cannot be checked ({err.strerror or type(err).__name__})"
+        if st.st_uid not in (uid, 0):
+            return f"'{place}' belongs to another user (uid {st.st_uid})"
+        if stat.S_ISLNK(st.st_mode):
+            continue  # its mode means nothing; where it leads is the resolved path's to check
+        if not stat.S_ISDIR(st.st_mode):
+            return f"'{place}' is not a directory"
+        if st.st_mode & 0o022 and not (st.st_mode & stat.S_ISVTX and i + 1 < len(chain)):
+            return f"'{place}' can be written by others than you (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def private_dir_problem(path: str) -> Optional[str]:
+    """`_chain_problem` of `path` as given and as resolved; the directory itself is never a link."""
+    given = os.path.abspath(path)
+    if os.path.islink(given):
+        return f"'{given}' is a symbolic link"
+    for candidate in dict.fromkeys([given, os.path.realpath(given)]):
+        why = _chain_problem(candidate, os.geteuid())
+        if why is not None:
+            return why
+    return None
+
+
+def _open_made(parent: int, name: str, uid: int, where: str, sticky_ok: bool) -> int:
+    """A descriptor of the directory `name` in `parent` (made 0700 first when missing), never through a link,
+    checked by what was opened to be the user's or root's and writable by no one else (a sticky one above a
+    directory of the user's own fine: `sticky_ok`)."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+        except FileExistsError:
+            pass  # made meanwhile: judged below by what is opened
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        st = os.fstat(fd)
+        if st.st_uid == uid:
+            os.fchmod(fd, 0o700)  # exactly, whatever the umask
+    st = os.fstat(fd)
+    if st.st_uid not in (uid, 0) or (st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX)):
+        os.close(fd)
+        raise PermissionError(0, f"'{where}' changed while it was checked")
+    return fd
+
+
+def make_job_dir(agent_dir: str, prefix: str) -> str:
+    """A new directory of this job's own (0700, a drawn name after `prefix`) in `agent_dir`: the whole path checked
+    (`private_dir_problem`), its missing components made 0700, each directory then opened from the one above with
+    no link followed and checked again by what was opened, the job's directory made in the last of them and
+    checked once more by its path. ValueError (one line) when someone else could change any of it."""
+    why = private_dir_problem(agent_dir)
+    if why is not None:
+        raise ValueError(why)
+    uid = os.geteuid()
+    real = os.path.realpath(os.path.abspath(agent_dir))  # the links on the way, judged above, resolved once
+    fd = os.open(os.sep, _DIR_FLAGS)
+    try:
+        names = [p for p in real.split(os.sep) if p]
+        for i, name in enumerate(names):
+            nxt = _open_made(fd, name, uid, os.sep + os.path.join(*names[: i + 1]), sticky_ok=i + 1 < len(names))
+            os.close(fd)
+            fd = nxt
+        for _ in range(100):
+            name = f"{prefix}{secrets.token_hex(5)}"
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise ValueError(f"'{real}': no new name for the job's directory")
+        job_fd = _open_made(fd, name, uid, f"{real}/{name}", sticky_ok=False)
+    except OSError as err:
+        raise ValueError(f"cannot make it ({err.strerror or type(err).__name__})") from None
+    finally:
+        os.close(fd)
+    try:
+        os.fchmod(job_fd, 0o700)
+        path = os.path.join(os.path.abspath(agent_dir), name)
+        why = private_dir_problem(path)
+        held, named = os.fstat(job_fd), os.stat(path)
+        if why is None and (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
+            why = f"'{path}' is not the directory just made"
+    finally:
+        os.close(job_fd)
+    if why is not None:
+        raise ValueError(why)
+    return path
+
+
+def _agentdir(argv: Sequence[str]) -> int:
+    agent_dir, prefix = argv
+    if not agent_dir or not re.fullmatch(r"[A-Za-z0-9_.-]*", prefix):
+        raise ValueError  # the usage line
+    try:
+        print(make_job_dir(agent_dir, prefix))
+    except ValueError as err:
+        print(f"rrtrain multinode: error: {agent_dir} (the torchrun agents' logs): {err}: {AGENT_DIR_RULE}",
+              file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
 #: subcommand -> (usage, number of arguments, what runs it)
 COMMANDS: dict[str, tuple[str, Sequence[int], Callable[[Sequence[str]], int]]] = {
     "check": ("CODE CODE_SHA256 CONFIG CONFIG_SHA256 RUN_DIR [SUBMITIT_DIR SWEEP_DIR RUN_ID]", (5, 8), _check),
@@ -347,6 +471,7 @@ COMMANDS: dict[str, tuple[str, Sequence[int], Callable[[Sequence[str]], int]]] =
     "started": ("RUN_DIR JOB_ID RESTART", (3,), lambda a: 0 if started(a[0], a[1], int(a[2])) else 1),
     "field": ("JSON_FILE KEY", (2,), _field),
     "task": ("SUBMITIT_DIR MODULE CLASS STATE_JSON", (4,), _task),
+    "agentdir": ("AGENT_DIR PREFIX", (2,), _agentdir),
 }
 
 
@@ -357,7 +482,9 @@ def main(argv: Sequence[str]) -> int:
     run's final.json saying it (`record_refusal`), and exit 2. `ended` prints what a job script does after its
     run (`ending`); `started` exits 0 when a rank of this attempt recorded itself (`started`); `field` prints an
     integer or text field of a JSON object file (exit 1 when it has none); `task` exits 0 when an array task's
-    submitit payload is the call submitted (`array_task_problem`), else one line and exit 2."""
+    submitit payload is the call submitted (`array_task_problem`), else one line and exit 2. `agentdir` makes
+    the multi-node job's own directory for the torchrun agents' logs in AGENT_DIR and prints its path
+    (`make_job_dir`), else one line and exit 2."""
     name = argv[0] if argv and argv[0] in COMMANDS else "check"
     args = argv[1:] if argv and argv[0] == name else argv
     usage, counts, run = COMMANDS[name]

@@ -76,14 +76,16 @@ def main(argv: list[str]) -> int:
 
     tasks = parse_tasks(args.tasks)
     include = check_include(args.include)
+    from rrtrain.eval.results import check_target
+
+    if args.out is not None:  # the user's own directory (a file in the way: one line), before torch is imported
+        check_target(Path(args.run_dir), args.out)
     require_lm_eval("rrtrain eval")
     import torch
 
     from rrtrain.artifact import load_run
 
     run_dir = run_with_model(args)
-    from rrtrain.eval.results import check_target
-
     check_target(run_dir, args.out)  # where the result goes is the user's alone: before anything is loaded
     from rrtrain.core import dist
 

@@ -146,7 +146,7 @@ def refuse_unless_private(out: Path, given: bool) -> None:
     if why is None:
         return
     if given:
-        raise UsageError(f"--out {str(out)!r}: {why}: {files.PRIVATE_RULE}")
+        raise UsageError(f"--out {str(out)!r}: {files.explained(why)}")
     raise UsageError(f"{out} (the report's default place, inside SWEEP_DIR): {why}; rrtrain writes only into "
                      "directories no one else can write: choose a directory of your own with --out DIR")
 

@@ -217,8 +217,10 @@ def _chain_problem(absolute: str, uid: int) -> Optional[str]:
     for place in chain:
         try:
             found.append((place, os.lstat(place)))
-        except (FileNotFoundError, NotADirectoryError):
-            break  # still to be made (or a file in the way, which the maker reports)
+        except FileNotFoundError:
+            break  # still to be made
+        except NotADirectoryError:  # a file (or a link to one) where a directory belongs: nothing can go there
+            return f"'{found[-1][0]}' {NOT_A_DIRECTORY}"
         except OSError as err:
             return f"'{place}' cannot be checked ({err.strerror or type(err).__name__})"
     for i, (place, st) in enumerate(found):
@@ -235,9 +237,18 @@ def _chain_problem(absolute: str, uid: int) -> Optional[str]:
     return None
 
 
+#: how `private_path_problem` ends when a component on the way is a file: no rule of privacy, a wrong path
+NOT_A_DIRECTORY = "is not a directory (a file is in the way: choose another path)"
+
 #: the rule `check_private_path` enforces, as its refusals end
 PRIVATE_RULE = ("rrtrain runs code from, resumes from and writes into only directories no one else can write "
                 "(chmod g-w,o-w the directory, or choose another)")
+
+
+def explained(why: str) -> str:
+    """`private_path_problem`'s answer as a refusal ends: with PRIVATE_RULE, unless it is a file in the way (a wrong
+    path, which the rule would only confuse)."""
+    return why if why.endswith(NOT_A_DIRECTORY) else f"{why}: {PRIVATE_RULE}"
 
 
 def private_path_refusal(path: str | os.PathLike[str], what: str = "") -> Optional[str]:
@@ -245,7 +256,7 @@ def private_path_refusal(path: str | os.PathLike[str], what: str = "") -> Option
     why = private_path_problem(path)
     if why is None:
         return None
-    return f"{what or os.fspath(path)}: {why}: {PRIVATE_RULE}"
+    return f"{what or os.fspath(path)}: {explained(why)}"
 
 
 def check_private_path(path: str | os.PathLike[str], what: str = "") -> None:

@@ -141,7 +141,7 @@ def unwritable_reason(directory: str | os.PathLike[str]) -> str | None:
     permission bits do not stop writes, so this catches what does: read-only mounts and files in the way."""
     unsafe = files.private_path_problem(directory)
     if unsafe is not None:
-        return f"{unsafe}: {files.PRIVATE_RULE}"
+        return files.explained(unsafe)
     path = Path(directory)
     try:
         files.make_dirs(path)
@@ -158,4 +158,4 @@ def unwritable_reason(directory: str | os.PathLike[str]) -> str | None:
         where = f" ({err.filename})" if err.filename and str(err.filename) != str(path) else ""
         return f"{err.strerror or type(err).__name__}{where}"
     unsafe = files.private_path_problem(directory)
-    return None if unsafe is None else f"{unsafe}: {files.PRIVATE_RULE}"
+    return None if unsafe is None else files.explained(unsafe)

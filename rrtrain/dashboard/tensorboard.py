@@ -129,7 +129,7 @@ def state_home(sweep: Path) -> tuple[Path, bool]:
             raise UsageError(f"{home} is not a directory of its own (a link or a file): move it away")
         why = files.prepare_private_dir(home)
         if why is not None:
-            raise UsageError(f"the dashboard's directory {home}: {why}: {files.PRIVATE_RULE}")
+            raise UsageError(f"the dashboard's directory {home}: {files.explained(why)}")
         return home, False
     home = Path(files.make_temp_dir("rrtrain-dashboard-", tempfile.gettempdir()))
     files.check_private_path(home, f"the dashboard's directory {home} ($TMPDIR)")

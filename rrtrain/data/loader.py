@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import threading
 import weakref
-from typing import Any, Iterator, Optional
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Iterator, Optional
 
 import numpy as np
 import torch
@@ -37,7 +39,7 @@ from rrtrain.core.signals import ignore_stop_signals
 from rrtrain.data.manifest import is_remote, read_manifest
 from rrtrain.data.shm import open_streaming_dataset
 from rrtrain.data.sources import Mixture
-from rrtrain.data.verify import read_index, shard_name_problem
+from rrtrain.data.verify import INDEX, read_index_bytes, shard_layout, shard_name_problem, unzip_shard
 
 STATE_VERSION = 1
 COLUMN = "tokens"
@@ -78,11 +80,12 @@ _splits_lock = threading.Lock()
 class _Split:
     """A split opened for random access: the StreamingDataset, its shard sizes and the row reader."""
 
-    def __init__(self, ds, dtype: str, row_len: int) -> None:  # noqa: ANN001 - a StreamingDataset
+    def __init__(self, ds, dtype: str, row_len: int, vocab: int,  # noqa: ANN001 - a StreamingDataset
+                 sources: list[Optional[str]]) -> None:
         self.ds = ds
         self.num_samples = int(ds.num_samples)
         self.samples_per_shard = np.asarray(ds.samples_per_shard, dtype=np.int64)
-        self.rows = _Rows(ds, dtype, row_len)
+        self.rows = _Rows(ds, dtype, row_len, vocab, sources)
 
 
 def private_cache(cache_dir: str) -> str:
@@ -92,8 +95,29 @@ def private_cache(cache_dir: str) -> str:
     local = os.path.abspath(cache_dir)
     why = files.prepare_private_dir(local)
     if why is not None:
-        raise UsageError(f"data cache '{local}' (data.cache_dir): {why}: {files.PRIVATE_RULE}")
+        raise UsageError(f"data cache '{local}' (data.cache_dir): {files.explained(why)}")
     return local
+
+
+def _copy_index(source: str, split: str, local: str) -> None:
+    """The split's index.json of the local dataset `source`, read and checked by rrtrain (bounded, typed, plain
+    shard names), written into the private cache `local`, where streaming reads it instead of copying the
+    dataset's own by path (a FIFO put there after the check would hang it in open(); `_Rows` reads the shards).
+    Written each time: a copy an earlier run left may be of other data."""
+    data, _ = read_index_bytes(os.path.join(source, split), split)
+    try:
+        files.atomic_write_beneath(local, os.path.join(split, INDEX), data)
+    except OSError as err:
+        raise UsageError(f"data cache '{local}': cannot write {split}/{INDEX} ({files.said(err)})") from None
+
+
+def _streaming_remote(path: str, manifest: dict[str, Any]) -> Optional[str]:
+    """Streaming's `remote` for a dataset: its URL; a local compressed dataset's directory, in name only (streaming
+    then refuses a cache another live dataset of it uses, as when it decompressed them; it reads nothing there);
+    None for a local uncompressed one (its cache holds nothing but the index's copy)."""
+    if is_remote(path):
+        return path
+    return os.path.abspath(path) if manifest.get("compression") else None
 
 
 def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str, *, batch_size: int,
@@ -101,34 +125,33 @@ def _open_split(path: str, manifest: dict[str, Any], split: str, cache_dir: str,
     """A StreamingDataset used for random access only (its own iteration is never used), opened through
     `open_streaming_dataset` (the machine's lock, stale names cleaned, a prefix registered safely).
 
-    A local uncompressed dataset is read in place. Remote or compressed datasets go through a
-    local cache under `cache_dir`, which must be unique to the run (streaming refuses a cache dir
-    another live dataset uses, and decompressing into a shared dataset dir would race) and the same
-    for the ranks of one node. All ranks must open splits in the same order (streaming synchronises).
+    Streaming's local directory is always a private cache under `cache_dir`, unique to the run (streaming
+    refuses a cache dir another live dataset of a remote uses) and the same for the ranks of one node. A local
+    dataset is read by rrtrain alone: streaming finds the index already in the cache (`_copy_index`) and is never
+    asked for a shard (`_Rows` opens each itself). A remote one is downloaded by streaming into the cache (each
+    shard's xxh64 checked). All ranks must open splits in the same order (streaming synchronises).
     """
-    remote_mode = is_remote(path) or bool(manifest.get("compression"))
-    if remote_mode:
-        remote, local = (path if is_remote(path) else os.path.abspath(path)), private_cache(cache_dir)
-    else:
-        remote, local = None, os.path.abspath(path)
-    key = (remote, local, split, str(manifest["fingerprint"]))
+    source = None if is_remote(path) else os.path.abspath(path)
+    remote, local = _streaming_remote(path, manifest), private_cache(cache_dir)
+    key = (remote, source, local, split, str(manifest["fingerprint"]))
     with _splits_lock:
         if key in _SPLITS:
             return _SPLITS[key]
-        if not is_remote(path):  # bounded, typed, plain shard names: before streaming reads it unchecked
-            read_index(os.path.join(path, split), split)
+        if source is not None:
+            _copy_index(source, split, local)
         try:
             ds = open_streaming_dataset(
                 local_rank, remote=remote, local=local, split=split, shuffle=False, shuffle_seed=seed,
                 num_canonical_nodes=num_canonical_nodes, batch_size=batch_size,
-                validate_hash="xxh64" if remote_mode else None,
+                validate_hash="xxh64" if remote is not None else None,
             )
         except ValueError as err:
             raise UsageError(f"cannot open '{path}' split '{split}': {str(err).splitlines()[0]}") from err
         except FileNotFoundError as err:
             raise UsageError(f"'{path}' has no '{split}' split ({err.filename})") from err
         _check_shard_names(ds, path, split)
-        opened = _SPLITS[key] = _Split(ds, manifest["dtype"], int(manifest["seq_len"]) + 1)
+        opened = _SPLITS[key] = _Split(ds, manifest["dtype"], int(manifest["seq_len"]) + 1,
+                                       int(manifest["vocab_size"]), [source])
         return opened
 
 
@@ -136,25 +159,23 @@ def _open_mixture(mixture: Mixture, split: str, cache_dir: str, *, batch_size: i
                   seed: int, shuffle: bool, block_size: int, local_rank: int = 0) -> _Split:
     """A mixture's split as one StreamingDataset of one `Stream(proportion=weight)` per source, used for random
     access and for streaming's per-epoch resampling (`resample_streams`, which reads the dataset's seed and
-    whether it shuffles). Each source is read in place or through a cache of its own, as `_open_split` does."""
+    whether it shuffles). Each source has a private cache of its own and is read as `_open_split` reads one."""
     Stream = streaming_module("streaming.base.stream").Stream
-    streams, keys = [], []
+    places = []
     for i, (source, manifest) in enumerate(zip(mixture.sources, mixture.manifests)):
-        path = source.path
-        remote_mode = is_remote(path) or bool(manifest.get("compression"))
-        if remote_mode:
-            remote = path if is_remote(path) else os.path.abspath(path)
-            local = private_cache(os.path.join(cache_dir, f"{i}-{source.name}"))
-        else:
-            remote, local = None, os.path.abspath(path)
-            read_index(os.path.join(path, split), split)  # bounded, typed, plain shard names: before streaming
-        streams.append(Stream(remote=remote, local=local, split=split, proportion=source.weight,
-                              validate_hash="xxh64" if remote_mode else None))
-        keys.append((remote, local))
-    key = ("mixture", tuple(keys), split, mixture.manifest["fingerprint"], seed, shuffle, num_canonical_nodes)
+        local_source = None if is_remote(source.path) else os.path.abspath(source.path)
+        places.append((_streaming_remote(source.path, manifest), local_source,
+                       private_cache(os.path.join(cache_dir, f"{i}-{source.name}"))))
+    key = ("mixture", tuple(places), split, mixture.manifest["fingerprint"], seed, shuffle, num_canonical_nodes)
     with _splits_lock:
         if key in _SPLITS:
             return _SPLITS[key]
+        streams = []
+        for source, (remote, local_source, local) in zip(mixture.sources, places):
+            if local_source is not None:
+                _copy_index(local_source, split, local)
+            streams.append(Stream(remote=remote, local=local, split=split, proportion=source.weight,
+                                  validate_hash="xxh64" if remote is not None else None))
         names = ", ".join(s.name for s in mixture.sources)
         try:
             ds = open_streaming_dataset(
@@ -174,7 +195,8 @@ def _open_mixture(mixture: Mixture, split: str, cache_dir: str, *, batch_size: i
                                  f"{expected}")
             if int(got) < 1:
                 raise UsageError(f"'{source.path}' split '{split}' is empty")
-        opened = _SPLITS[key] = _Split(ds, mixture.manifest["dtype"], int(mixture.manifest["seq_len"]) + 1)
+        opened = _SPLITS[key] = _Split(ds, mixture.manifest["dtype"], int(mixture.manifest["seq_len"]) + 1,
+                                       int(mixture.manifest["vocab_size"]), [p[1] for p in places])
         return opened
 
 
@@ -189,40 +211,154 @@ def _check_shard_names(ds, path: str, split: str) -> None:  # noqa: ANN001 - a S
                     raise UsageError(f"cannot open '{path}' split '{split}': a shard's {why}")
 
 
-class _Rows:
-    """Random access to rows: streaming places each shard locally, a memory map reads it.
+#: where in a local compressed dataset's cache its shards are decompressed (streaming's own places are its split
+#: directories, which it tidies as it likes)
+UNZIPPED = "rrtrain-unzipped"
+_HEX = re.compile(r"[0-9a-f]{8,128}")
 
-    The first access to a shard goes through `StreamingDataset.__getitem__`, which downloads,
-    decompresses and hash-checks it into the local cache (or finds it in place). The shard's raw MDS
-    file ([uint32 n][uint32 offsets x (n+1)][samples]) is then memory-mapped and, since every sample
-    is one fixed-size token row, a micro-batch is one fancy index instead of a file open per sample.
-    A shard whose layout is not exactly that falls back to streaming's per-sample decode.
+
+@dataclass(frozen=True)
+class _ShardFile:
+    """One shard, open for the rest of the run: its rows are read from this descriptor, never by path again."""
+
+    file: BinaryIO
+    first: int  # the byte offset of its first row
+    where: str  # the file it was opened as, for messages
+
+
+def _entry(info: Any) -> dict[str, Any]:  # noqa: ANN401 - streaming's FileInfo
+    return {"basename": info.basename, "bytes": info.bytes, "hashes": dict(info.hashes or {})}
+
+
+class _Rows:
+    """Random access to rows, read by rrtrain from one descriptor per shard.
+
+    Every shard file is opened once, by the file layer (a regular file, no link, never blocking on a FIFO), and
+    its rows are read from that descriptor for the rest of the run with pread: a shard its owner truncates or
+    swaps meanwhile is a short read or a file no longer looked at, said in one line naming the shard, where a
+    path opened again could be a FIFO (a hang) and a memory map of a truncated file is SIGBUS.
+
+    A local dataset's shards are read where they are (uncompressed: opened when the split is; compressed: read
+    once, hash-checked and decompressed into the private cache when first needed); streaming never reads them.
+    A remote dataset's shard is made local by streaming (download, decompress, hash check into the private
+    cache) and then opened the same way. Every sample is one fixed-size token row ([uint32 n][uint32 offsets x
+    (n+1)][rows]), so a micro-batch is a few reads; a remote shard of another layout falls back to streaming's
+    per-sample decode (a local one is refused: the verifier refuses it too). Every batch's ids are checked to
+    be inside the vocabulary: a shard that changed after the run checked it is one line, not an embedding error.
     """
 
-    def __init__(self, ds, dtype: str, row_len: int) -> None:  # noqa: ANN001 - a StreamingDataset
+    def __init__(self, ds, dtype: str, row_len: int, vocab: int,  # noqa: ANN001 - a StreamingDataset
+                 sources: list[Optional[str]]) -> None:
         self.ds = ds
         self.dtype = np.dtype(dtype)
         self.row_len = row_len
+        self.row_bytes = row_len * self.dtype.itemsize
+        self.vocab = vocab
+        self.sources = sources  # per stream: the local dataset's directory, None for a remote one
         self.starts = np.asarray(ds.sample_offset_per_shard, dtype=np.int64)
-        self._maps: dict[int, np.ndarray | None] = {}
+        self._shards: dict[int, Optional[_ShardFile]] = {}
+        for shard_id, reader in enumerate(ds.shards):  # before any batch: what the verifier checked, at once
+            source = self._source(shard_id)
+            if source is not None and reader.zip_data is None:
+                self._shards[shard_id] = self._open_file(self._raw_path(source, reader), reader, strict=True)
 
-    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers map shards themselves
-        return {**self.__dict__, "_maps": {}}
+    def __getstate__(self) -> dict[str, Any]:  # a spawned worker opens the shards again (forked ones inherit them)
+        return {**self.__dict__, "_shards": {}}
 
-    def _map(self, shard_id: int, some_id: int) -> np.ndarray | None:
-        if shard_id not in self._maps:
-            self.ds[some_id]  # make the shard local through streaming (download, unzip, hash check)
+    def _source(self, shard_id: int) -> Optional[str]:
+        return self.sources[int(self.ds.stream_per_shard[shard_id])]
+
+    @staticmethod
+    def _raw_path(source: str, reader: Any) -> str:  # noqa: ANN401 - streaming's reader
+        return os.path.join(source, reader.split, reader.raw_data.basename)
+
+    def _open_file(self, path: str, reader: Any, strict: bool) -> Optional[_ShardFile]:  # noqa: ANN401
+        """`path` opened by the file layer and checked: its recorded length, its layout. None for a layout
+        `strict` refuses not (a remote shard that streaming decodes sample by sample)."""
+        try:
+            f = files.open_regular(path)
+        except OSError as err:
+            raise UsageError(f"cannot read shard {files.said(err) if err.filename else path} (a shard must be a "
+                             "regular file, and stay one while a run reads it)") from None
+        try:
+            size = os.fstat(f.fileno()).st_size
+            want = reader.raw_data.bytes
+            if want is not None and size != want:
+                raise UsageError(f"shard {path} is {size} bytes, its index records {want}: it changed after the "
+                                 "run checked it")
+            head = np.frombuffer(self._pread(f, path, min(4 * (reader.samples + 2), size), 0), np.uint8)
+            try:
+                first, _ = shard_layout(head, size, path, samples=reader.samples, dtype=self.dtype,
+                                        row_len=self.row_len)
+            except UsageError:
+                if strict:
+                    raise
+                f.close()
+                return None
+            return _ShardFile(f, first, path)
+        except BaseException:
+            f.close()
+            raise
+
+    def _unzipped(self, shard_id: int, source: str, reader: Any) -> str:  # noqa: ANN401 - streaming's reader
+        """A local compressed shard's raw file in the private cache: decompressed from the dataset's file (read
+        once by the layer, its hashes checked) unless this cache holds it already under its recorded hash."""
+        raw = _entry(reader.raw_data)
+        picked = next(((a, h) for a, h in raw["hashes"].items() if _HEX.fullmatch(h)), None)
+        local = self.ds.streams[int(self.ds.stream_per_shard[shard_id])].local
+        place = os.path.join(local, UNZIPPED, reader.split)
+        name = f"{raw['basename']}.{picked[0]}-{picked[1]}" if picked else None
+        if name is not None and os.path.lexists(os.path.join(place, name)):
+            return os.path.join(place, name)
+        shard = {"raw_data": raw, "zip_data": _entry(reader.zip_data), "compression": reader.compression}
+        data = unzip_shard(os.path.join(source, reader.split), reader.split, shard)
+        name = name or f"{raw['basename']}.{os.getpid()}"
+        try:
+            files.atomic_write_file(os.path.join(place, name), data)
+        except OSError as err:
+            raise UsageError(f"data cache '{local}': cannot write a decompressed shard ({files.said(err)})") from None
+        return os.path.join(place, name)
+
+    def _open(self, shard_id: int, some_id: int) -> Optional[_ShardFile]:
+        if shard_id not in self._shards:
             reader = self.ds.shards[shard_id]
-            path = os.path.join(reader.dirname, reader.split, reader.raw_data.basename)
-            raw = np.memmap(path, dtype=np.uint8, mode="r")
-            n = int(raw[:4].view(np.uint32)[0])
-            offsets = raw[4 : 4 * (n + 2)].view(np.uint32).astype(np.int64)
-            row_bytes = self.row_len * self.dtype.itemsize
-            regular = n == reader.samples and bool(np.all(np.diff(offsets) == row_bytes)) and offsets[-1] <= len(raw)
-            self._maps[shard_id] = (
-                raw[offsets[0] : offsets[-1]].view(self.dtype).reshape(n, self.row_len) if regular else None
-            )
-        return self._maps[shard_id]
+            source = self._source(shard_id)
+            if source is None:  # remote: streaming downloads (and decompresses, hash-checks) into the cache
+                self.ds[some_id]
+                path, strict = os.path.join(reader.dirname, reader.split, reader.raw_data.basename), False
+            else:
+                path, strict = self._raw_path(source, reader), True
+                if not os.path.lexists(path):
+                    path = self._unzipped(shard_id, source, reader)
+            self._shards[shard_id] = self._open_file(path, reader, strict)
+        return self._shards[shard_id]
+
+    @staticmethod
+    def _pread(f: BinaryIO, where: str, count: int, offset: int, into: Optional[memoryview] = None) -> bytes:
+        """`count` bytes at `offset` of an open shard (into `into` when given); a short read or an I/O error is
+        one line naming the shard."""
+        buf = into if into is not None else memoryview(bytearray(count))
+        done = 0
+        while done < count:
+            try:
+                got = os.preadv(f.fileno(), [buf[done:count]], offset + done)
+            except OSError as err:
+                raise UsageError(f"shard {where} cannot be read ({err.strerror or type(err).__name__})") from None
+            if not got:
+                raise UsageError(f"shard {where} ends at byte {offset + done}, before the rows the run reads: it "
+                                 "was truncated after the run opened it")
+            done += got
+        return bytes(buf) if into is None else b""
+
+    def _read(self, shard: _ShardFile, local: np.ndarray) -> np.ndarray:
+        """Rows `local` of an open shard: one read per run of consecutive rows."""
+        want, back = np.unique(local, return_inverse=True)
+        rows = np.empty((len(want), self.row_len), dtype=self.dtype)
+        cuts = (np.flatnonzero(np.diff(want) != 1) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, len(want)]):
+            self._pread(shard.file, shard.where, (b - a) * self.row_bytes, shard.first + int(want[a]) * self.row_bytes,
+                        memoryview(rows[a:b]).cast("B"))
+        return rows[back]
 
     def __call__(self, ids: np.ndarray) -> torch.Tensor:
         """Rows for global sample ids, as an int64 [len(ids), seq_len+1] tensor."""
@@ -230,11 +366,17 @@ class _Rows:
         out = np.empty((len(ids), self.row_len), dtype=np.int64)
         for shard in np.unique(shards):
             mask = shards == shard
-            rows = self._map(int(shard), int(ids[mask][0]))
-            if rows is not None:
-                out[mask] = rows[ids[mask] - self.starts[shard]]
+            opened = self._open(int(shard), int(ids[mask][0]))
+            if opened is not None:
+                rows = self._read(opened, ids[mask] - self.starts[shard])
             else:
-                out[mask] = np.stack([self.ds[int(i)][COLUMN] for i in ids[mask]])
+                rows = np.stack([self.ds[int(i)][COLUMN] for i in ids[mask]])
+            if rows.size and (int(rows.max()) >= self.vocab or int(rows.min()) < 0):
+                where = opened.where if opened is not None else self.ds.shards[int(shard)].raw_data.basename
+                bad = int(rows.max()) if int(rows.max()) >= self.vocab else int(rows.min())
+                raise UsageError(f"shard {where} holds token id {bad}, outside the dataset's vocabulary of "
+                                 f"{self.vocab}: it is damaged or changed after the run checked it")
+            out[mask] = rows
         return torch.from_numpy(out)
 
 
@@ -343,6 +485,19 @@ class _RowsDataset(torch.utils.data.Dataset):
         return self.rows(indices)
 
 
+def _one_line_errors(batches: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """`batches`, a UsageError a DataLoader worker raised (re-raised here with the worker's whole traceback in its
+    text) made the worker's one line again."""
+    try:
+        yield from batches
+    except UsageError as err:
+        lines = str(err).strip().splitlines()
+        if len(lines) < 2:
+            raise
+        last = lines[-1]
+        raise UsageError(last.split("UsageError: ", 1)[-1]) from None
+
+
 def _worker_init(_: int) -> None:
     """DataLoader workers ignore the signals the trainer handles in the main process."""
     ignore_stop_signals()
@@ -441,7 +596,7 @@ class TrainLoader:
             batches = (self._rows(ids) for ids in self._micro_indices(start))
         pos = start
         try:
-            for batch in batches:
+            for batch in _one_line_errors(batches):
                 if generation != self._generation:
                     raise RuntimeError("TrainLoader was re-iterated or its state reloaded; this iterator is stale")
                 pos += chunk

@@ -12,8 +12,7 @@ import hashlib
 import json
 import os
 import re
-import stat
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, BinaryIO, Callable, Iterable, Optional
 
 import numpy as np
 
@@ -75,59 +74,158 @@ def _pick_hash(hashes: dict[str, str]) -> tuple[str, str] | None:
     return None
 
 
-def _check_file(path: str, label: str, entry: dict[str, Any]) -> None:
-    """Presence, length and recorded hash of one file of a shard (raw or compressed)."""
+def _open_shard(path: str, label: str) -> BinaryIO:
+    """One shard file opened by the file layer (a regular file, no link, never blocking on a FIFO): everything
+    checked of the shard is read from this one descriptor, so no later open by path can be handed another file."""
     try:
-        st = os.stat(path)
+        return files.open_regular(path)
     except FileNotFoundError:
         raise UsageError(f"shard {label} is missing ({path} does not exist)") from None
-    except OSError as err:  # a loop of links, a component that is a file
+    except (files.NotRegular, files.LinkRefused):
+        raise UsageError(f"shard {label} is not a regular file ({path})") from None
+    except OSError as err:  # a loop of links, a component that is a file, no permission
         raise UsageError(f"shard {label} cannot be read ({err.strerror or type(err).__name__})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UsageError(f"shard {label} is not a regular file ({path})")
-    size = st.st_size
+
+
+def _checked_size(f: BinaryIO, label: str, entry: dict[str, Any]) -> int:
+    """The open shard file's length, which must be the one its index records."""
+    size = os.fstat(f.fileno()).st_size
     if entry.get("bytes") is not None and size != entry["bytes"]:
         kind = "truncated" if size < entry["bytes"] else "longer than recorded"
         raise UsageError(f"shard {label} is {kind}: {size} bytes, its index records {entry['bytes']}")
+    return size
+
+
+def _recorded_hash(entry: dict[str, Any], label: str) -> tuple[str, str]:
     picked = _pick_hash(entry.get("hashes") or {})
     if picked is None:
         raise UsageError(f"shard {label}: its index records no hash to check it against")
-    algo, want = picked
-    got = file_digest(path, algo)
+    return picked
+
+
+def _corrupted(label: str, algo: str, got: str, want: str) -> UsageError:
+    return UsageError(f"shard {label} is corrupted: {algo} {got} does not match its index ({want})")
+
+
+def _changed(label: str, got: int, size: int) -> UsageError:
+    return UsageError(f"shard {label} changed while it was read (it ended after {got} of its {size} bytes): whoever "
+                      "writes the dataset is rewriting it; use it once it is complete")
+
+
+def read_checked(path: str, label: str, entry: dict[str, Any]) -> bytes:
+    """A whole shard file (a compressed one: it is decompressed in memory) read from one descriptor: its length
+    and recorded hash checked on the bytes in hand."""
+    with _open_shard(path, label) as f:
+        size = _checked_size(f, label, entry)
+        algo, want = _recorded_hash(entry, label)
+        data = f.read(size)
+    if len(data) != size:
+        raise _changed(label, len(data), size)
+    got = _digest_bytes(data, algo)
     if got != want:
-        raise UsageError(f"shard {label} is corrupted: {algo} {got} does not match its index ({want})")
+        raise _corrupted(label, algo, got, want)
+    return data
+
+
+def shard_layout(head: np.ndarray, size: int, label: str, *, samples: int, dtype: np.dtype,
+                 row_len: int) -> tuple[int, int]:
+    """The byte range [start, end) of the rows of an MDS shard of `size` bytes ([uint32 n][uint32 offsets x
+    (n+1)][rows]) from its first bytes `head` (at least 4 * (samples + 2) of them where the file has them),
+    checked to be `samples` rows of `row_len` ids of `dtype`."""
+    if size < 4 or len(head) < 4:
+        raise UsageError(f"shard {label} is too short to be an MDS shard ({size} bytes)")
+    n = int(head[:4].view(np.uint32)[0])
+    if n != samples or len(head) < 4 * (n + 2):
+        raise UsageError(f"shard {label} holds {n} samples but its index records {samples}")
+    offsets = head[4 : 4 * (n + 2)].view(np.uint32).astype(np.int64)
+    row_bytes = row_len * dtype.itemsize
+    if not np.all(np.diff(offsets) == row_bytes) or offsets[-1] > size:
+        raise UsageError(f"shard {label} is not laid out as rows of {row_len} {dtype.name} ids")
+    return int(offsets[0]), int(offsets[-1])
+
+
+class _TokenScan:
+    """The largest token id of a shard's rows, fed in pieces of any length (a chunk of the file at a time), and
+    where the first id outside the vocabulary is."""
+
+    def __init__(self, dtype: np.dtype, row_len: int, vocab: int) -> None:
+        self.dtype, self.row_len, self.vocab = dtype, row_len, vocab
+        self.top, self.seen, self.first_bad = -1, 0, -1
+        self.pending = b""
+
+    def feed(self, piece: bytes | memoryview) -> None:
+        data = self.pending + bytes(piece) if self.pending else piece
+        usable = len(data) - len(data) % self.dtype.itemsize
+        ids = np.frombuffer(data, self.dtype, count=usable // self.dtype.itemsize)
+        if ids.size:
+            top = int(ids.max())
+            if top >= self.vocab and self.first_bad < 0:
+                self.first_bad = self.seen + int(np.argmax(ids >= self.vocab))
+            self.top = max(self.top, top)
+        self.seen += ids.size
+        self.pending = bytes(data[usable:])
+
+    def result(self, label: str) -> int:
+        if self.first_bad >= 0:
+            raise UsageError(f"shard {label} holds token id {self.top} (first at sample "
+                             f"{self.first_bad // self.row_len}) outside the manifest's vocabulary of {self.vocab}")
+        return self.top
 
 
 def check_tokens(raw: np.ndarray, label: str, *, samples: int, dtype: np.dtype, row_len: int, vocab: int) -> int:
     """Check an MDS shard's bytes ([uint32 n][uint32 offsets x (n+1)][rows]) hold `samples` rows of
     `row_len` ids below `vocab`; returns the largest id."""
-    if len(raw) < 4:
-        raise UsageError(f"shard {label} is too short to be an MDS shard ({len(raw)} bytes)")
-    n = int(raw[:4].view(np.uint32)[0])
-    if n != samples or len(raw) < 4 * (n + 2):
-        raise UsageError(f"shard {label} holds {n} samples but its index records {samples}")
-    offsets = raw[4 : 4 * (n + 2)].view(np.uint32).astype(np.int64)
-    row_bytes = row_len * dtype.itemsize
-    if not np.all(np.diff(offsets) == row_bytes) or offsets[-1] > len(raw):
-        raise UsageError(f"shard {label} is not laid out as rows of {row_len} {dtype.name} ids")
-    if n == 0:
-        return -1
-    ids = raw[offsets[0] : offsets[-1]].view(dtype)
-    top = int(ids.max())
-    if top >= vocab:
-        bad = int(np.argmax(ids >= vocab))
-        raise UsageError(f"shard {label} holds token id {top} (first at sample {bad // row_len}) "
-                         f"outside the manifest's vocabulary of {vocab}")
-    return top
+    start, end = shard_layout(raw, len(raw), label, samples=samples, dtype=dtype, row_len=row_len)
+    scan = _TokenScan(dtype, row_len, vocab)
+    scan.feed(memoryview(np.ascontiguousarray(raw[start:end])))
+    return scan.result(label)
+
+
+def _scan_raw(f: BinaryIO, label: str, entry: dict[str, Any], *, samples: int, dtype: np.dtype, row_len: int,
+              vocab: int) -> int:
+    """An open raw shard checked in one pass over its bytes, read from its descriptor (never memory-mapped: a
+    shard its owner truncates meanwhile is then a short read, said in one line, not SIGBUS): length, recorded
+    hash, then layout and token ids (said after the hash, which names a damaged file best)."""
+    size = _checked_size(f, label, entry)
+    algo, want = _recorded_hash(entry, label)
+    head = np.frombuffer(os.pread(f.fileno(), min(4 * (samples + 2), size), 0), np.uint8)
+    try:
+        rows: tuple[int, int] | UsageError = shard_layout(head, size, label, samples=samples, dtype=dtype,
+                                                          row_len=row_len)
+    except UsageError as err:
+        rows = err
+    h, scan, pos = hasher(algo), _TokenScan(dtype, row_len, vocab), 0
+    while pos < size and (chunk := f.read(min(_CHUNK, size - pos))):  # a file grown since is read no further
+        h.update(chunk)
+        if isinstance(rows, tuple):
+            a, b = min(max(rows[0] - pos, 0), len(chunk)), min(max(rows[1] - pos, 0), len(chunk))
+            if b > a:
+                scan.feed(memoryview(chunk)[a:b])
+        pos += len(chunk)
+    if pos != size:
+        raise _changed(label, pos, size)
+    got = h.hexdigest()
+    if got != want:
+        raise _corrupted(label, algo, got, want)
+    if isinstance(rows, UsageError):
+        raise rows
+    return scan.result(label)
 
 
 def read_index(split_dir: str, split: str) -> list[dict[str, Any]]:
     """The shard entries of a split's index.json, each checked by `shard_problem`; a one-line UsageError for a
     missing, oversized or non-regular file (a FIFO, /dev/zero), one that is not JSON, or an entry that is not
     usable."""
+    return read_index_bytes(split_dir, split)[1]
+
+
+def read_index_bytes(split_dir: str, split: str) -> tuple[bytes, list[dict[str, Any]]]:
+    """`read_index`, with the bytes it parsed: what the loader hands streaming (a copy in a private cache), so
+    that streaming never opens the dataset's own index.json, which may have changed since."""
     path = os.path.join(split_dir, INDEX)
     try:
-        index = json.loads(files.read_bytes(path, MAX_INDEX_BYTES))
+        data = files.read_bytes(path, MAX_INDEX_BYTES)
+        index = json.loads(data)
     except FileNotFoundError as err:
         raise UsageError(f"split '{split}' has no {INDEX} ({path})") from err
     except OSError as err:
@@ -141,7 +239,7 @@ def read_index(split_dir: str, split: str) -> list[dict[str, Any]]:
         why = shard_problem(shard)
         if why is not None:
             raise UsageError(f"{split}/{INDEX} is not a valid MDS index (shard {i}: {why})")
-    return shards
+    return data, shards
 
 
 def shard_name_problem(name: Any) -> Optional[str]:
@@ -185,35 +283,39 @@ def shard_problem(shard: Any) -> Optional[str]:
     return why
 
 
+def unzip_shard(split_dir: str, split: str, shard: dict[str, Any]) -> bytes:
+    """A compressed shard's raw bytes: the compressed file read once (length and recorded hash checked),
+    decompressed in memory, and the result checked against the raw file's recorded hash where there is one."""
+    raw_entry, zip_entry = shard["raw_data"], shard["zip_data"]
+    zlabel = f"{split}/{zip_entry['basename']}"
+    packed = read_checked(os.path.join(split_dir, zip_entry["basename"]), zlabel, zip_entry)
+    from rrtrain.core.lazy_import import streaming_module  # not `import streaming`: that pulls in transformers
+
+    try:
+        data = streaming_module("streaming.base.compression").decompress(shard["compression"], packed)
+    except Exception as err:  # an unknown algorithm, damaged bytes: the library's own exception types
+        raise UsageError(f"shard {zlabel} cannot be decompressed with "
+                         f"{_short(shard['compression'])} ({type(err).__name__})") from None
+    picked = _pick_hash(raw_entry.get("hashes") or {})
+    if picked and _digest_bytes(data, picked[0]) != picked[1]:
+        raise UsageError(f"shard {split}/{raw_entry['basename']} is corrupted: decompressed bytes do not match "
+                         f"its index's {picked[0]}")
+    return data
+
+
 def verify_shard(split_dir: str, split: str, shard: dict[str, Any], manifest: dict[str, Any]) -> int:
     """One shard: its files' lengths and hashes, then its rows and token ids (decompressing if zipped);
-    returns the largest token id."""
+    returns the largest token id. Each file is opened once and read from that descriptor."""
     raw_entry = shard["raw_data"]  # typed by read_index: plain file names, a count of samples
-    zip_entry = shard.get("zip_data")
     name = raw_entry["basename"]
     label = f"{split}/{name}"
     raw_path = os.path.join(split_dir, name)
-    if zip_entry and not os.path.exists(raw_path):
-        zpath = os.path.join(split_dir, zip_entry["basename"])
-        _check_file(zpath, f"{split}/{zip_entry['basename']}", zip_entry)
-        from rrtrain.core.lazy_import import streaming_module  # not `import streaming`: that pulls in transformers
-
-        with files.open_regular(zpath) as f:
-            packed = f.read()
-        try:
-            data = streaming_module("streaming.base.compression").decompress(shard["compression"], packed)
-        except Exception as err:  # an unknown algorithm, damaged bytes: the library's own exception types
-            raise UsageError(f"shard {split}/{zip_entry['basename']} cannot be decompressed with "
-                             f"{_short(shard['compression'])} ({type(err).__name__})") from None
-        picked = _pick_hash(raw_entry.get("hashes") or {})
-        if picked and _digest_bytes(data, picked[0]) != picked[1]:
-            raise UsageError(f"shard {label} is corrupted: decompressed bytes do not match its index's {picked[0]}")
-        raw = np.frombuffer(data, dtype=np.uint8)
-    else:
-        _check_file(raw_path, label, raw_entry)
-        raw = np.memmap(raw_path, dtype=np.uint8, mode="r") if os.path.getsize(raw_path) else np.zeros(0, np.uint8)
-    return check_tokens(raw, label, samples=shard["samples"], dtype=np.dtype(manifest["dtype"]),
-                        row_len=int(manifest["seq_len"]) + 1, vocab=int(manifest["vocab_size"]))
+    kw = dict(samples=shard["samples"], dtype=np.dtype(manifest["dtype"]), row_len=int(manifest["seq_len"]) + 1,
+              vocab=int(manifest["vocab_size"]))
+    if shard.get("zip_data") and not os.path.lexists(raw_path):
+        return check_tokens(np.frombuffer(unzip_shard(split_dir, split, shard), dtype=np.uint8), label, **kw)
+    with _open_shard(raw_path, label) as f:
+        return _scan_raw(f, label, raw_entry, **kw)
 
 
 def _digest_bytes(data: bytes, algo: str) -> str:

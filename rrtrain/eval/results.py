@@ -34,6 +34,8 @@ def check_target(run_dir: Path, out: Optional[str | Path] = None) -> Path:
     before anything runs, and again when the file is written (`write`)."""
     where = target_dir(run_dir, out)
     why = files.private_path_problem(where)
+    if why is None and (where.is_symlink() or where.exists()) and not where.is_dir():
+        why = f"'{where}' {files.NOT_A_DIRECTORY}"  # the result's directory itself, a file: refused before the eval
     if why is not None:
         raise UsageError(_refusal(where, out is not None, why))
     return where
@@ -41,7 +43,9 @@ def check_target(run_dir: Path, out: Optional[str | Path] = None) -> Path:
 
 def _refusal(where: Path, given: bool, why: str) -> str:
     if given:
-        return f"--out {str(where)!r}: {why}: {files.PRIVATE_RULE}"
+        return f"--out {str(where)!r}: {files.explained(why)}"
+    if why.endswith(files.NOT_A_DIRECTORY):  # a wrong path, not a question of who can write it
+        return f"{where}: {why} (RUN_DIR/eval, or the directory --out DIR names)"
     return (f"{where}: {why}; rrtrain eval writes its result into RUN_DIR/eval only when no one else can write "
             "there: choose a directory of your own with --out DIR")
 

@@ -8,9 +8,10 @@ over a registered task of the same name, as in lm-eval).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from rrtrain.config import TASK_NAME
 from rrtrain.core.errors import UsageError
@@ -109,7 +110,10 @@ def load_tasks(manager: Any, tasks: Sequence[str], num_fewshot: Optional[int], w
     shown = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()  # reading a task's data draws progress bars: a refusal must stay one line
     try:
-        loaded = manager.load(list(tasks))
+        with hub_names_only(where):
+            loaded = manager.load(list(tasks))
+    except UsageError:
+        raise
     except Exception as err:  # noqa: BLE001 - a task's own YAML or data (a download without network...): one line
         why = f"{type(err).__name__}: {err}".splitlines()[0]
         raise UsageError(f"{where}: cannot load {', '.join(tasks)}: {why}") from None
@@ -127,6 +131,36 @@ def load_tasks(manager: Any, tasks: Sequence[str], num_fewshot: Optional[int], w
             task.set_config(key="num_fewshot", value=0)
         task.set_fewshot_seed(seed=FEWSHOT_SEED)
     return loaded
+
+
+@contextlib.contextmanager
+def hub_names_only(where: str) -> Iterator[None]:
+    """While lm-eval builds tasks (which read their data as they are built), each dataset a task names is checked
+    before `datasets` looks it up: `datasets` takes a `dataset_path` such as `EleutherAI/lambada_openai` first as
+    a directory relative to the working directory, so a co-tenant who can write it would choose a registry
+    task's data. A Hub name that is a path there is refused in one line (data_prep.sources.hub_name_refusal),
+    before any download. The check sits on `datasets.load.dataset_module_factory`, the one step every
+    `load_dataset` takes from a name to a place, however a task imported it; a builder of `datasets` (json,
+    csv...) is never looked up there, and its `data_files` are local paths by `datasets`' own rule."""
+    from datasets import load as hf_load
+
+    from data_prep.sources import hub_name_refusal
+    from rrtrain.eval.task_files import PACKAGED_BUILDERS
+
+    real = hf_load.dataset_module_factory
+
+    def checked(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(path, str) and path not in PACKAGED_BUILDERS:
+            refusal = hub_name_refusal(path, f"{where}: dataset_path")
+            if refusal is not None:
+                raise UsageError(refusal)
+        return real(path, *args, **kwargs)
+
+    hf_load.dataset_module_factory = checked
+    try:
+        yield
+    finally:
+        hf_load.dataset_module_factory = real
 
 
 #: lm-eval's default few-shot seed (simple_evaluate's fewshot_random_seed)

@@ -49,6 +49,11 @@ ALLOWLIST: dict[tuple[str, str, str], str] = {
         "final.json's temporary, O_CREAT | O_EXCL | O_NOFOLLOW, 0600, linked into place without replacing",
     ("launchers/sweep/seal.py", "record_refusal", "os.unlink"):
         "that temporary, made by this very call",
+    ("launchers/sweep/seal.py", "_open_made", "os.open"):
+        "a directory on the way to the agents' log directory, opened from the one above O_DIRECTORY | O_NOFOLLOW "
+        "and judged by fstat (the user's or root's, writable by no one else)",
+    ("launchers/sweep/seal.py", "make_job_dir", "os.open"):
+        "the root directory, where that walk starts (O_DIRECTORY | O_NOFOLLOW)",
     ("launchers/sweep/seal.py", "inline_source", "Path.read_text"):
         "rrtrain's own seal.py and payload.py, read to be written into a job script at submission",
     ("launchers/cancel.py", "_stop_slurm_job", "scancel"):

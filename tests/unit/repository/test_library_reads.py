@@ -44,10 +44,6 @@ ALLOWLIST: dict[tuple[str, str, str], str] = {
         "a Hub name, or a local path checked first (HFDataset._check_local)",
     ("rrtrain/eval/tasks.py", "task_manager", "TaskManager"):
         "the include path checked first (check_include -> rrtrain.eval.task_files.check); no include: lm-eval's own",
-    ("rrtrain/data/verify.py", "verify_shard", "np.memmap"):
-        "a shard file _check_file stat-ed as a regular file of its recorded length just before (stat, then open)",
-    ("rrtrain/data/loader.py", "_Rows._map", "np.memmap"):
-        "a shard file streaming has just made local and hash-checked (its reader read it as a regular file)",
 }
 
 

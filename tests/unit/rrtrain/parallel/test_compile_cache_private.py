@@ -1,17 +1,21 @@
 """torch.compile's cache is the user's own: inductor loads pickled graphs and compiled modules from
 TORCHINDUCTOR_CACHE_DIR, whose default (/tmp/torchinductor_USER) is a name in a shared directory that torch uses
 whoever made it. A run that compiles points it at a directory only the user can write first
-(`private_compile_cache`); one someone else could write, the default name made first by a co-tenant or one the
-user set, is refused in one line. Nothing is compiled here (a CPU compile takes tens of seconds)."""
+(`private_compile_cache`); one someone else could write (one the user set, or the user's own name opened up) is
+refused in one line, and the name made first by a co-tenant is left to them (a directory of the user's own is
+used instead). Torch writes its own default into TORCHINDUCTOR_CACHE_DIR when it first asks for its cache: that is
+not the user's choice. Nothing is compiled here (a CPU compile takes tens of seconds)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import stat
+import tempfile
 
 import pytest
 import torch
+from torch._inductor.runtime import cache_dir_utils
 
 from rrtrain.core.errors import UsageError
 from rrtrain.parallel.compile_policy import (CACHE_ENV, TRITON_CACHE_ENV, default_compile_cache,
@@ -19,10 +23,21 @@ from rrtrain.parallel.compile_policy import (CACHE_ENV, TRITON_CACHE_ENV, defaul
 
 
 @pytest.fixture(autouse=True)
-def no_cache_settings(monkeypatch):
-    """Neither cache variable set (what a user who never heard of them has); restored after each test."""
+def no_cache_settings(monkeypatch, tmp_path):
+    """Neither cache variable set (what a user who never heard of them has); restored after each test. The temp
+    dir (where torch's default and ours lie) and the home (where a redirect is recorded) are the test's own."""
     monkeypatch.delenv(CACHE_ENV, raising=False)
     monkeypatch.delenv(TRITON_CACHE_ENV, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    from torch._inductor import codecache, config
+
+    for name in ("_HEADER_DIR", "_HEADER_LOCK_DIR"):  # pointed into the test's cache: given back after it
+        if hasattr(codecache, name):
+            monkeypatch.setattr(codecache, name, getattr(codecache, name))
+    headers = config.cpp_cache_precompile_headers  # a torch config module: not for monkeypatch's undo
+    yield
+    config.cpp_cache_precompile_headers = headers
 
 
 def one_line_refusal(err: pytest.ExceptionInfo, path: object, name: str) -> None:
@@ -38,19 +53,71 @@ def test_the_default_cache_is_a_private_directory_torch_is_pointed_at(tmp_path):
     assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
-@pytest.mark.parametrize("planted", ["group-writable", "another user's", "a file"])
-def test_the_default_name_made_first_by_someone_else_is_refused(tmp_path, planted):
-    """A co-tenant who made the (predictable) default name first, writable by them, gets nothing loaded from it."""
+@pytest.mark.parametrize("planted", ["group-writable", "a file"])
+def test_the_users_own_name_opened_to_others_is_refused(tmp_path, planted):
+    """Made by the user (or root) but not as rrtrain makes it: something else put it there; nothing is loaded."""
     path = default_compile_cache(str(tmp_path))
     if planted == "a file":
         open(path, "w").close()
     else:
         os.mkdir(path)
-        os.chmod(path, 0o777) if planted == "group-writable" else os.chown(path, 12345, 12345)
+        os.chmod(path, 0o777)
     with pytest.raises(UsageError) as err:
         private_compile_cache(root=str(tmp_path))
     one_line_refusal(err, path, CACHE_ENV)
     assert CACHE_ENV not in os.environ
+
+
+@pytest.mark.parametrize("mode", [0o700, 0o777], ids=["0700", "0777"])
+def test_the_name_made_first_by_another_user_stops_nothing(tmp_path, mode):
+    """A co-tenant who made the (predictable) name first gets nothing loaded from it and fails no run: the user's
+    processes on the host use one fresh private directory beside it instead."""
+    path = default_compile_cache(str(tmp_path))
+    os.mkdir(path)
+    os.chmod(path, mode)
+    os.chown(path, 12345, 12345)
+    used = private_compile_cache(root=str(tmp_path))
+    assert used != path and os.path.dirname(used) == str(tmp_path) and os.environ[CACHE_ENV] == used
+    st = os.lstat(used)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o700
+    assert private_compile_cache(root=str(tmp_path)) == used
+
+
+def test_torchs_own_default_in_the_environment_is_not_the_users_choice():
+    """Torch's cache_dir() (called when torch._dynamo is imported: the first optimizer step, or importing
+    torch._inductor.config) writes /tmp/torchinductor_USER into TORCHINDUCTOR_CACHE_DIR: that shared name must not
+    be taken for the user's setting, and inductor then reads the private directory from the variable."""
+    torch_default = cache_dir_utils.cache_dir()  # what torch's import does
+    assert os.environ[CACHE_ENV] == torch_default == cache_dir_utils.default_cache_dir()
+    path = private_compile_cache()
+    assert path == default_compile_cache() != torch_default
+    assert cache_dir_utils.cache_dir() == path  # where inductor (and, under it, Triton) now keeps its files
+
+
+def test_precompiled_headers_are_kept_in_the_private_cache(tmp_path):
+    """Inductor's CPU path precompiles headers into a directory torch fixes at import from its shared default,
+    whatever TORCHINDUCTOR_CACHE_DIR says: a compiling run points that into its private cache too."""
+    from torch._inductor import codecache, config
+
+    assert f"{os.sep}torchinductor_" in codecache._HEADER_DIR  # torch 2.14, left to itself: its shared default
+    path = private_compile_cache(root=str(tmp_path))
+    if config.cpp_cache_precompile_headers:
+        assert codecache._HEADER_DIR.startswith(path + os.sep)
+        assert codecache._HEADER_LOCK_DIR.startswith(path + os.sep)
+
+
+def test_an_eager_run_is_not_stopped_by_a_file_at_torchs_default_name(tmp_path):
+    """Torch makes its cache directory when the first optimizer step imports torch._dynamo, compiled or not: a
+    file a co-tenant planted at /tmp/torchinductor_USER crashed every run there. Every run points the variable at
+    its private directory first (`resolve_compile`, whatever train.compile says)."""
+    planted = cache_dir_utils.default_cache_dir()
+    open(planted, "w").close()
+    with pytest.raises(FileExistsError):
+        cache_dir_utils.cache_dir()  # torch, left to itself
+    del os.environ[CACHE_ENV]
+    assert resolve_compile(False, torch.device("cpu"), 10) is False
+    assert cache_dir_utils.cache_dir() == default_compile_cache()  # torch's import now finds a directory of ours
+    assert os.path.isfile(planted)
 
 
 @pytest.mark.parametrize("name", [CACHE_ENV, TRITON_CACHE_ENV])
