@@ -1,15 +1,19 @@
 """Write the full model state at step 0, as training builds it (meta -> engine -> materialised shards).
 
-Run as `python -m tests.distributed.init_state_worker OUT.pt VARIANTS OVERRIDE...` on each rank of an env://
-launch (tests/distributed/rankutil.py), or call `initial_state` in one process. For each model variant in the
-comma-separated VARIANTS, in turn in this process, rank 0 keeps every parameter and buffer whole
+Run as `python -m tests.distributed.init_state_worker OUT_DIR VARIANTS LAYOUTS.json` on each rank of an env://
+launch (tests/distributed/rankutil.py), or call `initial_state` in one process. LAYOUTS.json maps a layout's name
+to its config overrides (every layout of one launch has its world size); for each layout in turn, and each model
+variant in the comma-separated VARIANTS in turn, in this process, rank 0 keeps every parameter and buffer whole
 ({"variant/name": tensor}), gathered from this layout's shards before any step, and the names the optimizer
-excludes from weight decay (decided on the built parameters, which ZeRO-3 holds partitioned).
+excludes from weight decay (decided on the built parameters, which ZeRO-3 holds partitioned), and writes them to
+OUT_DIR/NAME.pt.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -47,11 +51,13 @@ def initial_state(variants: list[str], overrides: list[str], info: dist.DistInfo
 
 
 def main() -> None:
-    out, variants, overrides = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
+    out, variants = Path(sys.argv[1]), sys.argv[2].split(",")
+    layouts: dict[str, list[str]] = json.loads(Path(sys.argv[3]).read_text())
     info = dist.setup(120)
-    state = initial_state(variants, overrides, info)
-    if info.is_main:
-        torch.save(state, out)
+    for name, overrides in layouts.items():
+        state = initial_state(variants, overrides, info)
+        if info.is_main:
+            torch.save(state, out / f"{name}.pt")
     dist.barrier()
 
 

@@ -1,9 +1,10 @@
 """DeepSpeed ZeRO on CPU (gloo, `DS_ACCELERATOR=cpu`) with 2 ranks against one process.
 
-Every run: the `tiny` preset (review variant) on `synthetic:stories`, 20 optimizer steps of 8 sequences x 64
-tokens (one process: 4 micro-batches of 2; two ranks: 2 micro-batches of 2 each, so accumulation keeps the
-global batch), fp32, a NaN loss injected at step 7 (`train.fail_at_step=7`), per-block gradient norms every
-5 steps.
+Every run: the `tiny` preset (review variant) made small (d_model 32, 2 blocks, 2 heads: ZeRO's partitioning,
+accumulation, clipping and skipping do not depend on the width; a 2-rank DeepSpeed launch of the preset's width
+cost half as much again) on `synthetic:stories`, 20 optimizer steps of 8 sequences x 64 tokens (one process: 4
+micro-batches of 2; two ranks: 2 micro-batches of 2 each, so accumulation keeps the global batch), fp32, a NaN
+loss injected at step 7 (`train.fail_at_step=7`), per-block gradient norms every 5 steps.
 
 Tolerance: per-step losses agree with the one-process run to a relative difference <= 1e-5. Measured
 (2 CPU cores, torch 2.14.1, deepspeed 0.19.8): at most 1.5e-7 for ZeRO-1, -2 and -3, i.e. one or two fp32
@@ -36,7 +37,8 @@ COMMON = [
     f"train.max_steps={STEPS}", "train.global_batch=8", "train.micro_batch=2", "train.warmup_steps=2",
     "train.log_every=1", "train.eval_every=0", "train.ckpt_every=0", "train.diag_every=5",
     f"train.fail_at_step={FAULT}", "data.eval_batches=1", "parallel.precision=fp32",
-    "train.grad_clip=0.25",  # below the gradient norms of these runs (0.3-0.6): every step is clipped
+    "train.grad_clip=0.25",  # below the gradient norms of these runs (0.66-1.5): every step is clipped
+    "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
 ]
 ZERO = ["parallel.backend=deepspeed"]
 
@@ -124,13 +126,13 @@ def test_zero_matches_one_process(stage, stories_data, baseline, tmp_path):
 
 
 def test_zero3_kill_and_resume(stories_data, baseline, tmp_path):
-    """ZeRO-3, 2 ranks, checkpoints every 5 steps, SIGKILLed at step 13 (both ranks at once), restarted
-    with the same command: it resumes from step 10, the recomputed steps 11..13 are bitwise identical to the
+    """ZeRO-3, 2 ranks, checkpoints every 5 steps, SIGKILLed at step 12 (both ranks at once), restarted
+    with the same command: it resumes from step 10, the recomputed steps 11..12 are bitwise identical to the
     killed run's, and the finished run matches the
     one-process run step by step (including the NaN skip at step 7, before the checkpoint it resumed from)."""
     run_dir = tmp_path / "zero3"
     args = [*COMMON, *ZERO, "parallel.zero_stage=3", "train.ckpt_every=5"]
-    kill_after = 13
+    kill_after = 12  # 8 steps and a checkpoint before the run's end: the kill lands before it
     procs = start_ranks(run_dir, stories_data, *args, world=2)  # srun-style, forked: the kill, not the launcher
     try:
         wait_for_step(run_dir, kill_after, procs)

@@ -15,8 +15,9 @@ parity bound, not bitwise. Checked per layout:
     tests/distributed/test_fsdp.py, the same gradients reduced in another order);
 (d) under HSDP, the resumed run restarted from its own later checkpoint continues bit for bit (exact resume at
     the new layout).
-A small model (d_model 32, 2 blocks, 2 heads) for 10 steps, resumed at step 5: resharding, the mesh's reductions
-and the resume do not depend on the width. Runtime: 8 launches (five of 4 ranks), about 45 CPU seconds.
+A small model (d_model 32, 2 blocks, 2 heads) for 6 steps (2 of warmup), resumed at step 3: resharding, the mesh's
+reductions and the resume do not depend on the width nor on the length (10 steps resumed at 5 cost a tenth more,
+for the same launches). Runtime: 8 launches (five of 4 ranks), about 40 CPU seconds.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ BOUND = 1e-4  # tests/distributed/test_fsdp.py's parity bound
 # This test's small model: 2e-7 apart.
 GRAD_NORM_BOUND = 1e-3
 # micro-batches of 2: 2 accumulated per step on 4 ranks, 4 on 2 ranks (gradients reduced on the last one only)
-COMMON = ["train.max_steps=10", "train.log_every=1", "train.eval_every=0", "train.global_batch=16",
+COMMON = ["train.max_steps=6", "train.log_every=1", "train.eval_every=0", "train.global_batch=16",
           "train.warmup_steps=2", "train.micro_batch=2", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
           "data.eval_batches=1"]
 HSDP = ["parallel.backend=fsdp", "parallel.dp_shard=2", "parallel.dp_replicate=2"]
@@ -94,15 +95,15 @@ def from_checkpoint(src: Path, step: int, dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, stories_data) -> Path:
     run = tmp_path_factory.mktemp("hsdp") / "one"
-    train(run, stories_data, *COMMON, "train.micro_batch=16", "train.diag_every=5")
+    train(run, stories_data, *COMMON, "train.micro_batch=16", "train.diag_every=3")
     return run
 
 
 @pytest.fixture(scope="module")
 def hsdp_run(tmp_path_factory, stories_data) -> Path:
-    """HSDP 2 x 2 from step 0 to 10, uninterrupted."""
+    """HSDP 2 x 2 from step 0 to 6, uninterrupted."""
     run = tmp_path_factory.mktemp("hsdp") / "hsdp"
-    train(run, stories_data, *COMMON, *HSDP, "train.diag_every=5", nproc=4)
+    train(run, stories_data, *COMMON, *HSDP, "train.diag_every=3", nproc=4)
     return run
 
 
@@ -110,48 +111,48 @@ def test_hsdp_two_by_two_matches_one_process(one_process, hsdp_run):
     """Loss, global gradient norm (clip_grad_norm_ over 2-D DTensors) and per-block gradient norms
     (`grad_sq_norms`, which must count a replicated shard once) against one process."""
     run = hsdp_run
-    assert len(losses(run)) == 10 and final(run)["world_size"] == 4
+    assert len(losses(run)) == 6 and final(run)["world_size"] == 4
     assert max_rel_diff(losses(one_process), losses(run)) < BOUND
     assert max_rel_diff(grad_norms(one_process), grad_norms(run)) < GRAD_NORM_BOUND
     one, hsdp = diag_norms(one_process), diag_norms(run)
-    assert sorted(one) == sorted(hsdp) == [5, 10]
+    assert sorted(one) == sorted(hsdp) == [3, 6]
     for step in one:
         assert max(abs(a - b) / a for a, b in zip(one[step], hsdp[step])) < BOUND, step
 
 
 def test_fsdp4_checkpoint_resumes_under_hsdp_and_two_ranks(tmp_path, stories_data, one_process, hsdp_run):
     fsdp4 = tmp_path / "fsdp4"
-    train(fsdp4, stories_data, *COMMON, *FSDP, "train.ckpt_every=5", nproc=4)
-    saved = state_tensors(fsdp4 / "checkpoints" / "step_00000005", tmp_path / "fsdp4.pt")
-    position = loader_position(fsdp4, 5)
+    train(fsdp4, stories_data, *COMMON, *FSDP, "train.ckpt_every=3", nproc=4)
+    saved = state_tensors(fsdp4 / "checkpoints" / "step_00000003", tmp_path / "fsdp4.pt")
+    position = loader_position(fsdp4, 3)
     layouts = (("hsdp", HSDP, 4, hsdp_run, "parallel.dp_replicate: None -> 2; parallel.dp_shard: None -> 2"),
                ("two", FSDP, 2, one_process, "world_size: 4 -> 2"))
     for name, layout, nproc, uninterrupted, accepted in layouts:
         # (a) resharding is exact: load under the new layout, save again before any step (a branch's one step)
         again = tmp_path / f"{name}_resaved"
-        train(again, stories_data, *COMMON, *layout, "train.max_steps=6", f"train.branch_from={fsdp4}@5", RESAVE,
+        train(again, stories_data, *COMMON, *layout, "train.max_steps=4", f"train.branch_from={fsdp4}@3", RESAVE,
               nproc=nproc)
-        assert [r["step"] for r in records(again) if r.get("kind") == "checkpoint"] == [5, 6], name  # written here
-        resaved = state_tensors(again / "checkpoints" / "step_00000005", tmp_path / f"{again.name}.pt")
+        assert [r["step"] for r in records(again) if r.get("kind") == "checkpoint"] == [3, 4], name  # written here
+        resaved = state_tensors(again / "checkpoints" / "step_00000003", tmp_path / f"{again.name}.pt")
         assert sorted(resaved) == sorted(saved) and any("exp_avg_sq" in key for key in saved)
         for key in saved:
             assert torch.equal(saved[key], resaved[key]), (name, key)
-        assert loader_position(again, 5) == position
+        assert loader_position(again, 3) == position
         # a layout change alone needs no consent on resume (it is listed)
-        run = from_checkpoint(fsdp4, 5, tmp_path / name)
-        proc = train(run, stories_data, *COMMON, *layout, "train.ckpt_every=4", nproc=nproc)
+        run = from_checkpoint(fsdp4, 3, tmp_path / name)
+        proc = train(run, stories_data, *COMMON, *layout, "train.ckpt_every=2", nproc=nproc)
         assert f"rrtrain: resuming with accepted changes: {accepted}\n" in proc.stdout, proc.stdout[-2000:]
         resumed = losses(run)
-        assert sorted(resumed) == list(range(6, 11))
+        assert sorted(resumed) == list(range(4, 7))
         # (c) within the parity bound of an uninterrupted run
         assert max_rel_diff({k: losses(uninterrupted)[k] for k in resumed}, resumed) < BOUND, name
         if name == "hsdp":
-            assert resumed[6] == losses(fsdp4)[6]  # (b) the same forward on the same 4 ranks, bitwise
-            # (d) exact resume at the new layout: restarted from its own step-8 checkpoint
-            restarted = from_checkpoint(run, 8, tmp_path / "hsdp_restarted")
-            train(restarted, stories_data, *COMMON, *layout, "train.ckpt_every=4", nproc=nproc)
-            assert losses(restarted) == {k: v for k, v in resumed.items() if k > 8}
-            end, end_again = (state_tensors(r / "checkpoints" / "step_00000010", tmp_path / f"{r.name}.pt")
+            assert resumed[4] == losses(fsdp4)[4]  # (b) the same forward on the same 4 ranks, bitwise
+            # (d) exact resume at the new layout: restarted from its own step-4 checkpoint
+            restarted = from_checkpoint(run, 4, tmp_path / "hsdp_restarted")
+            train(restarted, stories_data, *COMMON, *layout, "train.ckpt_every=2", nproc=nproc)
+            assert losses(restarted) == {k: v for k, v in resumed.items() if k > 4}
+            end, end_again = (state_tensors(r / "checkpoints" / "step_00000006", tmp_path / f"{r.name}.pt")
                               for r in (run, restarted))
             assert sorted(end) == sorted(end_again)
             for key in end:

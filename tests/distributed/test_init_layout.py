@@ -1,13 +1,14 @@
 """The initial weights do not depend on the world size, the sharding or the backend: the full state gathered
 at step 0 is bitwise the same for one process, FSDP2 on 2 and 4 ranks, HSDP 2 x 2 and ZeRO-3 on 2 ranks (gloo),
 and the same as a model built whole on the CPU from the same seed; so are the names excluded from weight
-decay. One launch per layout, four variants in each: the ranks srun-style, forked by the tests' fork server
-(tests/distributed/rankutil.py; what is tested is the state they build, not the launcher); the one process is
-this one. Runtime: about 25 CPU seconds."""
+decay. One launch per world size (2 ranks: FSDP2 and ZeRO-3; 4 ranks: FSDP2 and HSDP), every layout of it in
+turn in the same ranks, four variants in each: the ranks srun-style, forked by the tests' fork server
+(tests/distributed/rankutil.py; what is tested is the state they build, not the launcher, and a launch per layout
+cost a quarter more); the one process is this one. Runtime: about 20 CPU seconds."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
 
 import pytest
 import torch
@@ -36,11 +37,17 @@ LAYOUTS = {
 }
 
 
-def initial_state(out: Path, nproc: int, overrides: list[str]) -> dict:
-    """{"tensors": {"variant/name": full tensor}, "no_decay": {variant: names}} at step 0 on this layout."""
-    proc = run_ranks(WORKER, [str(out), ",".join(VARIANTS), *BASE, *overrides], nproc)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return torch.load(out)
+@pytest.fixture(scope="module")
+def layout_states(tmp_path_factory) -> dict[str, dict]:
+    """{layout: {"tensors": {"variant/name": full tensor}, "no_decay": {variant: names}}} at step 0: one launch
+    per world size, its layouts in turn."""
+    out = tmp_path_factory.mktemp("layouts")
+    for nproc in sorted({n for n, _ in LAYOUTS.values()}):
+        layouts = {name: [*BASE, *over] for name, (n, over) in LAYOUTS.items() if n == nproc}
+        (out / f"layouts{nproc}.json").write_text(json.dumps(layouts))
+        proc = run_ranks(WORKER, [str(out), ",".join(VARIANTS), str(out / f"layouts{nproc}.json")], nproc)
+        assert proc.returncode == 0, proc.stderr[-5000:]
+    return {name: torch.load(out / f"{name}.pt") for name in LAYOUTS}
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +65,8 @@ def test_one_process_matches_a_whole_cpu_build(one_process):
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_initial_state_is_bitwise_the_same_on_every_layout(tmp_path, one_process, layout):
-    nproc, overrides = LAYOUTS[layout]
-    got = initial_state(tmp_path / f"{layout}.pt", nproc, overrides)
+def test_initial_state_is_bitwise_the_same_on_every_layout(layout_states, one_process, layout):
+    got = layout_states[layout]
     state, ref = got["tensors"], one_process["tensors"]
     assert state.keys() == ref.keys()
     differ = [k for k in state if state[k].dtype != ref[k].dtype or not torch.equal(state[k], ref[k])]

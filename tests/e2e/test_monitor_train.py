@@ -12,11 +12,11 @@ asserted by `rrtrain demo` end to end (tests/e2e/test_demo.py): it is not traine
 from __future__ import annotations
 
 import json
-import signal
+import shutil
 
 import pytest
 
-from trainutil import final, kill_group, records, start, train, wait_for_step
+from trainutil import final, records, train
 
 WINDOW = 25
 DEEP = ["model.n_layers=20", "train.global_batch=8", "train.micro_batch=8", "train.lr=0.001", "train.warmup_steps=15",
@@ -28,7 +28,9 @@ def flags(run) -> dict[str, int]:
     return {r["flag"]: r["step"] for r in records(run) if r.get("kind") == "flag"}
 
 
-CONVEX = [*DEEP, "model.variant=review_convex", "monitor.on_stall=stop"]
+#: a checkpoint inside the plateau, less than a window before the flag (step 84 when measured)
+CUT = 70
+CONVEX = [*DEEP, "model.variant=review_convex", "monitor.on_stall=stop", f"train.ckpt_every={CUT}"]
 
 
 @pytest.fixture(scope="module")
@@ -57,17 +59,19 @@ def test_convex_gate_stalls_at_40_sublayers_and_is_stopped(stories_data, convex_
 
 
 def test_a_resumed_run_keeps_its_monitor_windows(tmp_path, stories_data, convex_run):
-    """Stopped (SIGTERM, checkpoint) after the plateau began and before the flag, the run raises the stall at the
-    same step as the uninterrupted run: its windows came back from the checkpoint and did not restart at zero."""
+    """Resumed from a checkpoint written after the plateau began and before the flag, the run raises the stall at
+    the same step as the uninterrupted run: its windows came back from the checkpoint and did not restart at zero.
+    The run resumed is the uninterrupted one as a kill after its checkpoint at step CUT would have left it (the
+    stall's checkpoint and final.json gone, `latest` at CUT): it trains again only the steps after CUT."""
     ref = convex_run[0]
     at = flags(ref)["stalled"]
+    assert at - WINDOW < CUT < at, (CUT, at)  # less than a window before the flag
     run = tmp_path / "run"
-    proc = start(run, stories_data, *CONVEX)
-    wait_for_step(run, at - 15, proc)
-    kill_group(proc, signal.SIGTERM)
-    assert proc.wait(timeout=120) == 75
-    stopped = final(run)["step"]
-    assert at - WINDOW < stopped < at, (stopped, at)  # less than a window before the flag
-    train(run, stories_data, *CONVEX, expect=4)
+    shutil.copytree(ref, run, symlinks=True)
+    (run / "final.json").unlink()
+    shutil.rmtree(run / "checkpoints" / f"step_{at:08d}")
+    (run / "checkpoints" / "latest").write_text(f"step_{CUT:08d}\n")
+    proc = train(run, stories_data, *CONVEX, expect=4)
+    assert f"resumed at step {CUT}" in proc.stdout, proc.stdout
     assert flags(run) == flags(ref) and final(run)["flag_steps"] == final(ref)["flag_steps"]
     assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, at + 1))

@@ -14,7 +14,7 @@ generous (a loaded machine took over 20 s), and is waited only when taken.
 
 One task: a rank other than 0 waits for rank 0's requeue to end the job (on Slurm it does at once), and the
 LocalExecutor restarts a job only when all its tasks have exited, so with two tasks every attempt would last
-the whole time limit. The two-rank path is tested on the cluster (test_timelimit.py)."""
+the whole time limit. The multi-rank path is tested on the cluster (test_multinode_2node.py, the submitit job)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,10 @@ def _task(controller: int, deadline: float, other_than: int | None = None) -> in
     return tasks[0]
 
 
-def test_local_executor_time_limit_requeues_until_done(tmp_path, stories_data):
+def test_local_executor_time_limit_requeues_until_done(tmp_path, stories_data, monkeypatch):
+    # the executor's controller and tasks inherit this process's environment: one thread, as every run the tests
+    # start has (trainutil.env) and as a Slurm task of one CPU has (OMP_NUM_THREADS=cpus_per_task)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "sweep"
     spec = sweep_file(tmp_path / "sweep.yaml", stories_data, variants=["review"], steps=STEPS, resources={},
                       overrides={"train.stop_check_every": 1})

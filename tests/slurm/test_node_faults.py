@@ -20,8 +20,8 @@ from trainutil import PY, TINY, env, final, losses, records
 
 pytestmark = pytest.mark.distributed
 
-STEPS, CKPT = 60, 10
-KILL_AFTER = 25  # steps: past the second checkpoint
+STEPS, CKPT = 30, 6
+KILL_AFTER = 13  # steps: past the second checkpoint, 5 steps before the third
 BOUND_S = 120  # from the SIGKILL to the end of the job on the surviving node
 ARGS = [f"train.max_steps={STEPS}", "train.log_every=1", "train.eval_every=0", f"train.ckpt_every={CKPT}",
         "train.global_batch=8", "train.micro_batch=4", "train.warmup_steps=2", "parallel.backend=fsdp"]

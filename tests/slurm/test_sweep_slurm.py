@@ -7,7 +7,7 @@ from __future__ import annotations
 from slurmutil import cancel, restarts, rrtrain, status, submitted_jobs, sweep_file, wait_done
 from trainutil import env, final, records
 
-STEPS = 20
+STEPS = 8
 
 
 def test_sweep_array_completes_and_only_the_failed_run_is_resubmitted(slurm_cluster, tmp_path, stories_data):

@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from trainutil import PY, env, run_cmd
+
 
 def write_run(root, size, variant, seed, loss, params, status="completed"):
     d = root / size / f"{variant}-{seed}"
@@ -46,8 +48,11 @@ def report(*args, cwd=None):
 
 
 def test_end_to_end(sweep, tmp_path):
+    """A whole report. Its process is forked by the tests' fork server where one serves (trainutil.run_cmd: the
+    imports of torch paid once per pytest process); the bad-input cases below start plain interpreters."""
     out = tmp_path / "out"
-    res = report(sweep, "--out", out, "--extrapolate", "7e9,70B", "--baselines", "standard,highway_convex")
+    res = run_cmd([PY, "-m", "rrtrain", "report", str(sweep), "--out", str(out), "--extrapolate", "7e9,70B",
+                   "--baselines", "standard,highway_convex"], env(), 600, module="rrtrain")
     assert res.returncode == 0, res.stderr
     names = {p.name for p in out.iterdir()}
     assert names == {"report.md", "results.csv", "summary.json", "loss_vs_params.png", "advantage.png", "curves.png"}

@@ -1,8 +1,11 @@
 """Presets, analytic parameter counts against models built on the meta device, FLOPs, and matching.
 
 Counting tests build on `device="meta"` (no memory is allocated, so rr-1b costs nothing) with
-`Transformer.init_weights` switched off: the count does not depend on the values, and random init on
-meta tensors is the slow part of a meta build. `test_model.py` covers init on meta separately.
+`Transformer.init_weights` switched off, and the initialisers that module constructors run themselves
+(`nn.Linear`'s and `nn.Embedding`'s `reset_parameters`, RoPE's cos/sin tables, which are buffers): the count does
+not depend on the values, and computing values on meta tensors (each op through torch's reference
+decompositions) is the slow part of a meta build, four fifths of it with RoPE at rr-1b. `test_model.py` covers
+init on meta separately.
 """
 
 from __future__ import annotations
@@ -10,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from torch import nn
 
 from rrtrain import residuals
 
 from rrtrain import sizing
 from rrtrain.config import ModelConfig
 from rrtrain.core.errors import UsageError
-from rrtrain.model.transformer import Transformer
+from rrtrain.model.transformer import Rotary, Transformer
 from rrtrain.resolve import build_model
 
 UP_TO_1B = ["tiny", "rr-60m", "rr-150m", "rr-320m", "rr-590m", "rr-1b"]
@@ -27,6 +31,8 @@ NOMINAL = {"rr-60m": 60e6, "rr-150m": 150e6, "rr-320m": 320e6, "rr-590m": 590e6,
 @pytest.fixture
 def no_init(monkeypatch):
     monkeypatch.setattr(Transformer, "init_weights", lambda self, seed: None)
+    for module in (Rotary, nn.Linear, nn.Embedding):  # values only: the parameters are made before
+        monkeypatch.setattr(module, "reset_parameters", lambda self, *args, **kwargs: None)
 
 
 def meta_count(m: ModelConfig) -> int:

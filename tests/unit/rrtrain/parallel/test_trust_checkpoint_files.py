@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -22,7 +21,7 @@ import pytest
 from evalutil import write_tasks
 from rrtrain.cli.main import main as cli
 from rrtrain.core.errors import UsageError
-from trainutil import REPO, env, train
+from trainutil import PY, env, run_cmd, train
 
 SMALL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "train.max_steps=2", "train.global_batch=4",
          "train.micro_batch=4", "train.warmup_steps=1", "train.compile=false", "train.eval_every=0",
@@ -104,8 +103,9 @@ def bounded(call: Callable[[], Any], fifo: Path) -> Any:
 
 
 def command(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rrtrain", *argv], cwd=REPO, env=env(), capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
+    """`python -m rrtrain ARGV` in a process of its own: forked by the tests' fork server where one serves
+    (trainutil.run_cmd), its imports paid once per pytest process."""
+    return run_cmd([PY, "-m", "rrtrain", *argv], env(), TIMEOUT_S, module="rrtrain")
 
 
 @pytest.mark.slow  # trains in a subprocess
