@@ -105,7 +105,7 @@ def test_unwritable_run_dir_stops_before_training(tmp_path, stories_data, case):
         ctx = contextlib.nullcontext()
         (tmp_path / "file").write_text("not a directory\n")
         run = tmp_path / "file" if case == "file in the way" else tmp_path / "file" / "run"
-        want = "a file is in the way" if case == "file in the way" else "Not a directory"
+        want = "a file is in the way" if case == "file in the way" else "is not a directory"
     with ctx:
         proc = train(run, stories_data, "train.max_steps=2", expect=2)
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr

@@ -28,6 +28,8 @@ def test_wrong_interface_unreachable_head_and_missing_python_each_end_in_their_o
     cases = {"ifname": {"GLOO_SOCKET_IFNAME": "bogus0"},
              "head": {"RDZV_HOST": "198.18.0.99", "RDZV_TIMEOUT_S": str(TIMEOUT_S)},
              "python": {"RRTRAIN_PYTHON": str(tmp_path / "no-such-python")}}
+    agents = Path.home() / ".rrtrain" / "torchrun"  # the script's AGENT_DIR: shared by the nodes
+    before = set(p.name for p in agents.iterdir()) if agents.is_dir() else set()  # other clusters' job ids repeat
     jobs, t0 = {}, time.time()
     for name, extra in cases.items():
         run = tmp_path / name
@@ -54,8 +56,7 @@ def test_wrong_interface_unreachable_head_and_missing_python_each_end_in_their_o
     assert "did not meet at 198.18.0.99:" in why["head"][0] and "RDZV_HOST" in why["head"][0], why
     assert "the torchrun agent did not start on rrnode1" in why["python"][0], why
     assert "no-such-python" in why["python"][0] and "did not meet" not in why["python"][0], why
-    agents = Path.home() / ".rrtrain" / "torchrun"  # the script's AGENT_DIR: shared by the nodes
-    left = [p.name for p in agents.iterdir()] if agents.is_dir() else []
+    left = [p.name for p in agents.iterdir() if p.name not in before] if agents.is_dir() else []
     assert not [n for n in left for job in jobs.values() if n.startswith(f"{job}-")], "the agents' logs stay"
 
 
