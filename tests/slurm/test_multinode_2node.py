@@ -8,30 +8,16 @@ parity bound (tests/distributed/test_fsdp.py). While each job runs, every TCP so
 on either node, is bound to that node's own address: the stores (torchrun's rendezvous and shared stores,
 rank 0's store under submitit) and gloo's listeners, none on every interface or on loopback.
 
-Each job is also interrupted once mid-run, and requeued, so one job per launch path proves both its start and
-its requeue (a two-node job costs some 6 fresh interpreters per attempt on two shared cores):
-- slurm/multinode.sbatch: the time-limit warning goes to the batch shell (`--signal=B:USR2`, sent here with
-  `scancel --batch --signal=USR2`), which forwards it as TERM through srun to the agents and their ranks; the
-  ranks checkpoint collectively, the script requeues the 2-node job, and the run resumes and finishes
-  exactly, instead of USR2 killing the torchrun agents and losing the step.
-- submitit: Slurm's own time-limit warning of a 2-node job (submitit's `--signal=USR2@S`: USR2 to every task
-  on both nodes) makes all four ranks agree at a step boundary, save collectively (FSDP, gloo) and exit 75; rank
-  0 requeues the job through submitit, and the run resumes on both nodes on the next allocation.
-  Slurm checks time limits every 30 s and its least limit is one minute, while this machine needs 15-30 s to
-  start the ranks: a job submitted with a one-minute limit would get its warning before it trains. So the job
-  starts with a long limit, and once it trains the test shortens the limit to 1-2 minutes from now (Slurm then
-  sends the USR2 at its next check, within about 30 s); once requeued, the long limit is given back for the
-  second attempt.
-Both runs end with the losses of the uninterrupted run of the same config (4 ranks of one machine), bit for
-bit, each step recorded once. While a signal is on its way every rank is held (SIGSTOP; Slurm continues a
-task it signals), so it falls mid-run however fast the machine trains. One sweep config serves all three
-runs."""
+The time-limit warning of a 2-node submitit job (USR2 to every task on both nodes) makes all four ranks
+checkpoint at one step boundary; rank 0 requeues the job through submitit, and the run resumes on both nodes
+and ends with the uninterrupted submitit run's losses, bit for bit, each step recorded once. One sweep config
+serves all four runs."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
-import signal
 import stat
 import subprocess
 import time
@@ -44,11 +30,9 @@ from launchers.torchrun import rendezvous
 from rrtrain.config import load_config
 from rrtrain.parallel.mesh import mesh_shape
 from rrtrain.rundir import ranks
-from slurmutil import (ACTIVE, NODES, REPO, cancel, elapsed_s, held, job_logs, node_address, node_listening,
-                       node_processes, restarts, rrtrain, sbatch, set_time_limit, squeue, status, submitted_jobs,
-                       sweep_file, wait_done, wait_signalled)
-from trainutil import (PY, env, final, free_port, losses, max_rel_diff, prep_stories, records, spawn, train_cmd,
-                       wait_ranks)
+from slurmutil import (ACTIVE, NODES, REPO, cancel, job_logs, node_address, node_listening, node_processes,
+                       restarts, rrtrain, sbatch, squeue, submitted_jobs, sweep_file, wait_done)
+from trainutil import PY, env, final, losses, max_rel_diff, prep_stories, records, train_cmd
 
 pytestmark = pytest.mark.distributed
 
@@ -82,18 +66,11 @@ def two_node_sweep(shared_root: Path, zstd_data: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def one_machine(two_node_sweep: Path, zstd_data: Path) -> dict[int, float]:
-    """The reference: the same config on 4 ranks of this machine (srun-style ranks forked by the fork server,
-    as tests/trainutil.py's start_ranks starts them: this run is the reference, not the launcher under test)."""
-    run, port = two_node_sweep / "one-machine", free_port()
-    procs = []
-    for rank in range(4):
-        e = env()
-        e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="4",
-                 LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="4")
-        procs.append(spawn(train_cmd(run, zstd_data, [], config=str(config_of(two_node_sweep))), e,
-                           merge_stderr=False))
-    code, out, err = wait_ranks(procs, timeout=600)
-    assert code == 0, (out + err)[-4000:]
+    """The reference: the same config on 4 ranks of this machine."""
+    run = two_node_sweep / "one-machine"
+    cmd = train_cmd(run, zstd_data, [], nproc=4, config=str(config_of(two_node_sweep)))
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
     return losses(run)
 
 
@@ -152,25 +129,7 @@ def test_hsdp_mesh_of_the_sweep_config_is_2_by_2(two_node_sweep):
     assert mesh_shape(load_config(str(config_of(two_node_sweep)), []).parallel, 4) == (2, 2)
 
 
-def hold_and_signal(run: Path, job: str, listening: Listening, send, sig: int, logs, within: float = 60) -> int:
-    """Once all 4 ranks train (step 2 or later): hold them (SIGSTOP), sample what the job listens on, have the
-    signal sent (`send()`) and let them go once `sig` has reached every rank (within `within` s). Returns the step
-    they were held at: the stop comes at or after it."""
-    deadline = time.time() + 300
-    while max(losses(run), default=0) < 2 or len(ranks.read(run)) < 4:
-        assert time.time() < deadline and squeue(job).get(job) in ACTIVE, (squeue(job), logs())
-        time.sleep(0.1)
-    pids = [r["pid"] for r in ranks.read(run)]
-    with held(pids):
-        held_at = max(losses(run))
-        listening()  # the first attempt, every listener up
-        send()
-        wait_signalled(pids, sig, timeout=within)
-    return held_at
-
-
-def test_multinode_sbatch_two_nodes_two_ranks_each_and_usr2_to_the_batch_shell_requeues(slurm_cluster,
-                                                                                        two_node_sweep, one_machine):
+def test_multinode_sbatch_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep, one_machine):
     run, log = two_node_sweep / "sbatch-run", two_node_sweep / "sbatch.log"
     e = env()
     rdzv_dir = two_node_sweep / "rendezvous"  # the script draws the job's rendezvous here, and removes it after
@@ -180,71 +139,87 @@ def test_multinode_sbatch_two_nodes_two_ranks_each_and_usr2_to_the_batch_shell_r
                  args=(str(config_of(two_node_sweep)), f"run.dir={run}"), env=e)
     listening = Listening("rrtrain.train")  # the torchrun agents and their ranks
     try:
-        # the batch shell's trap forwards USR2 as TERM to the job step: every agent and rank
-        usr2 = ["scancel", "--batch", "--signal=USR2", job]
-        held_at = hold_and_signal(run, job, listening, lambda: subprocess.run(usr2, check=True, capture_output=True,
-                                                                              timeout=30),
-                                  signal.SIGTERM, lambda: log.read_text() if log.exists() else "")
         states = wait_done(job, timeout=400, each=listening)
     finally:
         cancel(job)
     text = log.read_text() if log.exists() else ""
     assert states == {job: "COMPLETED"}, text[-4000:]
-    assert restarts(job) == 1, text[-4000:]
-    assert "checkpointed" in text and "requeueing" in text, text[-4000:]
-    resumed = int(text.split("resumed at step ")[1].split()[0])
-    assert held_at <= resumed < STEPS, (held_at, resumed)
-    drawn = re.findall(rf"{NODES} nodes x 2, rendezvous rrnode1:(\d+), restart (\d+),", text)
-    assert [r for _, r in drawn] == ["0", "1"], text[:4000]  # one rendezvous drawn per start of the job
-    rdzv_ports = [int(p) for p, _ in drawn]
-    assert all(rendezvous.PORTS[0] <= p <= rendezvous.PORTS[1] for p in rdzv_ports)
+    drawn = re.search(rf"{NODES} nodes x 2, rendezvous rrnode1:(\d+),", text)
+    assert drawn, text[:2000]
+    rdzv_port = int(drawn.group(1))
+    assert rendezvous.PORTS[0] <= rdzv_port <= rendezvous.PORTS[1]
     assert rdzv_dir.is_dir() and not any(rdzv_dir.iterdir()), "the drawn rendezvous file stays"
     check_spans_two_nodes(run, job, one_machine)
-    assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, STEPS + 1)), "each step once"
-    assert losses(run) == one_machine, "the resumed run's losses, bit for bit"
-    assert {r["restart"] for r in ranks.read(run)} == {1}
-    assert len(listening.master_ports) == 2, listening.master_ports  # torchrun's shared store, per attempt
-    listening.check(*rdzv_ports)
+    assert len(listening.master_ports) == 1, listening.master_ports  # torchrun's shared store
+    listening.check(rdzv_port)
 
 
-def test_sweep_executor_slurm_two_nodes_two_ranks_each_and_the_time_limit_warning_requeues_exactly(
-        slurm_cluster, two_node_sweep, one_machine):
+@pytest.fixture(scope="module")
+def submitit_run(slurm_cluster, two_node_sweep) -> tuple[Path, str, dict[str, str], Listening]:
+    """The run through `rrtrain sweep --executor slurm`, uninterrupted: its sweep directory, job, end states and
+    what it listened on."""
     out = two_node_sweep / "sweep"
-    e = env()
-    proc = rrtrain("sweep", str(two_node_sweep / "sweep.yaml"), "--out", str(out), "--executor", "slurm", env=e)
+    proc = rrtrain("sweep", str(two_node_sweep / "sweep.yaml"), "--out", str(out), "--executor", "slurm", env=env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = submitted_jobs(out)[-1][RUN]
-    run = out / RUN
     listening = Listening("submitit")  # the srun tasks: the ranks
     try:
-        # 60-120 s left, less than the sweep's signal_delay_s (120): Slurm warns at its next check, within 30 s
-        held_at = hold_and_signal(run, job, listening, lambda: set_time_limit(job, elapsed_s(job) // 60 + 2),
-                                  signal.SIGUSR2, lambda: job_logs(out), within=90)
-        deadline = time.time() + 300
-        while restarts(job) < 1:
-            assert time.time() < deadline and squeue(job).get(job) in ACTIVE, (squeue(job), job_logs(out))
-            time.sleep(0.2)
-        stop = final(run)  # as the first allocation left it
-        set_time_limit(job, 30)  # long enough that a slow second attempt gets no second warning
         states = wait_done(job, timeout=400, each=listening)
     finally:
         cancel(job)
-    logs = job_logs(out)
-    assert states == {job: "COMPLETED"} and restarts(job) == 1, logs
-    assert stop["status"] == "preempted" and stop["signal"] == "SIGUSR2" and held_at <= stop["step"] < STEPS, stop
-    assert stop["world_size"] == 4
-    assert f"resumed at step {stop['step']}" in logs, logs
-    check_spans_two_nodes(run, job, one_machine)
-    assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, STEPS + 1)), "each step once"
-    assert losses(run) == one_machine, "the resumed run's losses, bit for bit"
-    by_rank = {r["rank"]: r for r in ranks.read(run)}
-    assert {k: (v["host"], v["restart"]) for k, v in by_rank.items()} == {
-        0: ("rrnode1", 1), 1: ("rrnode1", 1), 2: ("rrnode2", 1), 3: ("rrnode2", 1)}, by_rank
+    return out, job, states, listening
+
+
+def test_sweep_executor_slurm_two_nodes_two_ranks_each(submitit_run, one_machine):
+    out, job, states, listening = submitit_run
+    assert set(states.values()) == {"COMPLETED"}, job_logs(out)
+    check_spans_two_nodes(out / RUN, job, one_machine)
     # rank 0's store listens at the port drawn at submission (mode 600, beside submitit's files), not submitit's
     # own (random.Random(job id), which anyone who sees the job id can work out); the entry point sets it once
     # the task runs, so it is not in the tasks' environment at start
     drawn = rendezvous_path(out, RUN)
     assert stat.S_IMODE(drawn.stat().st_mode) == 0o600
     listening.check(rendezvous.read(drawn).port)
-    [row] = status(out, e)["runs"]
-    assert row["state"] == "completed" and row["step"] == STEPS and row["nodes"] == ["rrnode1", "rrnode2"], row
+    status = rrtrain("status", str(out), "--json", env=env())
+    assert status.returncode == 0, status.stderr
+    assert [r["nodes"] for r in json.loads(status.stdout)["runs"] if r["id"] == RUN] == [["rrnode1", "rrnode2"]]
+
+
+def test_time_limit_warning_requeues_the_two_node_submitit_job_and_it_resumes_exactly(two_node_sweep, submitit_run):
+    """Slurm's time-limit warning (submitit's `--signal=USR2@S`) goes to every task of the job's steps, on every
+    node; `scancel --signal=USR2` sends exactly that, at once (Slurm's own warning, which comes at its next
+    time-limit check, is tested on one node in test_timelimit.py)."""
+    out = two_node_sweep / "requeue"
+    proc = rrtrain("sweep", str(two_node_sweep / "sweep.yaml"), "--out", str(out), "--executor", "slurm", env=env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job = submitted_jobs(out)[-1][RUN]
+    run = out / RUN
+    stops: list[dict] = []  # final.json as the first allocation left it
+    try:
+        deadline = time.time() + 300
+        while max(losses(run), default=0) < 2:
+            assert time.time() < deadline and squeue(job).get(job) in ACTIVE, (squeue(job), job_logs(out))
+            time.sleep(0.1)
+        subprocess.run(["scancel", "--signal=USR2", job], check=True, capture_output=True, timeout=30)
+        while not stops:
+            assert time.time() < deadline and squeue(job).get(job) in ACTIVE, (squeue(job), job_logs(out))
+            if restarts(job) >= 1:
+                stops.append(final(run))
+            time.sleep(0.2)
+        states = wait_done(job, timeout=400)
+    finally:
+        cancel(job)
+    logs = job_logs(out)
+    assert states == {job: "COMPLETED"} and restarts(job) == 1, logs
+    [stop] = stops
+    assert stop["status"] == "preempted" and stop["signal"] == "SIGUSR2" and 2 <= stop["step"] < STEPS, stop
+    assert stop["world_size"] == 4
+    assert f"resumed at step {stop['step']}" in logs, logs
+    fin = final(run)
+    assert fin["status"] == "completed" and fin["step"] == STEPS and fin["world_size"] == 4, fin
+    assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, STEPS + 1)), "each step once"
+    uninterrupted = out.parent / "sweep" / RUN
+    assert losses(run) == losses(uninterrupted), (losses(run), losses(uninterrupted))
+    by_rank = {r["rank"]: r for r in ranks.read(run)}
+    assert {k: (v["host"], v["restart"]) for k, v in by_rank.items()} == {
+        0: ("rrnode1", 1), 1: ("rrnode1", 1), 2: ("rrnode2", 1), 3: ("rrnode2", 1)}, by_rank
