@@ -193,8 +193,6 @@ def test_output_into_a_pipe_whose_reader_has_gone_ends_quietly(tmp_path, command
     """`rrtrain status | head`, `rrtrain params | head -1`: once the reader has gone, no traceback and no
     "Exception ignored" at exit, and the exit status of a tool killed by SIGPIPE (141). `status` flushes each
     table as it prints it; `params` leaves its table to the flush at the end."""
-    from launchers.sweep import record
-
     run_dir = tmp_path / "r"
     entry = {"size": "tiny", "variant": "review", "seed": 0, "dir": str(run_dir), "resources": {},
              "config": {"train": {"max_steps": 10, "tokens": None, "global_batch": 8},
