@@ -9,7 +9,6 @@ loaders over a 40-row dataset, no training step)."""
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 from prep_helpers import write_id_dataset
+from faultutil import unblocked
 from rrtrain.core.errors import UsageError
 from rrtrain.data.loader import TrainLoader, eval_batches
 from rrtrain.data.verify import verify_dataset
@@ -60,30 +60,8 @@ def epoch(train: TrainLoader) -> list[int]:
 
 
 def within(call: Callable[[], Any], fifos: list[Path]) -> Any:
-    """`call()` in a thread, given DEADLINE_S: one still running then is blocked opening a FIFO (the old loader
-    was, for ever), so the FIFOs are opened for writing to free it and the test fails."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = call()
-        except BaseException as err:  # noqa: BLE001 - handed to the test's thread
-            box["error"] = err
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(DEADLINE_S)
-    if thread.is_alive():
-        for p in fifos:
-            try:
-                os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
-        thread.join(DEADLINE_S)
-        pytest.fail(f"the loader hung opening a shard that became a FIFO (no result after {DEADLINE_S} s)")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    """`call()` given DEADLINE_S: the old loader blocked opening a shard that became a FIFO, for ever."""
+    return unblocked(call, fifos, DEADLINE_S)
 
 
 def one_line(err: pytest.ExceptionInfo, *words: str) -> str:

@@ -12,13 +12,13 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
 from evalutil import write_tasks
+from faultutil import unblocked
 from rrtrain.cli.main import main as cli
 from rrtrain.core.errors import UsageError
 from trainutil import PY, env, run_cmd, train
@@ -80,26 +80,8 @@ def one_line(result: subprocess.CompletedProcess, *words: str) -> str:
 
 
 def bounded(call: Callable[[], Any], fifo: Path) -> Any:
-    """`call()` in this process, waited on for at most TIMEOUT_S: a call still blocked then (on `fifo`, as torch
-    was before the fix) is released by opening the FIFO's other end, and the test fails rather than hang."""
-    done: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            done["value"] = call()
-        except BaseException as err:  # noqa: BLE001 - handed to the test's thread
-            done["error"] = err
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(TIMEOUT_S)
-    if thread.is_alive():
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the blocked reader's open returns and reads EOF
-        thread.join(TIMEOUT_S)
-        pytest.fail(f"still blocked on {fifo} after {TIMEOUT_S} s")
-    if "error" in done:
-        raise done["error"]
-    return done["value"]
+    """`call()` given TIMEOUT_S: torch blocked on `fifo` before the fix."""
+    return unblocked(call, [fifo], TIMEOUT_S)
 
 
 def command(*argv: str) -> subprocess.CompletedProcess:
