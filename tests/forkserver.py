@@ -38,6 +38,8 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from launchers.executors.warm import run_as_main
+
 ENV_SWITCH = "RRTRAIN_TEST_FORKSERVER"  # "0": every run is a plain subprocess
 # Read by the interpreter, torch or its thread pools when they start: a request that differs here is no fork.
 STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH", "CUDA", "LD_", "MALLOC", "GOMP_")
@@ -211,20 +213,10 @@ class Forked:
 # -- the server's side ------------------------------------------------------------------------------------
 
 
-def _exit_code(code: Any) -> int:
-    """What the interpreter makes of SystemExit(code)."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
-
-
 def _child(request: dict, fds: list[int], inherited: list[int], preamble: bytes, ready: int) -> None:
-    """In the forked child: become the run the request names, then exit as the interpreter would. Never returns.
-    Closing `ready` tells the server that the session and the streams are in place (its client may signal it)."""
-    code = 127
+    """In the forked child: become the run the request names, then exit as the interpreter would
+    (launchers.executors.warm.run_as_main, the product's own warm starts). Never returns. Closing `ready` tells
+    the server that the session and the streams are in place (its client may signal it)."""
     try:
         os.setsid()
         for fd in inherited:
@@ -240,43 +232,12 @@ def _child(request: dict, fds: list[int], inherited: list[int], preamble: bytes,
         os.environ.clear()  # in place: modules hold os.environ itself
         os.environ.update(request["env"])
         argv = request["argv"]
-        module = argv[argv.index("-m") + 1]
-        sys.argv = [argv[0], *argv[argv.index("-m") + 2:]]  # runpy puts the module's file in argv[0]
         sys.path[0] = os.getcwd()  # what `python -m` puts first
         if preamble:
             os.write(2, preamble)
-        import runpy
-
-        try:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as stop:
-            code = _exit_code(stop.code)
-        except KeyboardInterrupt:
-            import traceback
-
-            traceback.print_exc()
-            code = -signal.SIGINT
-        except BaseException:
-            sys.excepthook(*sys.exc_info())
-            code = 1
-        try:
-            threading._shutdown()  # type: ignore[attr-defined]  # the interpreter joins non-daemon threads first
-        except Exception:
-            pass
-        import atexit
-
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        if code == -signal.SIGINT:  # as the interpreter ends on an uncaught KeyboardInterrupt
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-    finally:
-        os._exit(code)
+    except BaseException:
+        os._exit(127)
+    run_as_main(argv[argv.index("-m") + 1], argv[argv.index("-m") + 2:])  # never returns
 
 
 def _preload(name: str) -> None:

@@ -5,7 +5,7 @@ the Slurm cluster, so that it stays a few minutes on two cores. Rather than trus
 `subprocess.Popen` (which `subprocess.run`, asyncio's subprocesses and Playwright's driver go through) in the
 tier's processes:
 
-- torchrun, a browser or its driver, a Slurm client or daemon installed on the machine (a stand-in script a test
+- torchrun, the local executor's warm interpreter of training runs, a browser or its driver, a Slurm client or daemon installed on the machine (a stand-in script a test
   puts first on PATH is not the cluster): the test fails at once;
 - a training start (`python -m rrtrain.train`, `rrtrain train | demo | bench | sweep`, runpy on rrtrain.train):
   allowed only as a refusal, so a test of a bad input's one-line error stays in the tier; the test fails at its
@@ -54,6 +54,8 @@ def forbidden(args: Any, env: Optional[dict] = None) -> Optional[str]:
         return None
     if os.path.basename(argv[0]) == "torchrun" or _module(argv) == "torch.distributed.run":
         return "torchrun"
+    if _module(argv) == "launchers.executors.warm" and "rrtrain.train" in argv:
+        return "the warm interpreter of a sweep's training runs (launchers.executors.warm)"
     if any(BROWSER.search(a) for a in argv):
         return f"a browser ('{argv[0][:80]}')"
     if os.path.basename(argv[0]) in SLURM and _installed(argv[0], env):

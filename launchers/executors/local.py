@@ -8,8 +8,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Callable, Optional
+from typing import IO, Callable, Optional, Union
 
+from launchers.executors import warm
 from launchers.executors.base import ArrayTask, Interrupted, SubmitError, Submitted
 from launchers.executors.entry import config_path
 from launchers.executors.render import train_argv
@@ -18,7 +19,7 @@ from launchers.sweep import seal
 from launchers.sweep.snapshot import NO_BYTECODE
 from rrtrain.config_load import CONFIG_DIGEST_ENV
 from rrtrain.core import files
-from rrtrain.core.child_python import child_env
+from rrtrain.core.child_python import MODULE_AT, child_env
 from rrtrain.core.errors import UsageError
 
 #: seconds between two calls of `on_poll` (the cancellation of flagged runs) while runs are going
@@ -34,7 +35,8 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
     bound = seal.bind(code, {run.id: configs[run.id] for run in runs})
     logs_fd = open_logs_dir(logs)
     queue = list(runs)
-    running: dict[str, tuple[subprocess.Popen, IO]] = {}
+    running: dict[str, tuple[Union[subprocess.Popen, warm.WarmRun], IO]] = {}
+    servers: dict[frozenset, Optional[warm.WarmServer]] = {}
     jobs: dict[str, Optional[str]] = {}
     codes: dict[str, int] = {}
     polled = time.monotonic()
@@ -58,11 +60,11 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
                 log = open_log(logs_fd, log_path)
                 log.write(f"=== rrtrain sweep (local): {run.id}, {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
                 log.flush()
-                proc = subprocess.Popen(train_argv(run, python, configs[run.id]), stdout=log,
-                                        stderr=subprocess.STDOUT, env=env, cwd=code)
+                proc = start_run(train_argv(run, python, configs[run.id]), env, code, log, python, servers)
                 running[run.id] = (proc, log)
                 jobs[run.id] = f"local:{proc.pid}"
-                print(f"[local] started {run.id} (pid {proc.pid}, log {log_path})", flush=True)
+                how = ", forked by the warm interpreter" if isinstance(proc, warm.WarmRun) else ""
+                print(f"[local] started {run.id} (pid {proc.pid}{how}, log {log_path})", flush=True)
             for rid, (proc, log) in list(running.items()):
                 if proc.poll() is not None:
                     log.close()
@@ -83,8 +85,30 @@ def submit(runs: list[Run], python: str, code: str, configs: dict[str, Path], lo
                 proc.kill()
                 codes[rid] = proc.wait()
             log.close()
+        for server in servers.values():
+            if server is not None:
+                server.close()
         os.close(logs_fd)
     return jobs, codes
+
+
+def start_run(argv: list[str], env: dict[str, str], code: str, log: IO, python: str,
+              servers: dict[frozenset, Optional[warm.WarmServer]]) -> Union[subprocess.Popen, warm.WarmRun]:
+    """Start one run's command: a one-process run forked by the warm server for its environment (started on
+    first use; `launchers.executors.warm`), anything else, or everything under RRTRAIN_WARM_START=0, as a
+    subprocess. A server that could not start a run is not asked again: that run and the rest start plainly."""
+    if argv[MODULE_AT:MODULE_AT + 1] == [warm.MODULE] and warm.enabled():
+        key = warm.server_key(env)
+        if key not in servers:
+            servers[key] = warm.WarmServer(python, env, code)
+        server = servers[key]
+        if server is not None:
+            try:
+                return warm.WarmRun(server, server.start(argv[MODULE_AT + 1:], env, code, log.fileno()))
+            except RuntimeError as err:
+                print(f"[local] {err}: runs start as plain subprocesses", file=sys.stderr, flush=True)
+                servers[key] = None
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=code)
 
 
 class LocalExecutor:

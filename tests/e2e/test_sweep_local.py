@@ -101,7 +101,7 @@ def test_local_sweep_failure_resubmission_and_refusal(tmp_path, stories_data, in
     assert json.loads((out / "sweep.json").read_text()) == rec
 
 
-def test_debug_sweep_then_nothing_to_resubmit(tmp_path, stories_data, in_process):
+def test_debug_sweep_then_nothing_to_resubmit_and_a_warm_started_run_trains_alike(tmp_path, stories_data, in_process):
     out = tmp_path / "sweep"
     spec = sweep_file(tmp_path, stories_data, "dbg", variants=["review"])
     proc = rrtrain("sweep", spec, "--out", out, "--executor", "debug")  # it trains: a process of its own
@@ -112,6 +112,15 @@ def test_debug_sweep_then_nothing_to_resubmit(tmp_path, stories_data, in_process
     proc = in_process("sweep", spec, "--out", out, "--executor", "debug")
     assert proc.returncode == 0 and "nothing to submit" in proc.stdout
     assert len(json.loads((out / "sweep.json").read_text())["submissions"]) == 1
+
+    # the same run forked by the local executor's warm interpreter (launchers.executors.warm): the same losses,
+    # bit for bit, as the run trained in a process started for it
+    warm = tmp_path / "warm"
+    proc = in_process("sweep", spec, "--out", warm, "--executor", "local")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "forked by the warm interpreter" in proc.stdout
+    assert losses(warm / "tiny-review-s0") == losses(out / "tiny-review-s0")
+    assert final(warm / "tiny-review-s0")["final_val_loss"] == final(out / "tiny-review-s0")["final_val_loss"]
 
 
 def test_two_copies_of_one_run_one_writer(tmp_path, stories_data):

@@ -65,6 +65,14 @@ ALLOWLIST: dict[tuple[str, str, str], str] = {
         "device and inode (trust rules)",
     ("launchers/executors/local.py", "open_log", "open()"):
         "/dev/null, where a run's output goes when its log's name is a link or a FIFO: no one's file",
+    ("launchers/executors/warm.py", "_handle", "os.kill"):
+        "a signal the executor asked for, to a child of this server it has not reaped yet (so the pid is still "
+        "that child's): never any other process",
+    ("launchers/executors/warm.py", "run_as_main", "os.kill"):
+        "a run forked by the server ending itself by SIGINT, as the interpreter ends on an uncaught "
+        "KeyboardInterrupt",
+    ("launchers/executors/warm.py", "_child", "os.open"):
+        "/dev/null as a forked run's stdin, as a subprocess has it: no one's file",
     ("launchers/executors/render.py", "render", "Path.read_text"):
         "the sbatch templates shipped with the project (slurm/*.sbatch)",
     ("launchers/sweep/snapshot.py", "take", "shutil.rmtree"):
