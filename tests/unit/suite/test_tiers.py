@@ -20,8 +20,9 @@ PY = sys.executable
     ["torchrun", "--standalone"],
     ["/ms-playwright/chromium-1/chrome-linux/chrome", "--headless"],
     [PY, "-m", "playwright", "install", "chromium"],
+    [PY, "-P", "-m", "launchers.executors.warm", "rrtrain.train", "5", "torch"],
 ])
-def test_torchrun_and_browsers_are_refused(argv):
+def test_torchrun_the_warm_interpreter_and_browsers_are_refused(argv):
     assert tiers.forbidden(argv) is not None
 
 
@@ -57,6 +58,7 @@ def test_training_starts_are_recognised(argv):
     [PY, "-c", "import rrtrain.train as t; from rrtrain.training.checkpoint import CheckpointManager"],
     ["bash", "-n", "job.sh"],
     ["sleep", "120"],
+    [PY, "-P", "-m", "launchers.executors.warm", "probe", "5"],
     b"true",
 ])
 def test_ordinary_subprocesses_are_neither(argv):
@@ -66,9 +68,6 @@ def test_ordinary_subprocesses_are_neither(argv):
 def test_a_test_that_starts_training_fails_in_the_fast_tier_only(tmp_path):
     tests = REPO / "tests"
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    (tmp_path / "conftest.py").write_text(f"import sys\nsys.path.insert(0, {str(tests)!r})\nimport tiers\n\n"
-                                          "def pytest_configure(config):\n"
-                                          "    if tiers.fast_tier():\n        tiers.install_guard()\n")
     (tmp_path / "conftest.py").write_text(
         f"import sys\nsys.path.insert(0, {str(tests)!r})\nimport pytest, tiers\n\n"
         "def pytest_configure(config):\n    if tiers.fast_tier():\n        tiers.install_guard()\n\n"
@@ -94,9 +93,12 @@ def test_a_test_that_starts_training_fails_in_the_fast_tier_only(tmp_path):
         "        pass\n")
 
     def run(tier: str) -> subprocess.CompletedProcess:
+        """The dummy tests under pytest alone: no installed plugin is loaded (they cost the interpreter seconds of
+        imports, and the guard is the conftest's)."""
         return subprocess.run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(tmp_path / "pytest.ini"),
                                "--rootdir", str(tmp_path), str(tmp_path)], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=120, env={**os.environ, tiers.TIER_ENV: tier})
+                              text=True, timeout=120,
+                              env={**os.environ, tiers.TIER_ENV: tier, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
 
     fast = run("fast")
     assert "2 passed, 1 error" in fast.stdout, fast.stdout[-3000:]  # the run: at its end; torchrun: at once

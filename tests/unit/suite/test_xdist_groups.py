@@ -63,9 +63,11 @@ def ran(tmp_path_factory) -> list[dict]:
         body = "".join(f"def test_{name}{i}():\n    record('{name}{i}')\n\n" for i in range(4))
         (root / f"test_{name}.py").write_text(DUMMY + body)
     record = root / "record.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+    # pytest-xdist alone of the installed plugins (the others cost each of the three interpreters seconds of imports)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "xdist", "-n", "2",
                            "--dist", "loadgroup", "--rootdir", str(root), "-c", str(root / "pytest.ini"), str(root)],
-                          cwd=root, capture_output=True, text=True, timeout=300, env={**os.environ, "RECORD": str(record)})
+                          cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "RECORD": str(record), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "24 passed" in proc.stdout, proc.stdout[-2000:]
     return [json.loads(line) for line in record.read_text().splitlines()]

@@ -1,4 +1,5 @@
-"""`python -m rrtrain report ...` in a subprocess: outputs on success, one-line errors with exit 2."""
+"""`rrtrain report ...`: outputs on success (through the command line's main), one-line errors with exit 2 (from
+`python -m rrtrain report` in a subprocess)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-
-from trainutil import PY, env, run_cmd
 
 
 def write_run(root, size, variant, seed, loss, params, status="completed"):
@@ -47,13 +46,15 @@ def report(*args, cwd=None):
                           capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
-def test_end_to_end(sweep, tmp_path):
-    """A whole report. Its process is forked by the tests' fork server where one serves (trainutil.run_cmd: the
-    imports of torch paid once per pytest process); the bad-input cases below start plain interpreters."""
+def test_end_to_end(sweep, tmp_path, capsys):
+    """A whole report, through the command line's main in this process (what a process adds, the exit status and
+    the one line on stderr, is what the bad-input cases below test in plain interpreters)."""
+    from rrtrain.cli.main import main
+
     out = tmp_path / "out"
-    res = run_cmd([PY, "-m", "rrtrain", "report", str(sweep), "--out", str(out), "--extrapolate", "7e9,70B",
-                   "--baselines", "standard,highway_convex"], env(), 600, module="rrtrain")
-    assert res.returncode == 0, res.stderr
+    code = main(["report", str(sweep), "--out", str(out), "--extrapolate", "7e9,70B",
+                 "--baselines", "standard,highway_convex"])
+    assert code == 0, capsys.readouterr().err
     names = {p.name for p in out.iterdir()}
     assert names == {"report.md", "results.csv", "summary.json", "loss_vs_params.png", "advantage.png", "curves.png"}
     summary = json.loads((out / "summary.json").read_text())
