@@ -113,11 +113,11 @@ def sweep_file(path: Path, data: Path, *, variants: list[str], steps: int, resou
 
 
 def rrtrain(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m rrtrain ARGS` (the console script's code, from this checkout)."""
-    import sys
+    """`python -m rrtrain ARGS` (the console script's code, from this checkout), forked by the tests' fork server
+    where one serves (trainutil.run_cmd): what it submits runs in Slurm's jobs, not in this process."""
+    from trainutil import PY, run_cmd
 
-    return subprocess.run([sys.executable, "-m", "rrtrain", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
+    return run_cmd([PY, "-m", "rrtrain", *args], env, timeout, module="rrtrain")
 
 
 def submitted_jobs(out: Path) -> list[dict[str, str]]:
