@@ -64,11 +64,36 @@ class Gate(nn.Module):
         gain = torch.cat(list(gains)) if len(gains) > 1 else gains[0]
         blocks = (first * gain).split(state.shape[-1], dim=1)  # W_i * g_i, (out, d)
         up = self.up.weight if self.rank > 0 else None
+        if not torch.is_grad_enabled():  # no backward to serve (evaluation): the same forward, without the Function
+            # (dynamo traces a Function's forward under no_grad without its ctx: a graph break in compiled eval)
+            out, r, _ = _merge(convex, eps, state, update, self.bias, up, blocks)
+            return out, r
         return _GatedMerge.apply(convex, eps, state, update, self.bias, up, *blocks)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
+
+
+def _merge(convex: bool, eps: float, state: torch.Tensor, update: torch.Tensor, bias: torch.Tensor,
+           up: Optional[torch.Tensor], blocks: Sequence[torch.Tensor]):
+    """_GatedMerge's forward: (out, r, (scales, terms, q)), the last what its backward reads."""
+    xs = (state, update)[:len(blocks)]
+    scales, terms, q = [], [], None
+    for x, block in zip(xs, blocks):
+        s = inv_rms(x, eps)  # (..., 1), fp32 or wider
+        t, sx = F.linear(x, block), s.to(x.dtype)
+        if q is not None:
+            q = torch.addcmul(q, t, sx)
+        else:
+            q = t * sx if up is not None else torch.addcmul(bias.to(x.dtype), t, sx)
+        scales.append(s)
+        terms.append(t)
+    p = F.linear(q, up, bias) if up is not None else q
+    r = torch.sigmoid(p)
+    # convex: h + r (u - h), not torch.lerp, which refuses an fp32 state with a bf16 update (autocast)
+    out = torch.addcmul(state, r, update - state if convex else update)
+    return out, r, (scales, terms, q)
 
 
 class _GatedMerge(torch.autograd.Function):
@@ -85,21 +110,7 @@ class _GatedMerge(torch.autograd.Function):
     @staticmethod
     def forward(ctx, convex: bool, eps: float, state: torch.Tensor, update: torch.Tensor, bias: torch.Tensor,
                 up: Optional[torch.Tensor], *blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        xs = (state, update)[:len(blocks)]
-        scales, terms, q = [], [], None
-        for x, block in zip(xs, blocks):
-            s = inv_rms(x, eps)  # (..., 1), fp32 or wider
-            t, sx = F.linear(x, block), s.to(x.dtype)
-            if q is not None:
-                q = torch.addcmul(q, t, sx)
-            else:
-                q = t * sx if up is not None else torch.addcmul(bias.to(x.dtype), t, sx)
-            scales.append(s)
-            terms.append(t)
-        p = F.linear(q, up, bias) if up is not None else q
-        r = torch.sigmoid(p)
-        # convex: h + r (u - h), not torch.lerp, which refuses an fp32 state with a bf16 update (autocast)
-        out = torch.addcmul(state, r, update - state if convex else update)
+        out, r, (scales, terms, q) = _merge(convex, eps, state, update, bias, up, blocks)
         ctx.convex, ctx.n = convex, len(blocks)
         ctx.save_for_backward(state, update, bias, up, q if up is not None else None, r, *blocks, *scales, *terms)
         ctx.mark_non_differentiable(r)
