@@ -2,7 +2,7 @@
 `train.micro_batch: auto` (`auto_batch.py`), beside the engines whose holdings it predicts.
 
 Nothing here allocates the model. Parameter counts and FLOPs come from `rrtrain.sizing`. Per-rank
-shard sizes come from each parameter's shape (the real model built under `FakeTensorMode`, so no
+shard sizes come from each parameter's shape (the real model built on the meta device, so no
 memory) and FSDP2's rule: dim 0 is split like `torch.chunk(world)`, and rank 0 holds the largest piece.
 Activations come from tracing the real model, also on fake tensors, at the run's sequence length with
 one and two blocks: the bytes autograd saves for backward, split into a per-block and a fixed part
@@ -217,12 +217,14 @@ def _fake(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def _build(m: ModelConfig, shape: sizing.ModelShape, rule: Optional[RuleSpec]):
+def _build(m: ModelConfig, shape: sizing.ModelShape, rule: Optional[RuleSpec], device: str = "cpu"):
+    """The model's modules, uninitialised: only shapes and storages are read here, and on fake (or meta) tensors
+    initialising them would compute nothing but cost the most of a build."""
     from rrtrain.resolve import build_model
 
     if m.doc_mask and m.eod_id is None:  # no dataset yet: the mask's memory is the same wherever documents end
         m = dataclasses.replace(m, eod_id=0)
-    return build_model(m, shape=shape, device="cpu", rule=rule)
+    return build_model(m, shape=shape, device=device, rule=rule, seed=None)
 
 
 _CACHE: dict[tuple, object] = {}
@@ -242,11 +244,9 @@ def layout(m: ModelConfig, shape: sizing.ModelShape, rule: Optional[RuleSpec] = 
 
 
 def _layout(m: ModelConfig, shape: sizing.ModelShape, rule: Optional[RuleSpec]) -> Layout:
-    with _fake(torch.float32):
-        model = _build(m, shape, rule)
-        unit_of = {id(p): i for i, b in enumerate(model.blocks) for p in b.parameters()}
-        tensors = tuple((tuple(p.shape), unit_of.get(id(p), -1)) for p in model.parameters())
-    return Layout(tensors)
+    model = _build(m, shape, rule, device="meta")  # shapes alone: nothing allocated, nothing initialised
+    unit_of = {id(p): i for i, b in enumerate(model.blocks) for p in b.parameters()}
+    return Layout(tuple((tuple(p.shape), unit_of.get(id(p), -1)) for p in model.parameters()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,9 +277,15 @@ def checkpointed_blocks(n_layers: int, ac: str, ac_every: int) -> int:
     return len(range(0, n_layers, ac_every))
 
 
-def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool,
-                 rule: Optional[RuleSpec]) -> tuple[int, list[dict[int, int]]]:
-    """(bytes saved for backward for one sequence, loss included; each block's input state as {storage: bytes})."""
+class _Enough(Exception):
+    """Raised to end a trace once the block inputs asked for are known (`_saved_bytes(..., inputs_only=True)`)."""
+
+
+def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool, rule: Optional[RuleSpec],
+                 inputs_only: bool = False) -> tuple[int, list[dict[int, int]]]:
+    """(bytes saved for backward for one sequence, loss included; each block's input state as {storage: bytes}).
+    `inputs_only`: the block inputs alone, the forward ended as the last block starts (the bytes then count
+    only what was saved before it; what the trace did up to there is the same as in a whole one)."""
     from torch.multiprocessing.reductions import StorageWeakRef
     from torch.utils._pytree import tree_leaves
 
@@ -298,12 +304,14 @@ def _saved_bytes(m: ModelConfig, shape: sizing.ModelShape, autocast: bool,
     def note_input(_module, args) -> None:
         tensors = tree_leaves(args[0])  # a tensor, or a (nested) tuple of them (DenseFormer's slots, MUDD's inputs)
         block_in.append({StorageWeakRef(t.untyped_storage()).cdata: t.untyped_storage().nbytes() for t in tensors})
+        if inputs_only and len(block_in) == len(model.blocks):
+            raise _Enough
 
     for block in model.blocks:
         block.register_forward_pre_hook(note_input)
     idx = torch.zeros(1, shape.seq_len, dtype=torch.long)
     amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp, contextlib.suppress(_Enough):
         model(idx, idx)
     return sum(saved.values()), block_in
 
@@ -324,7 +332,7 @@ def _activation_profile(m: ModelConfig, shape: sizing.ModelShape, compute: str, 
         # (a new stream, DenseFormer's newest slot, MUDD's next inputs and newest slot; not value residual's V_1,
         # held once for every block). The third block: the first's input is a view of the embedding, the second's
         # may hold what the first made for all (V_1).
-        _, inputs = _saved_bytes(m, dataclasses.replace(shape, n_layers=3), autocast, rule)
+        _, inputs = _saved_bytes(m, dataclasses.replace(shape, n_layers=3), autocast, rule, inputs_only=True)
         block_in = sum(n for key, n in inputs[2].items() if key not in inputs[1])
     loss_grad = shape.seq_len * shape.vocab_size * (10 if compute == "bf16" else 8)
     return ActivationProfile(fixed=2 * one - two, per_block=two - one, block_input=block_in, loss_grad=loss_grad)

@@ -20,7 +20,7 @@ ARGS`, each a child forked by one fork server (tests/forkserver.py) that importe
 for all the docs, as the tests' training runs are; RRTRAIN_TEST_FORKSERVER=0 runs the installed commands instead.
 What a command starts itself (a sweep's runs and its prep, torchrun's ranks) is a new interpreter either way.
 Budget: about 100 CPU-seconds for today's docs, most of it the new interpreters just named and the two
-`rrtrain plan configs/sweeps/paper.yaml` (reproducing-the-paper.md, scaling.md: about 8 s each).
+`rrtrain plan configs/sweeps/paper.yaml` (reproducing-the-paper.md, scaling.md: about 4 s each).
 """
 
 from __future__ import annotations
