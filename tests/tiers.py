@@ -54,7 +54,7 @@ def forbidden(args: Any, env: Optional[dict] = None) -> Optional[str]:
         return None
     if os.path.basename(argv[0]) == "torchrun" or _module(argv) == "torch.distributed.run":
         return "torchrun"
-    if _module(argv) == "launchers.executors.warm" and "rrtrain.train" in argv:
+    if any(a.endswith("launchers/executors/warm.py") for a in argv) and "rrtrain.train" in argv:
         return "the warm interpreter of a sweep's training runs (launchers.executors.warm)"
     if any(BROWSER.search(a) for a in argv):
         return f"a browser ('{argv[0][:80]}')"

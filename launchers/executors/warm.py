@@ -8,7 +8,7 @@ snapshot first), stdin from /dev/null, stdout and stderr the run's log, `sys.arg
 `__main__` run by runpy, and at its end the interpreter's own exit (non-daemon threads joined, atexit hooks,
 flushed streams, the exit status; a signal's death a negative status, as with Popen). It stays in the sweep's
 process group, so Ctrl-C reaches it as it reached the subprocess. What differs: its command line is the
-server's (`python -P -m launchers.executors.warm rrtrain.train`), and only `RRTRAIN_CONFIG_SHA256` may differ
+server's (`python -P .../launchers/executors/warm.py rrtrain.train ...`), and only `RRTRAIN_CONFIG_SHA256` may differ
 between the runs one server starts (a run whose environment differs in anything else gets a server of its own).
 
 The server talks to the executor over a socket pair it inherits: nothing on the filesystem, nothing another
@@ -33,9 +33,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from rrtrain.config_load import CONFIG_DIGEST_ENV
-from rrtrain.core.child_python import module_argv
-
 SWITCH_ENV = "RRTRAIN_WARM_START"  # "0": plain subprocesses
 MODULE = "rrtrain.train"  # what the server's children run
 #: what a training run imports whatever its config: imported once by the server. streaming's submodules through
@@ -46,7 +43,6 @@ PRELOAD = ("torch", "torch.distributed.checkpoint", "torch._dynamo", "numpy", "y
            "rrtrain.training.console", "rrtrain.training.pause", "rrtrain.monitoring.callback",
            "rrtrain.monitoring.watchdog", "rrtrain.rundir.outcome", "rrtrain.rundir.ranks",
            "rrtrain.training.checkpoint", "rrtrain.data.loader", "rrtrain.data.shm", "rrtrain.train")
-PER_RUN = frozenset({CONFIG_DIGEST_ENV})  # what may differ between the runs of one server
 START_TIMEOUT_S = 600.0
 MAX_MESSAGE = 1 << 20
 
@@ -56,11 +52,28 @@ def enabled() -> bool:
 
 
 def server_key(env: dict[str, str]) -> frozenset:
-    """Runs whose environments have the same key can be children of one server."""
-    return frozenset((k, v) for k, v in env.items() if k not in PER_RUN)
+    """Runs whose environments have the same key can be children of one server: all but the config's digest."""
+    from rrtrain.config_load import CONFIG_DIGEST_ENV
+
+    return frozenset((k, v) for k, v in env.items() if k != CONFIG_DIGEST_ENV)
 
 
 # -- the executor's side ------------------------------------------------------------------------------------
+
+
+def server_argv(python: str, module: str, fd: int, preload: Sequence[str]) -> list[str]:
+    """The server's command line: this very file of the running rrtrain, run as a script, with nothing of its own
+    folder on sys.path (`-P`; Python 3.10, which lacks it, drops the entry itself), so that the sweep's snapshot,
+    first on PYTHONPATH, is where the runs' code comes from, whichever rrtrain made the snapshot. The server part
+    of this file needs the standard library alone."""
+    from rrtrain.core.child_python import HAS_SAFE_PATH
+
+    here = os.path.abspath(__file__)
+    if HAS_SAFE_PATH:
+        return [python, "-P", here, module, str(fd), *preload]
+    return [python, "-c", "import runpy, sys; del sys.path[0]; runpy.run_path(sys.argv.pop(1), run_name='__main__')",
+            here, module, str(fd), *preload]
+
 
 
 class WarmServer:
@@ -73,8 +86,8 @@ class WarmServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock, self.module = ours, module
         try:
-            self.proc = subprocess.Popen(module_argv(__name__, module, str(theirs.fileno()), *preload, python=python),
-                                         env=env, cwd=cwd, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
+            self.proc = subprocess.Popen(server_argv(python, module, theirs.fileno(), preload), env=env, cwd=cwd,
+                                         stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
         finally:
             theirs.close()
         self.exits: dict[int, int] = {}
@@ -122,9 +135,12 @@ class WarmServer:
     def _receive(self, timeout: float) -> Optional[dict[str, Any]]:
         """One message within `timeout` seconds (exit statuses go into `exits`); None when none came or the
         server ended."""
-        if not _readable(self.sock.fileno(), timeout):
+        if self.gone or not _readable(self.sock.fileno(), timeout):
             return None
-        data = self.sock.recv(MAX_MESSAGE)
+        try:
+            data = self.sock.recv(MAX_MESSAGE)
+        except OSError:  # the server ended with a request of ours unread
+            data = b""
         if not data:
             self.gone = True
             return None
@@ -261,7 +277,10 @@ def _child(module: str, request: dict[str, Any], log_fd: int, close: list[int], 
 
 def _preload(names: Sequence[str]) -> bytes:
     """Import `names`; what the imports printed to stderr (printed again at the start of each run's log)."""
-    from rrtrain.core.lazy_import import streaming_module
+    try:  # the snapshot's own way to import streaming's submodules without its package __init__
+        from rrtrain.core.lazy_import import streaming_module
+    except ImportError:
+        streaming_module = __import__
 
     captured = tempfile.TemporaryFile()
     saved = os.dup(2)
@@ -351,5 +370,5 @@ def _reap(sock: socket.socket, children: set[int], report: bool) -> None:
                 pass  # the executor is gone
 
 
-if __name__ == "__main__":  # python -P -m launchers.executors.warm MODULE FD [PRELOAD ...]
+if __name__ == "__main__":  # python -P .../launchers/executors/warm.py MODULE FD [PRELOAD ...]
     serve(sys.argv[1], int(sys.argv[2]), sys.argv[3:])

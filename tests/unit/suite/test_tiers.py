@@ -20,7 +20,7 @@ PY = sys.executable
     ["torchrun", "--standalone"],
     ["/ms-playwright/chromium-1/chrome-linux/chrome", "--headless"],
     [PY, "-m", "playwright", "install", "chromium"],
-    [PY, "-P", "-m", "launchers.executors.warm", "rrtrain.train", "5", "torch"],
+    [PY, "-P", "/repo/launchers/executors/warm.py", "rrtrain.train", "5", "torch"],
 ])
 def test_torchrun_the_warm_interpreter_and_browsers_are_refused(argv):
     assert tiers.forbidden(argv) is not None
@@ -58,7 +58,7 @@ def test_training_starts_are_recognised(argv):
     [PY, "-c", "import rrtrain.train as t; from rrtrain.training.checkpoint import CheckpointManager"],
     ["bash", "-n", "job.sh"],
     ["sleep", "120"],
-    [PY, "-P", "-m", "launchers.executors.warm", "probe", "5"],
+    [PY, "-P", "/repo/launchers/executors/warm.py", "probe", "5"],
     b"true",
 ])
 def test_ordinary_subprocesses_are_neither(argv):

@@ -50,7 +50,12 @@ DEADLINE_S = 60.0
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
+    """The runs' code, first on their PYTHONPATH as a sweep's snapshot is: the probe, and a `launchers` package of
+    an older rrtrain without the warm server (a snapshot made before it): the server is the running rrtrain's."""
     (tmp_path / "probe.py").write_text(PROBE)
+    (tmp_path / "launchers" / "executors").mkdir(parents=True)
+    (tmp_path / "launchers" / "__init__.py").write_text("")
+    (tmp_path / "launchers" / "executors" / "__init__.py").write_text("")
     return tmp_path
 
 
@@ -153,6 +158,17 @@ def test_a_server_that_dies_fails_its_runs_and_the_executor_starts_plain_subproc
                                         sys.executable, servers)
     assert isinstance(proc, subprocess.Popen) and proc.wait(timeout=DEADLINE_S) == 5
     assert servers[warm.server_key(env_for(folder))] is None  # not asked again
+
+
+def test_a_server_that_cannot_start_is_a_runtime_error_for_the_executor(folder):
+    dead = warm.WarmServer("/bin/false", env_for(folder), str(folder), module="probe", preload=())
+    fd = os.open(folder / "never.log", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(RuntimeError, match="warm interpreter"):
+            dead.start(["exit", "0"], env_for(folder), str(folder), fd)
+    finally:
+        os.close(fd)
+        dead.close()
 
 
 def test_the_server_ends_once_its_runs_have_when_the_executor_goes(server, folder):
