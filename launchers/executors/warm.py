@@ -64,16 +64,11 @@ def server_key(env: dict[str, str]) -> frozenset:
 def server_argv(python: str, module: str, fd: int, preload: Sequence[str]) -> list[str]:
     """The server's command line: this very file of the running rrtrain, run as a script, with nothing of its own
     folder on sys.path (`-P`; Python 3.10, which lacks it, drops the entry itself), so that the sweep's snapshot,
-    first on PYTHONPATH, is where the runs' code comes from, whichever rrtrain made the snapshot. The server part
-    of this file needs the standard library alone."""
-    from rrtrain.core.child_python import HAS_SAFE_PATH
+    first on PYTHONPATH, is where the runs' code comes from, whichever rrtrain made the snapshot
+    (`rrtrain.core.child_python.script_argv`). The server part of this file needs the standard library alone."""
+    from rrtrain.core.child_python import script_argv
 
-    here = os.path.abspath(__file__)
-    if HAS_SAFE_PATH:
-        return [python, "-P", here, module, str(fd), *preload]
-    return [python, "-c", "import runpy, sys; del sys.path[0]; runpy.run_path(sys.argv.pop(1), run_name='__main__')",
-            here, module, str(fd), *preload]
-
+    return script_argv(os.path.abspath(__file__), module, str(fd), *preload, python=python)
 
 
 class WarmServer:

@@ -40,6 +40,18 @@ def module_argv(module: str, *args: str, python: str = sys.executable, safe_path
 #: where `module_argv` puts the module's name: what comes before it is the interpreter's
 MODULE_AT = 3
 
+#: Python 3.10's stand-in for `-P script`: sys.path[0] is the script's folder until this line drops it
+SCRIPT_BOOTSTRAP = "import runpy, sys; del sys.path[0]; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
+
+
+def script_argv(path: str, *args: str, python: str = sys.executable, safe_path: bool = HAS_SAFE_PATH) -> list[str]:
+    """The command line that runs the script at `path` with nothing imported from its folder (`-P`; on 3.10 the
+    folder is dropped from sys.path before the script runs): for a file of rrtrain's own that must import the
+    rest of its code from PYTHONPATH, not from beside itself (the local executor's warm server)."""
+    if safe_path:
+        return [python, "-P", path, *args]
+    return [python, "-c", SCRIPT_BOOTSTRAP, path, *args]
+
 
 def child_env(base: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """`base` (default: this process's environment) with PYTHONSAFEPATH=1: the environment of every child."""

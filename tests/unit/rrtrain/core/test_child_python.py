@@ -18,7 +18,7 @@ import pytest
 from data_prep.cluster import PrepTask
 from launchers.executors.base import SubmitError
 from launchers.executors.local import run_array
-from rrtrain.core.child_python import HAS_SAFE_PATH, child_env, module_argv
+from rrtrain.core.child_python import HAS_SAFE_PATH, child_env, module_argv, script_argv
 
 REPO = Path(__file__).resolve().parents[4]
 
@@ -69,6 +69,20 @@ def test_a_prep_task_started_by_the_local_executor_runs_no_planted_data_prep(tmp
     with pytest.raises(SubmitError) as err:
         run_array(PrepTask(str(tmp_path / "no-plan")), 1, sys.executable, tmp_path / "logs", 1, "prep")
     assert "not a prep plan" in str(err.value) or "no-plan" in str(err.value), str(err.value)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("safe_path", [True, False] if HAS_SAFE_PATH else [False])
+def test_a_script_started_by_rrtrain_imports_nothing_from_beside_itself(tmp_path, safe_path):
+    """`script_argv` (the local executor's warm server): a package planted beside the script, and in the directory
+    it runs in, is not what it imports (-P; the 3.10 form, as 3.10 runs it, without PYTHONSAFEPATH: the current
+    directory dropped from sys.path, and the script's folder never put there)."""
+    marker = plant(tmp_path, "yaml")
+    (tmp_path / "script.py").write_text("import sys, yaml\nprint(sys.argv[1:], yaml.__name__)\n")
+    env = child_env() if safe_path else {k: v for k, v in child_env().items() if k != "PYTHONSAFEPATH"}
+    proc = subprocess.run(script_argv(str(tmp_path / "script.py"), "a", "b", safe_path=safe_path),
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.split() == ["['a',", "'b']", "yaml"], proc.stderr
     assert not marker.exists()
 
 
