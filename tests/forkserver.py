@@ -38,7 +38,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from launchers.executors.warm import run_as_main
+from launchers.executors.warm import preload_modules, run_as_main
 
 ENV_SWITCH = "RRTRAIN_TEST_FORKSERVER"  # "0": every run is a plain subprocess
 # Read by the interpreter, torch or its thread pools when they start: a request that differs here is no fork.
@@ -240,34 +240,10 @@ def _child(request: dict, fds: list[int], inherited: list[int], preamble: bytes,
     run_as_main(argv[argv.index("-m") + 1], argv[argv.index("-m") + 2:])  # never returns
 
 
-def _preload(name: str) -> None:
-    if name.startswith("streaming."):
-        from rrtrain.core.lazy_import import streaming_module
-
-        streaming_module(name)
-    else:
-        __import__(name)
-
-
 def serve(path: str, preload: Sequence[str]) -> None:
     """Import `preload`, then accept requests on `path` until stdin closes; fork a child per request; report each
     exit."""
-    err_copy = tempfile.TemporaryFile()
-    saved = os.dup(2)
-    os.dup2(err_copy.fileno(), 2)  # what the imports print, to print again in each child
-    try:
-        for name in preload:
-            try:
-                _preload(name)
-            except ImportError:
-                pass
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-    err_copy.seek(0)
-    preamble = err_copy.read()
-    err_copy.close()
+    preamble = preload_modules(preload)  # what the imports printed, to print again in each child
     # The imported modules live as long as any child: out of the collector's reach, a child's full collections
     # do not walk them (and write to every page they touch, copying the server's heap page by page).
     gc.collect()

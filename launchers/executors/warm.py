@@ -270,7 +270,7 @@ def _child(module: str, request: dict[str, Any], log_fd: int, close: list[int], 
 # -- the server -------------------------------------------------------------------------------------------------
 
 
-def _preload(names: Sequence[str]) -> bytes:
+def preload_modules(names: Sequence[str]) -> bytes:
     """Import `names`; what the imports printed to stderr (printed again at the start of each run's log)."""
     try:  # the snapshot's own way to import streaming's submodules without its package __init__
         from rrtrain.core.lazy_import import streaming_module
@@ -284,8 +284,8 @@ def _preload(names: Sequence[str]) -> bytes:
         for name in names:
             try:
                 streaming_module(name) if name.startswith("streaming.") else __import__(name)
-            except ImportError:
-                pass  # the run imports it itself, and fails there if it must
+            except Exception:
+                pass  # the run imports it itself, and fails there (in its own log, in one line) if it must
     finally:
         sys.stderr.flush()
         os.dup2(saved, 2)
@@ -296,6 +296,18 @@ def _preload(names: Sequence[str]) -> bytes:
     return text
 
 
+def claim_private_names() -> None:
+    """What a run does before its first step, done before the server's imports: torch's compile cache pointed at
+    the user's private directory (`rrtrain.parallel.compile_policy.claim_compile_cache`), since importing
+    torch._dynamo makes torch's default, host-wide, directory otherwise (a file a co-tenant put at that name made
+    the import fail). A snapshot from an rrtrain without the claim is served without it."""
+    try:
+        from rrtrain.parallel.compile_policy import claim_compile_cache
+    except ImportError:
+        return
+    claim_compile_cache()
+
+
 def serve(module: str, fd: int, preload: Sequence[str]) -> None:
     """Import `preload`, then fork a child per request on the socket `fd` (a run of `module`) and report each one's
     exit status, until the executor closes its end; then wait for the children still running."""
@@ -303,7 +315,9 @@ def serve(module: str, fd: int, preload: Sequence[str]) -> None:
     for sig in SHIELDED:
         signal.signal(sig, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
-    preamble = _preload(preload)
+    if "torch" in preload:
+        claim_private_names()
+    preamble = preload_modules(preload)
     # What the server imported lives as long as any child: out of the collector's reach, a child's collections
     # do not walk it (and write to every page they touch, copying the server's heap page by page).
     gc.collect()

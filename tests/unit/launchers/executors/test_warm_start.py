@@ -178,6 +178,27 @@ def test_the_server_ends_once_its_runs_have_when_the_executor_goes(server, folde
     assert "finished its work" in log.read_text()
 
 
+def test_a_server_of_training_runs_claims_the_private_compile_cache_before_its_imports(folder, monkeypatch):
+    """torch._dynamo's import makes torch's compile-cache directory: a server that preloads torch points it at the
+    user's private one first, as each run does before its first step (a co-tenant's file at torch's default name,
+    /tmp/torchinductor_USER, failed the import). The probe, imported after torch, sees the variable set."""
+    from rrtrain.parallel.compile_policy import CACHE_ENV
+
+    (folder / "cacheprobe.py").write_text("import os, sys\nprint('cache dir:', os.environ.get(%r), file=sys.stderr)\n"
+                                          % CACHE_ENV)
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    env = {k: v for k, v in env_for(folder).items() if k != CACHE_ENV}
+    s = warm.WarmServer(sys.executable, env, str(folder), module="probe", preload=("torch", "cacheprobe"))
+    try:
+        run, log = start(s, folder, "claimed", "exit", "0")
+        assert run.wait(timeout=DEADLINE_S) == 0
+    finally:
+        s.close()
+    line = next(x for x in log.read_text().splitlines() if x.startswith("cache dir:"))  # the server's import output
+    claimed = line.split(": ", 1)[1]
+    assert claimed != "None" and not claimed.startswith("/tmp/torchinductor_"), line
+
+
 def test_the_executor_forks_one_process_runs_only(folder, monkeypatch):
     """A one-process run of the served module goes to a server for its environment (one per environment apart from
     the config digest); anything else, and everything under RRTRAIN_WARM_START=0, is a plain subprocess."""
