@@ -22,7 +22,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -n 4 --dist loadgroup --durations=20
 
-# The edit loop's tier: tests/unit without the `slow` mark, on two workers, 3 minutes on two cores by budget (3¾ when last measured). It
+# The edit loop's tier: tests/unit without the `slow` mark, on two workers, 3 minutes on two cores by budget (DEVELOPERS.md has the last measurement). It
 # starts no training subprocess, torchrun, browser or cluster: tests/tiers.py fails a test that does.
 test-fast: $(STAMP)
 	RRTRAIN_TEST_TIER=fast $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m "not slow" --durations=10 tests/unit
