@@ -1,6 +1,7 @@
 """Warm starts for the local executor's one-process runs: one interpreter per sweep imports torch and the training
 stack once, then forks a child per run, instead of a fresh `python -m rrtrain.train` paying those imports
-(3-5 CPU seconds) each time; at the sizes a CPU sweep trains, that is as long as the training itself.
+(~6 CPU seconds a run here, docs/performance.md) each time: at the sizes a CPU sweep trains, as long as the
+training itself.
 
 The child is the run as the plain subprocess was: the same interpreter, started from the same folder with the
 same environment (the server starts as the run would, so its sys.path is the run's, the sweep's verified
@@ -8,8 +9,9 @@ snapshot first), stdin from /dev/null, stdout and stderr the run's log, `sys.arg
 `__main__` run by runpy, and at its end the interpreter's own exit (non-daemon threads joined, atexit hooks,
 flushed streams, the exit status; a signal's death a negative status, as with Popen). It stays in the sweep's
 process group, so Ctrl-C reaches it as it reached the subprocess. What differs: its command line is the
-server's (`python -P .../launchers/executors/warm.py rrtrain.train ...`), and only `RRTRAIN_CONFIG_SHA256` may differ
-between the runs one server starts (a run whose environment differs in anything else gets a server of its own).
+server's (`python -P .../launchers/executors/warm.py rrtrain.train ...`), and only `RRTRAIN_CONFIG_SHA256` may
+differ between the runs one server starts (a run whose environment differs in anything else gets a server of its
+own).
 
 The server talks to the executor over a socket pair it inherits: nothing on the filesystem, nothing another
 process can reach. It signals only children it has not reaped yet (a pid it reaped is never signalled again), and

@@ -73,7 +73,8 @@ def server(folder: Path):
         s.proc.wait()
 
 
-def start(server: warm.WarmServer, folder: Path, name: str, *args: str, digest: str = "b" * 64) -> tuple[warm.WarmRun, Path]:
+def start(server: warm.WarmServer, folder: Path, name: str, *args: str,
+          digest: str = "b" * 64) -> tuple[warm.WarmRun, Path]:
     log = folder / f"{name}.log"
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
