@@ -107,6 +107,7 @@ def start_run(argv: list[str], env: dict[str, str], code: str, log: IO, python: 
                 return warm.WarmRun(server, server.start(argv[MODULE_AT + 1:], env, code, log.fileno()))
             except RuntimeError as err:
                 print(f"[local] {err}: runs start as plain subprocesses", file=sys.stderr, flush=True)
+                server.close()  # its socket and its process (ended: reaped at once)
                 servers[key] = None
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=code)
 
