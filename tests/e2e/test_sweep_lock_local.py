@@ -2,12 +2,17 @@
 for the first (the sweep lock), then submits only what is new. Every run trains once, sweep.json keeps both
 submissions' job ids, and the code snapshot the first one's runs import survives. The two `rrtrain sweep` are
 processes of their own, forked by the tests' fork server (trainutil.spawn); the runs they start are the local
-executor's own fresh interpreters. Budget: about 20 s of CPU."""
+executor's own (forked by its warm interpreter). Budget: about 20 s of CPU."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,15 +34,49 @@ def sweep_file(tmp_path: Path, data: Path) -> Path:
     return p
 
 
+class Lines:
+    """A process's output, read as it comes (a thread per stream), to wait on a line while it runs."""
+
+    def __init__(self, proc: Any) -> None:
+        self.proc, self.out, self.err = proc, [], []
+        self.readers = [threading.Thread(target=lambda s=s, into=into: into.extend(s), daemon=True)
+                        for s, into in ((proc.stdout, self.out), (proc.stderr, self.err))]
+        for t in self.readers:
+            t.start()
+
+    def wait_for(self, text: str, stream: str, timeout: float = 300.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [line for line in getattr(self, stream) if text in line]
+            if found:
+                return found[0]
+            assert self.proc.poll() is None and time.monotonic() < deadline, (self.out, self.err)
+            time.sleep(0.05)
+
+    def finish(self, timeout: float = 600.0) -> tuple[str, str]:
+        code = self.proc.wait(timeout=timeout)
+        for t in self.readers:
+            t.join(timeout)
+        stdout, stderr = "".join(self.out), "".join(self.err)
+        assert code == 0, stdout + stderr
+        return stdout, stderr
+
+
 def test_two_sweeps_on_one_directory_train_each_run_once(tmp_path, stories_data):
     spec, out = sweep_file(tmp_path, stories_data), tmp_path / "sweep"
     cmd = [PY, "-m", "rrtrain", "sweep", str(spec), "--out", str(out), "--executor", "local", "--lock-wait", "300"]
-    # started together: both would see an empty directory; the second asks for one more seed, so both want
-    # tiny-review-s0 and one of them also tiny-review-s1
-    procs = [spawn(c, env(), merge_stderr=False, module="rrtrain") for c in (cmd, cmd + ["sizes.tiny.seeds=2"])]
-    outputs = [p.communicate(timeout=600) for p in procs]
-    for p, (stdout, stderr) in zip(procs, outputs):
-        assert p.returncode == 0, stdout + stderr
+    # The first sweep holds the lock until its run ends; its run is stopped (SIGSTOP) until the second sweep, which
+    # also wants tiny-review-s0 and one more seed, says it waits: the two meet at the lock whatever the machine's
+    # speed. Then the first's run goes on, and the second submits only what is new.
+    first = Lines(spawn(cmd, env(), merge_stderr=False, module="rrtrain"))
+    run_pid = int(first.wait_for("[local] started tiny-review-s0", "out").split("(pid ")[1].split(",")[0])
+    os.kill(run_pid, signal.SIGSTOP)
+    try:
+        second = Lines(spawn(cmd + ["sizes.tiny.seeds=2"], env(), merge_stderr=False, module="rrtrain"))
+        second.wait_for("waiting up to 300 s (--lock-wait)", "err")
+    finally:
+        os.kill(run_pid, signal.SIGCONT)
+    outputs = [first.finish(), second.finish()]
     stdout = "".join(o for o, _ in outputs)
     waited = [e for _, e in outputs if "is submitting to" in e and "waiting up to 300 s (--lock-wait)" in e]
     assert len(waited) == 1, outputs  # the one that came second said so, once

@@ -94,11 +94,12 @@ def test_a_test_that_starts_training_fails_in_the_fast_tier_only(tmp_path):
 
     def run(tier: str) -> subprocess.CompletedProcess:
         """The dummy tests under pytest alone: no installed plugin is loaded (they cost the interpreter seconds of
-        imports, and the guard is the conftest's)."""
-        return subprocess.run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(tmp_path / "pytest.ini"),
-                               "--rootdir", str(tmp_path), str(tmp_path)], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=120,
-                              env={**os.environ, tiers.TIER_ENV: tier, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+        imports, and the guard is the conftest's; the options of whoever runs the suite, PYTEST_ADDOPTS, neither)."""
+        return subprocess.run([PY, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-c",
+                               str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), str(tmp_path)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, tiers.TIER_ENV: tier, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+                                   "PYTEST_ADDOPTS": ""})
 
     fast = run("fast")
     assert "2 passed, 1 error" in fast.stdout, fast.stdout[-3000:]  # the run: at its end; torchrun: at once

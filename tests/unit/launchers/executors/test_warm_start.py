@@ -65,7 +65,13 @@ def env_for(folder: Path, digest: str = "a" * 64) -> dict[str, str]:
 
 @pytest.fixture
 def server(folder: Path):
-    s = warm.WarmServer(sys.executable, env_for(folder), str(folder), module="probe", preload=("json",))
+    # Started with SIGINT at its default: a shell starts a background job (`make test &`) with SIGINT ignored,
+    # which the server and its runs would inherit (as a plain run would), and Ctrl-C would then stop nothing.
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        s = warm.WarmServer(sys.executable, env_for(folder), str(folder), module="probe", preload=("json",))
+    finally:
+        signal.signal(signal.SIGINT, saved)
     yield s
     s.close()
     if s.proc.poll() is None:
