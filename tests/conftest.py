@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import gc
-import os
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-import torch
+# What collection imports (torch, every test module) lives as long as the session and is frozen at its end
+# (pytest_collection_finish): the cyclic collector, off until then, would only walk it again and again.
+gc.disable()
+
+import os  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # Tiny models on 2 shared cores run faster on one thread; subprocesses get OMP_NUM_THREADS=1 (trainutil.env).
 torch.set_num_threads(1)
@@ -120,6 +125,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # times over a worker's tests).
     gc.collect()
     gc.freeze()
+    gc.enable()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -282,6 +282,8 @@ def preload_modules(names: Sequence[str]) -> bytes:
     captured = tempfile.TemporaryFile()
     saved = os.dup(2)
     os.dup2(captured.fileno(), 2)
+    collecting = gc.isenabled()
+    gc.disable()  # the imports make long-lived objects, not garbage: the cyclic collector would only re-walk them
     try:
         for name in names:
             try:
@@ -289,6 +291,8 @@ def preload_modules(names: Sequence[str]) -> bytes:
             except Exception:
                 pass  # the run imports it itself, and fails there (in its own log, in one line) if it must
     finally:
+        if collecting:
+            gc.enable()
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)

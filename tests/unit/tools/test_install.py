@@ -38,7 +38,7 @@ def test_uv_gets_every_source_pip_is_configured_with(install):
     assert flags(command, "--find-links") == ["/srv/wheels"]
     assert flags(command, "--constraint") == ["/srv/caps.txt"]
     assert flags(command, "--index-strategy") == ["unsafe-best-match"]  # any index may have the best version
-    assert "--compile-bytecode" in command  # imports in the tests' many processes read .pyc, never compile
+    assert "--compile-bytecode" not in command  # compile_bytecode does it, but for UNCOMPILED
     assert command[-2:] == ["-e", ".[test]"]
     assert install.pip_settings()["cert"] == ["/etc/site-ca.pem"]
 
@@ -50,3 +50,16 @@ def test_a_pip_variable_replaces_the_files_value(install, monkeypatch):
     assert settings["find-links"] == ["/opt/here", "/opt/there"]
     assert settings["index-url"] == ["https://other.example/simple"]
     assert settings["extra-index-url"] == ["file:///srv/a/simple", "file:///srv/b/simple"]
+
+
+def test_bytecode_is_compiled_but_for_what_rrtrain_never_imports(install, tmp_path):
+    site = tmp_path / "lib" / "site-packages"
+    for module in ("torch/nn.py", "oci/core/models.py", "pkg/template.py"):
+        (site / module).parent.mkdir(parents=True, exist_ok=True)
+    (site / "torch" / "nn.py").write_text("X = 1\n")
+    (site / "oci" / "core" / "models.py").write_text("X = 1\n")
+    (site / "pkg" / "template.py").write_text("def {{ name }}(:\n")  # not Python: left as it is
+    assert install.compile_bytecode([str(site)]) == 0
+    assert list((site / "torch" / "__pycache__").glob("nn.*.pyc"))
+    assert not list((site / "oci").rglob("*.pyc"))
+    assert not list((site / "pkg").rglob("*.pyc"))
