@@ -4,6 +4,7 @@ sees the run only through the `Loop` it is handed."""
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any
 
@@ -133,8 +134,11 @@ class StopSignal(Callback):
     def on_step_end(self, loop: Loop) -> None:
         if loop.step % self.every:
             return
-        if loop.any_rank(self.flag.signum is not None):
-            name = self.flag.name or "remote"
+        # the signal's number, agreed: every rank records the same one, whichever rank took it first (a warning
+        # sent to every task reaches the nodes at different moments)
+        signum = loop.any_rank(self.flag.signum or 0)
+        if signum:
+            name = signal.Signals(signum).name
             loop.request_stop("preempted", f"stopped by {name} at step {loop.step}", signal=name)
 
     def on_end(self, loop: Loop) -> None:

@@ -36,7 +36,7 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from rrtrain import budget as budgets
 from rrtrain import schedule as lr_schedule

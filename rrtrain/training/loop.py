@@ -118,8 +118,9 @@ class Loop(Protocol):
         """Collective. A checkpoint of this step (`background`: written while training goes on, with
         `train.ckpt_async`)."""
 
-    def any_rank(self, flag: bool) -> bool:
-        """Collective. True on every rank when `flag` is true on any: call it at the same steps on every rank."""
+    def any_rank(self, flag: int) -> int:
+        """Collective. The largest `flag` of any rank (a non-negative integer below 2**24; a bool counts as 0 or 1),
+        so true on every rank when true on any: call it at the same steps on every rank."""
 
     def logits(self, idx: Any) -> Any:
         """Collective under a sharded backend (every rank calls it as often). The model's logits (B, T, V) for

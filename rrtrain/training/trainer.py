@@ -379,14 +379,14 @@ class Trainer:
             self.stopping, self.status, self.reason, self.checkpoint_at_end = True, status, reason, checkpoint
             self.signal_name = signal
 
-    def any_rank(self, flag: bool) -> bool:
-        """Collective: whether `flag` is set on any rank. The same all-reduce says whether the checkpoint in
-        flight is written on every rank; it is then published (waiting for nothing)."""
-        mine = [1.0 if flag else 0.0, 1.0 if self.ckpt.writing() else 0.0]
+    def any_rank(self, flag: int) -> int:
+        """Collective: the largest `flag` of any rank (`Loop.any_rank`). The same all-reduce says whether the
+        checkpoint in flight is written on every rank; it is then published (waiting for nothing)."""
+        mine = [float(int(flag)), 1.0 if self.ckpt.writing() else 0.0]
         raised, writing = dist.all_reduce(torch.tensor(mine, device=self.info.device), "max").tolist()
         if self.ckpt.in_flight is not None and not writing:
             self.finish_checkpoint()
-        return raised > 0
+        return int(raised)
 
     def raise_flag(self, name: str, step: int, detail: str) -> None:
         self.emit("on_flag", {"kind": "flag", "step": step, "flag": name, "detail": detail})
@@ -573,7 +573,7 @@ class LoopView:
     def save_checkpoint(self, background: bool = False) -> None:
         self._trainer.save_checkpoint(background)
 
-    def any_rank(self, flag: bool) -> bool:
+    def any_rank(self, flag: int) -> int:
         return self._trainer.any_rank(flag)
 
     def logits(self, idx: Any) -> Any:

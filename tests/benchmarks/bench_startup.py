@@ -5,7 +5,10 @@ Run:  .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/benchmarks/benc
 A vs B in one sitting, interleaved, three runs each, medians:
   A "import streaming first": the process imports the whole `streaming` package before the run, as the
     trainer did before its streaming imports were deferred (transformers and torchvision come with it);
-  B "as shipped": `python -m rrtrain.train` as it is.
+  B "as shipped": `python -m rrtrain.train` as it is;
+  D "collector on": B with the cyclic collector running through the start-up, as before the run's process paused
+    it until its first step (rrtrain.train's module is run under another name and its main called as
+    `python -m` calls it, so its pause never starts).
 Time to the first step is the first training line's appearance in metrics.jsonl after the process started
 (polled every 10 ms). Private memory (anonymous + private file pages at exit, /proc smaps_rollup) is what a
 process really adds on a node; RSS also counts the pages of shared libraries (torch's CUDA build alone maps
@@ -30,8 +33,8 @@ from trainutil import PY, REPO, TINY, env
 
 _RUN = """
 import atexit, json, resource, runpy, sys
-out, preload = sys.argv[1], sys.argv[2]
-if preload:
+out, mode = sys.argv[1], sys.argv[2]
+if mode == "streaming":
     import streaming  # noqa: F401
 def report():
     smaps = dict(l.split(":", 1) for l in open("/proc/self/smaps_rollup").read().splitlines()[1:])
@@ -42,14 +45,18 @@ def report():
                "cpu_s": usage.ru_utime + usage.ru_stime}, open(out, "w"))
 atexit.register(report)
 sys.argv = ["rrtrain.train", *sys.argv[3:]]
+if mode == "collector":
+    from rrtrain.core.command import run_command
+    train = runpy.run_module("rrtrain.train", run_name="rrtrain_train_collector_on")
+    sys.exit(run_command("rrtrain train", train["main"], sys.argv[1:]))
 runpy.run_module("rrtrain.train", run_name="__main__")
 """
 
 
-def one_run(tmp: Path, data: Path, preload: bool, i: int, python: str = PY) -> dict:
-    run_dir, out = tmp / f"run-{preload}-{i}-{python == PY}", tmp / f"mem-{preload}-{i}-{python == PY}.json"
+def one_run(tmp: Path, data: Path, mode: str, i: int, python: str = PY) -> dict:
+    run_dir, out = tmp / f"run-{mode}-{i}-{python == PY}", tmp / f"mem-{mode}-{i}-{python == PY}.json"
     metrics = run_dir / "metrics.jsonl"
-    cmd = [python, "-c", _RUN, str(out), "1" if preload else "", TINY, f"data.path={data}", f"run.dir={run_dir}",
+    cmd = [python, "-c", _RUN, str(out), mode, TINY, f"data.path={data}", f"run.dir={run_dir}",
            "train.max_steps=1", "data.eval_batches=1"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -65,13 +72,14 @@ def one_run(tmp: Path, data: Path, preload: bool, i: int, python: str = PY) -> d
 
 def test_one_step_tiny_run_startup(tmp_path, stories_data):
     alt = os.environ.get("RRTRAIN_STARTUP_PYTHON")
-    variants = [("A: import streaming first (before)", True, PY), ("B: as shipped", False, PY)]
+    variants = [("A: import streaming first (before)", "streaming", PY), ("B: as shipped", "", PY),
+                ("D: the collector on through start-up (before)", "collector", PY)]
     if alt:
-        variants.append((f"C: as shipped, {alt}", False, alt))
+        variants.append((f"C: as shipped, {alt}", "", alt))
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
     for i in range(3):
-        for name, preload, python in variants:
-            runs[name].append(one_run(tmp_path, stories_data, preload, i, python))
+        for name, mode, python in variants:
+            runs[name].append(one_run(tmp_path, stories_data, mode, i, python))
     print("\n| one-step tiny run | wall s | to first step s | CPU s | peak RSS MB | RSS / PSS / private MB at exit |")
     print("|---|---|---|---|---|---|")
     for name, _, _ in variants:

@@ -18,18 +18,21 @@ from trainutil import PY, REPO, TINY, env, final
 MODULE = "rrtrain_test_user_callbacks"
 
 SOURCE = '''
+import gc
 import json
 
 from rrtrain.training.loop import Callback
 
 
 class StepCounter(Callback):
-    """Counts the steps it saw, over resumes; writes what it saw of the loop at the end."""
+    """Counts the steps it saw, over resumes; writes what it saw of the loop at the end (and whether the cyclic
+    collector ran while the run's process started, and at its first step)."""
 
     name = "step_counter"
 
     def __init__(self):
         self.steps, self.restored, self.start = 0, None, None
+        self.collector = {"start-up": gc.isenabled()}
 
     def load_state_dict(self, state):
         self.steps = self.restored = state["steps"]
@@ -38,6 +41,7 @@ class StepCounter(Callback):
         return {"steps": self.steps}
 
     def on_start(self, loop):
+        self.collector["first step"] = gc.isenabled()
         self.start = {"step": loop.step, "resumed_at": loop.resumed_at, "total_steps": loop.total_steps,
                       "interface": sorted(n for n in dir(loop) if not n.startswith("_")),
                       "type": type(loop).__name__, "seq_len": loop.facts.seq_len}
@@ -47,7 +51,8 @@ class StepCounter(Callback):
 
     def on_end(self, loop):
         if loop.facts.is_main:
-            out = {"steps": self.steps, "restored": self.restored, "start": self.start, "status": loop.status}
+            out = {"steps": self.steps, "restored": self.restored, "start": self.start, "status": loop.status,
+                   "collector": self.collector}
             (loop.facts.run_dir / "counter.json").write_text(json.dumps(out))
 
 
@@ -106,6 +111,8 @@ def test_a_user_callback_is_checkpointed_and_restored_like_the_built_ins(tmp_pat
     train_with(run, stories_data, lib, "train.max_steps=4")
     seen = json.loads((run / "counter.json").read_text())
     assert seen["steps"] == 4 and seen["restored"] is None and seen["status"] == "completed"
+    # the run's process starts with the cyclic collector paused (rrtrain.train._COLLECTOR_PAUSED), on from its loop
+    assert seen["collector"] == {"start-up": False, "first step": True}
     assert seen["start"]["interface"] == INTERFACE and seen["start"]["type"] != "Trainer"
     assert seen["start"]["resumed_at"] is None and seen["start"]["seq_len"] == 64
     path, state = latest_state(run)
@@ -192,3 +199,12 @@ def test_the_callback_interface_loads_no_torch():
     assert proc.returncode == 0, proc.stderr[-2000:]
     loaded = set(json.loads(proc.stdout))
     assert "rrtrain.training.loop" in loaded and "torch" not in loaded and "rrtrain.training.trainer" not in loaded
+
+
+def test_importing_the_training_module_leaves_the_collector_alone():
+    """Only a run's own process (`python -m rrtrain.train`) pauses the cyclic collector through its start-up."""
+    import gc
+
+    import rrtrain.train
+
+    assert gc.isenabled() and not rrtrain.train._COLLECTOR_PAUSED
