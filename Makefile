@@ -18,7 +18,8 @@ demo: $(STAMP)
 	$(VENV)/bin/rrtrain demo --out runs/demo
 
 # Four workers on two cores: the Slurm tests stay together on one (tests/conftest.py), which mostly waits on the
-# scheduler and the daemons, and so do the tests that wait on a signal, a browser or a rendezvous. Both tiers cache the bytecode of what they import (rrtrain's modules, pytest's rewritten test files) whatever
+# scheduler and the daemons, and so do the tests that wait on a signal, a browser or a rendezvous. Both tiers
+# cache the bytecode of what they import (rrtrain's modules, pytest's rewritten test files) whatever
 # PYTHONDONTWRITEBYTECODE says: every worker and process would compile them again (~7 CPU-s a worker's collection).
 test: $(STAMP)
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider -n 4 --dist loadgroup --durations=20

@@ -17,8 +17,8 @@ import gc
 
 #: a run's own process (`python -m rrtrain.train`): its start-up imports torch and the training stack, hundreds of
 #: thousands of objects that live as long as the run and almost no garbage, which the cyclic collector would walk
-#: again and again (~10% of a start-up's CPU). It is off until the first step (`_collector_back`), and what the
-#: start-up made is then frozen out of its reach.
+#: again and again (~a fifth of a start-up's CPU: docs/performance.md). It is off until the first step
+#: (`_collector_back`), and what the start-up made is then frozen out of its reach.
 _COLLECTOR_PAUSED = __name__ == "__main__" and gc.isenabled()
 if _COLLECTOR_PAUSED:
     gc.disable()

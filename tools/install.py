@@ -11,7 +11,7 @@ uv cannot be installed, pip does the whole install.
 Bytecode is compiled once here for what is installed (a user may run with PYTHONDONTWRITEBYTECODE=1, and every
 process would compile what it imports again), except for packages nothing in rrtrain imports unless a user asks for
 them (`UNCOMPILED`: Oracle Cloud's SDK, which streaming requires for oci:// datasets, is 40% of the Python
-installed, ~40 CPU-s of compiling); Python compiles those on first use.
+installed, ~30 CPU-s of compiling); Python compiles those on first use.
 """
 
 from __future__ import annotations
