@@ -5,7 +5,8 @@ from __future__ import annotations
 import gc
 
 # What collection imports (torch, every test module) lives as long as the session and is frozen at its end
-# (pytest_collection_finish): the cyclic collector, off until then, would only walk it again and again.
+# (pytest_collection_finish): the cyclic collector, off until collection has ended (pytest_collection, in every
+# process: xdist's controller collects nothing), would only walk it again and again.
 gc.disable()
 
 import os  # noqa: E402
@@ -125,7 +126,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # times over a worker's tests).
     gc.collect()
     gc.freeze()
-    gc.enable()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session):  # noqa: ANN201 - a hook wrapper's result is the hook's
+    """The cyclic collector back on once collection has ended, in the workers and in xdist's controller alike (it
+    skips collection, and with it pytest_collection_finish)."""
+    try:
+        return (yield)
+    finally:
+        gc.enable()
 
 
 def pytest_configure(config: pytest.Config) -> None:
