@@ -40,7 +40,8 @@ def module_argv(module: str, *args: str, python: str = sys.executable, safe_path
 #: where `module_argv` puts the module's name: what comes before it is the interpreter's
 MODULE_AT = 3
 
-#: Python 3.10's stand-in for `-P script`: sys.path[0] is the script's folder until this line drops it
+#: Python 3.10's stand-in for `-P script`: run with `-c`, whose sys.path[0] (the working folder) this line drops
+#: before it runs the script, which `run_path` does not add to the path
 SCRIPT_BOOTSTRAP = "import runpy, sys; del sys.path[0]; runpy.run_path(sys.argv.pop(1), run_name='__main__')"
 
 
