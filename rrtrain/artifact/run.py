@@ -30,15 +30,15 @@ from torch import nn
 
 from data_prep.tokenizer import HFTokenizer, Tokenizer, reload
 from rrtrain import config as config_mod
-from rrtrain import residuals
+from rrtrain import residuals, sizing
 from rrtrain.config import Config
 from rrtrain.core import files
 from rrtrain.core.dist import DistInfo
 from rrtrain.core.errors import UsageError
 from rrtrain.data.manifest import read_manifest
-from rrtrain.knobs import drop_other_rules_knobs
+from rrtrain.knobs import check_keys, drop_other_rules_knobs, rule_knobs
 from rrtrain.model.spec import ModelSpec
-from rrtrain.model.transformer import Transformer
+from rrtrain.model.transformer import DOC_POSITIONS, Transformer
 from rrtrain.parallel.consolidate import load_checkpoint_weights
 from rrtrain.resolve import check_model, model_spec, resolve, rules_in_play, with_knobs
 from rrtrain.rundir import layout, readers
@@ -137,17 +137,28 @@ def choose_checkpoint(run_dir: Path, cfg: Config, step: Optional[int]) -> Path:
     return path
 
 
-def recorded_shape(state: dict[str, Any]) -> Optional[ModelShape]:
-    """The shape train_state.json recorded (None: an older checkpoint without it); a malformed one is refused."""
-    raw = state.get("shape")
-    if raw is None:
-        return None
+def checked_shape(raw: Any, what: str) -> ModelShape:
+    """A recorded model shape (untrusted): exactly ModelShape's fields, each size an int in [1, 2^31)."""
     names = {f.name for f in dataclasses.fields(ModelShape)}
     ok = isinstance(raw, dict) and set(raw) == names and raw.get("pos") in ("learned", "rope") and all(
         type(raw[k]) is int and 1 <= raw[k] < 2**31 for k in names - {"pos"})
     if not ok:
-        raise UsageError(f"train_state.json: field 'shape' is not a model shape (got {str(raw)[:80]})")
+        raise UsageError(f"{what} is not a model shape (got {str(raw)[:80]})")
     return ModelShape(**raw)
+
+
+def recorded_shape(state: dict[str, Any]) -> Optional[ModelShape]:
+    """The shape train_state.json recorded (None: an older checkpoint without it); a malformed one is refused."""
+    raw = state.get("shape")
+    return None if raw is None else checked_shape(raw, "train_state.json: field 'shape'")
+
+
+def check_fits(shape: ModelShape, elements: int, where: Path) -> None:
+    """Refuse, before anything is allocated, a recorded shape whose weights could not be among the `elements`
+    numbers stored (a record that names a model of 10^12 rows would otherwise end in the allocator's traceback)."""
+    need = sizing.backbone_params(shape)
+    if need > elements:
+        raise UsageError(f"{where}: the recorded shape needs {need:,} weights, more than the {elements:,} stored")
 
 
 def read_tokenizer(data_path: str, manifest: dict[str, Any]) -> Tokenizer:
@@ -155,6 +166,10 @@ def read_tokenizer(data_path: str, manifest: dict[str, Any]) -> Tokenizer:
     tokenizer.json, read bounded) and checked against the manifest's vocabulary size and hash."""
     spec = manifest.get("tokenizer") or "byte"
     saved = manifest.get("tokenizer_file")
+    if not (isinstance(spec, str) and (saved is None or isinstance(saved, str))
+            and type(manifest.get("eos_id")) is int):
+        raise UsageError(f"the tokenizer reference of {data_path} is malformed ('tokenizer' and 'tokenizer_file' "
+                         "strings, 'eos_id' an integer)")
     try:
         if spec.startswith(("bpe:", "hf:")):
             if not saved or "/" in saved or saved in (".", ".."):
@@ -240,12 +255,37 @@ def read_record(directory: Path) -> dict[str, Any]:
     return record
 
 
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < float("inf")
+
+
 def spec_of(record: dict[str, Any], where: Path) -> ModelSpec:
-    """The ModelSpec model.json records, its rule found among the registered ones."""
+    """The ModelSpec model.json records, its rule found among the registered ones, every field checked as a
+    config's would be (the shape's sizes, the rule's knobs typed and checked by the rule, positive numbers)."""
+    path = where / artifact_out.SPEC
+    model = record["model"]
+    name = model.get("variant")
+    if not isinstance(name, str) or name not in residuals.names():
+        raise UsageError(f"{path}: 'model.variant' names no registered residual rule (got {str(name)[:40]!r})")
+    rule = residuals.get(name)
+    shape = checked_shape(model.get("shape"), f"{path}: 'model.shape'")
+    check_keys(model.get("residual", {}), [rule], key=f"{path}: model.residual")
+    knobs = rule_knobs(rule, model.get("residual", {}), key=f"{path}: model.residual")
+    bad = [f"'model.{k}' is not a positive number" for k in ("norm_eps", "init_std", "rope_base")
+           if not _positive(model.get(k))]
+    if not isinstance(model.get("doc_mask", False), bool):
+        bad.append("'model.doc_mask' is not true or false")
+    if model.get("doc_positions", "restart") not in DOC_POSITIONS:
+        bad.append(f"'model.doc_positions' is not one of {', '.join(DOC_POSITIONS)}")
+    eod = model.get("eod_id")
+    if not (eod is None or (type(eod) is int and 0 <= eod < shape.vocab_size)):
+        bad.append("'model.eod_id' is not a token id")
+    if bad:
+        raise UsageError(f"{path}: {bad[0]}")
     try:
-        return ModelSpec.from_dict(record["model"], [residuals.get(n) for n in residuals.names()])
+        return ModelSpec.from_dict({**model, "shape": dataclasses.asdict(shape), "residual": knobs.values()}, [rule])
     except (KeyError, TypeError, ValueError) as err:
-        raise UsageError(f"{where / artifact_out.SPEC}: 'model' does not describe a model ({err})"[:300]) from None
+        raise UsageError(f"{path}: 'model' does not describe a model ({err})"[:300]) from None
 
 
 def read_weights(path: Path, sha256: Optional[str] = None, limit: int = MAX_WEIGHTS_BYTES) -> tuple[dict, str]:
@@ -288,9 +328,10 @@ def load_artifact(directory: Path) -> tuple[Transformer, dict[str, Any], Tokeniz
     """An artifact directory's model (fp32, CPU), its record and its tokenizer."""
     record = read_record(directory)
     spec = spec_of(record, directory)
-    model = build_empty(spec)
     weights = record["weights"]
     state, _ = read_weights(directory / artifact_out.WEIGHTS, weights["sha256"], weights["bytes"])
+    check_fits(spec.shape, sum(t.numel() for t in state.values()), directory / artifact_out.WEIGHTS)
+    model = build_empty(spec)
     load_state(model, state, directory / artifact_out.WEIGHTS)
     try:
         tokenizer = read_tokenizer(str(directory), record["tokenizer"])
@@ -346,12 +387,22 @@ def load_checkpoint(run_dir: Path, cfg: Config, step: Optional[int], *, dtype: t
     tokenizer = read_tokenizer(data, manifest)
     shape = recorded_shape(state) or resolve(cfg, manifest).shape
     check_vocab(shape, cfg, tokenizer, data)
+    check_fits(shape, stored_elements(path / "state"), path)
     model = build_empty(model_spec(cfg.model, shape=shape))
     load_checkpoint_weights(model, path / "state")
     model.to(device=device, dtype=dtype).eval()
     return LoadedRun(model=model, config=cfg, step=int(state["step"]), tokenizer=tokenizer, checkpoint=path,
                      shape=shape, manifest=manifest, tokens=_number(state.get("tokens"), int),
                      val_loss=_number(state.get("last_val_loss"), float))
+
+
+def stored_elements(state_dir: Path) -> int:
+    """How many numbers a checkpoint's engine state could hold at most: its files' bytes over two (no weight
+    is stored in fewer than 16 bits), read through the file layer (no link, nothing but regular files)."""
+    try:
+        return sum(files.regular_tree(state_dir).values()) // 2
+    except OSError as err:
+        raise UsageError(f"checkpoint {state_dir.parent} cannot be read ({files.said(err)})") from None
 
 
 def _number(value: Any, kind: type) -> Optional[Any]:

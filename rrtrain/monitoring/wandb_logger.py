@@ -55,6 +55,23 @@ def wandb_run_id(run_dir: str | os.PathLike[str]) -> str:
 RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
+def setup_in(run_dir: str | os.PathLike[str]) -> None:
+    """W&B's process-wide setup (`wandb.setup()`), with the run directory as the working directory meanwhile.
+    As it sets up, W&B reads a workspace settings file, `wandb/settings` or `.wandb/settings`, from the working
+    directory, before `dir=` or WANDB_DIR count: a run started in a shared directory read a co-tenant's file
+    there, whose `base_url` sent the user's API key and the run to their server. The run directory is the user's
+    alone; the user's own settings (~/.config/wandb/settings, WANDB_* variables) apply as before. A process whose
+    W&B is set up already (a callback of the user's that used it) keeps its settings."""
+    import wandb
+
+    before = os.getcwd()
+    os.chdir(run_dir)
+    try:
+        wandb.setup()
+    finally:
+        os.chdir(before)
+
+
 def new_run_id(run_dir: str | os.PathLike[str]) -> str:
     """The W&B run id of a run starting from scratch: the directory's (`wandb_run_id`) and a random token, so
     a new run in a directory that held another is a W&B run of its own. Not a training input: the run's
@@ -118,6 +135,7 @@ class WandbLogger(Callback):
         try:
             import wandb
 
+            setup_in(f.run_dir)
             c = self.cfg
             settings = {k: v for k, v in (("project", c.project), ("entity", c.entity), ("group", c.group),
                                           ("mode", c.mode)) if v is not None}

@@ -1,4 +1,5 @@
-"""The report's figures, drawn on bare `Figure` objects (Agg canvas; no pyplot global state).
+"""The report's figures, drawn on bare `Figure` objects (Agg canvas; no pyplot global state), in matplotlib's own
+style whatever a `matplotlibrc` in the working directory says (`rrtrain.core.figures`).
 
 Each `build_*` returns `(figure, expected)`, where `expected` lists how many data series each panel
 should hold; `save` counts the series actually drawn (artists tagged with gid "series") and refuses
@@ -14,6 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from rrtrain.core.figures import default_style
 from rrtrain.core.io import atomic_path
 from rrtrain.report.analysis import Analysis
 from rrtrain.report.collect import is_convex
@@ -188,12 +190,13 @@ PLOTS = {
 def write_all(a: Analysis, out: Path) -> dict[str, dict[str, object]]:
     """Build, check and save every plot that has data; returns {file: {panels, series} or {skipped: why}}."""
     done: dict[str, dict[str, object]] = {}
-    for name, build in PLOTS.items():
-        fig, expected = build(a)
-        if sum(expected) == 0:
-            done[name] = {"file": name, "skipped": "nothing to draw"}
-            continue
-        done[name] = save(fig, expected, out / name)
+    with default_style():
+        for name, build in PLOTS.items():
+            fig, expected = build(a)
+            if sum(expected) == 0:
+                done[name] = {"file": name, "skipped": "nothing to draw"}
+                continue
+            done[name] = save(fig, expected, out / name)
     return done
 
 
@@ -234,7 +237,8 @@ def build_transfer_lr(lines: list[TransferLine]) -> tuple[Figure, list[int]]:
 
 def write_transfer(lines: list[TransferLine], out: Path) -> dict[str, object]:
     """The transfer plot, when a line has a best learning rate; {skipped: why} otherwise."""
-    fig, expected = build_transfer_lr(lines)
-    if sum(expected) == 0:
-        return {"file": TRANSFER_PLOT, "skipped": "nothing to draw"}
-    return save(fig, expected, out / TRANSFER_PLOT)
+    with default_style():
+        fig, expected = build_transfer_lr(lines)
+        if sum(expected) == 0:
+            return {"file": TRANSFER_PLOT, "skipped": "nothing to draw"}
+        return save(fig, expected, out / TRANSFER_PLOT)

@@ -207,6 +207,20 @@ def test_load_run_checks_the_files_against_the_manifest(runs: dict[str, Path], t
         load_run(run, 3)
 
 
+def test_a_checkpoints_recorded_shape_past_its_weights_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
+    """train_state.json's shape (another user's run) naming a model far larger than the weights stored: refused
+    before the model is built, not the allocator's traceback."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["review"], run)
+    shutil.rmtree(run / "artifact")
+    state = run / "checkpoints" / "step_00000003" / "train_state.json"
+    record = json.loads(state.read_text())
+    record["shape"]["d_model"] = 2**30
+    state.write_text(json.dumps(record))
+    with pytest.raises(UsageError, match="the recorded shape needs .* weights, more than the .* stored"):
+        load_run(run, 3)
+
+
 @pytest.mark.slow  # trains tiny runs (rrtrain.train in a subprocess)
 def test_the_artifact_holds_the_checkpoints_weights_bit_for_bit(runs: dict[str, Path], tmp_path: Path) -> None:
     """Training's artifact (Engine.full_model_state) against the checkpoint read by the engines' offline reader
@@ -282,9 +296,8 @@ def test_the_export_has_a_model_card_no_marker_and_its_parent_made(runs: dict[st
         assert fact in card, fact
 
 
-def test_a_tampered_artifact_is_refused_in_one_line(tmp_path: Path) -> None:
-    """model.json's sha256 guards the weights; a record that is not one is one line."""
-    from rrtrain.artifact.run import load_artifact
+def review_artifact(run_dir: Path) -> tuple[Path, torch.nn.Module]:
+    """A small review model's artifact of step 7, as training writes it (a byte tokenizer), and the model."""
     from rrtrain.training import artifact
 
     model = build_model(ModelConfig(variant="review", d_model=32, n_layers=1, n_heads=2, seq_len=16), 258, seed=0)
@@ -297,7 +310,14 @@ def test_a_tampered_artifact_is_refused_in_one_line(tmp_path: Path) -> None:
 
     ref = {"tokenizer": "byte", "tokenizer_file": None, "eos_id": 256, "bos_id": None, "vocab_size": 258,
            "tokenizer_hash": ByteTokenizer().vocab_hash(), "data_dir": None}
-    out = artifact.write(Engine(), tmp_path, 7, 100, 1.5, ref, is_main=True)
+    return artifact.write(Engine(), run_dir, 7, 100, 1.5, ref, is_main=True), model
+
+
+def test_a_tampered_artifact_is_refused_in_one_line(tmp_path: Path) -> None:
+    """model.json's sha256 guards the weights; a record that is not one is one line."""
+    from rrtrain.artifact.run import load_artifact
+
+    out, model = review_artifact(tmp_path)
     assert out == tmp_path / "artifact" / "step_00000007"
     loaded, record, tok = load_artifact(out)
     assert record["step"] == 7 and isinstance(tok, ByteTokenizer)
@@ -311,6 +331,43 @@ def test_a_tampered_artifact_is_refused_in_one_line(tmp_path: Path) -> None:
     (out / "model.json").write_text('{"format": 9}')
     with pytest.raises(UsageError, match="is not a model artifact's record"):
         load_artifact(out)
+
+
+FORGED = {  # a field of model.json another user rewrote (the weights' sha256 still matches): what it names
+    "tokenizer spec a number": (("tokenizer", "tokenizer"), 5, "tokenizer reference"),
+    "tokenizer spec a list": (("tokenizer", "tokenizer"), ["byte"], "tokenizer reference"),
+    "eos a string": (("tokenizer", "eos_id"), "256", "tokenizer reference"),
+    "width a float": (("model", "shape", "d_model"), 1e9, "model.shape"),
+    "width 10^12": (("model", "shape", "d_model"), 10**12, "model.shape"),
+    "width 2^30": (("model", "shape", "d_model"), 2**30, "weights, more than the"),
+    "blocks past the weights": (("model", "shape", "n_layers"), 4000, "weights, more than the"),
+    "a knob of the wrong type": (("model", "residual", "gate_rank"), "x", "gate_rank"),
+    "an unknown knob": (("model", "residual", "gate_rnk"), 1, "gate_rnk"),
+    "norm_eps a string": (("model", "norm_eps"), "x", "model.norm_eps"),
+    "norm_eps a list": (("model", "norm_eps"), [1], "model.norm_eps"),
+    "an unknown rule": (("model", "variant"), ["review"], "model.variant"),
+    "an eod past the vocabulary": (("model", "eod_id"), 10**6, "model.eod_id"),
+    "document positions unknown": (("model", "doc_positions"), ["x"], "model.doc_positions"),
+}
+
+
+@pytest.mark.parametrize("field, value, names", FORGED.values(), ids=FORGED.keys())
+def test_a_forged_model_record_is_one_line_before_anything_is_built(field, value, names, tmp_path: Path) -> None:
+    """Each of these ended `rrtrain export`, `eval` and `init.from=` in a traceback (AttributeError, TypeError,
+    the allocator's RuntimeError for 10^15 bytes): the record is checked field by field, and its shape against
+    the weights stored, before a model is built."""
+    from rrtrain.artifact.run import load_artifact
+
+    out, _ = review_artifact(tmp_path)
+    record = json.loads((out / "model.json").read_text())
+    place = record
+    for key in field[:-1]:
+        place = place[key]
+    place[field[-1]] = value
+    (out / "model.json").write_text(json.dumps(record))
+    with pytest.raises(UsageError) as got:
+        load_artifact(out)
+    assert names in str(got.value) and "\n" not in str(got.value), str(got.value)
 
 
 # -- the exported model, loaded without rrtrain ---------------------------------------------

@@ -25,11 +25,13 @@ def inits(monkeypatch):
         return SimpleNamespace(id=id, step=0, resumed=False, config=SimpleNamespace(update=lambda *a, **k: None))
 
     monkeypatch.setattr(wandb, "init", init)
+    monkeypatch.setattr(wandb, "setup", lambda settings=None: None)  # no service process (setup_in's call)
     return asked
 
 
 def start(run_dir, resumed_at: Optional[int], state: Optional[dict] = None) -> WandbLogger:
     """A WandbLogger through `on_start` as the trainer drives it: the checkpoint's state first, when resuming."""
+    run_dir.mkdir(exist_ok=True)  # the trainer's, made before the callbacks start
     logger = WandbLogger(WandbConfig(mode="offline"))
     if state is not None:
         logger.load_state_dict(state)

@@ -82,3 +82,26 @@ def test_files_are_written_beneath_the_opened_directory(sweep, tmp_path):
     (where / "summary.json").write_text("{}")
     assert sorted(p.name for p in victim.iterdir()) == ["bashrc"]
     assert (sweep / "moved" / "summary.json").read_text() == "{}"
+
+
+@pytest.mark.slow  # a fresh interpreter: matplotlib reads ./matplotlibrc when it is imported (~4 s of CPU)
+def test_a_matplotlibrc_in_the_working_directory_draws_nothing_differently(sweep, tmp_path):
+    """A co-tenant's `matplotlibrc` where the report is started (a shared directory) asked for LaTeX: the report
+    ran `latex` with their preamble, or ended in a traceback where LaTeX is missing; it draws in matplotlib's own
+    style instead, the same PNGs as from a directory of the user's own."""
+    from rrtrain.core.child_python import module_argv
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "matplotlibrc").write_text("text.usetex: True\ntext.latex.preamble: \\input{/etc/hostname}\n")
+    read = subprocess.run([sys.executable, "-P", "-c", "import matplotlib; print(matplotlib.rcParams['text.usetex'])"],
+                          cwd=shared, env=env(), capture_output=True, text=True, timeout=60)
+    assert read.stdout.strip() == "True", read.stderr[-2000:]  # matplotlib itself honours the file there
+    pngs = {}
+    for where in (shared, REPO):
+        out = tmp_path / f"report-{where.name}"
+        res = subprocess.run(module_argv("rrtrain", "report", str(sweep), "--out", str(out)), cwd=where, env=env(),
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        pngs[where] = {p.name: p.read_bytes() for p in out.glob("*.png")}
+    assert pngs[shared] and pngs[shared] == pngs[REPO]
