@@ -39,7 +39,7 @@ from rrtrain.data.manifest import read_manifest
 from rrtrain.knobs import check_keys, drop_other_rules_knobs, rule_knobs
 from rrtrain.model.spec import ModelSpec
 from rrtrain.model.transformer import DOC_POSITIONS, Transformer
-from rrtrain.parallel.consolidate import load_checkpoint_weights
+from rrtrain.parallel.consolidate import load_checkpoint_weights, stored_model_elements
 from rrtrain.resolve import check_model, model_spec, resolve, rules_in_play, with_knobs
 from rrtrain.rundir import layout, readers
 from rrtrain.sizing import ModelShape
@@ -387,22 +387,13 @@ def load_checkpoint(run_dir: Path, cfg: Config, step: Optional[int], *, dtype: t
     tokenizer = read_tokenizer(data, manifest)
     shape = recorded_shape(state) or resolve(cfg, manifest).shape
     check_vocab(shape, cfg, tokenizer, data)
-    check_fits(shape, stored_elements(path / "state"), path)
+    check_fits(shape, stored_model_elements(path / "state"), path)
     model = build_empty(model_spec(cfg.model, shape=shape))
     load_checkpoint_weights(model, path / "state")
     model.to(device=device, dtype=dtype).eval()
     return LoadedRun(model=model, config=cfg, step=int(state["step"]), tokenizer=tokenizer, checkpoint=path,
                      shape=shape, manifest=manifest, tokens=_number(state.get("tokens"), int),
                      val_loss=_number(state.get("last_val_loss"), float))
-
-
-def stored_elements(state_dir: Path) -> int:
-    """How many numbers a checkpoint's engine state could hold at most: its files' bytes over two (no weight
-    is stored in fewer than 16 bits), read through the file layer (no link, nothing but regular files)."""
-    try:
-        return sum(files.regular_tree(state_dir).values()) // 2
-    except OSError as err:
-        raise UsageError(f"checkpoint {state_dir.parent} cannot be read ({files.said(err)})") from None
 
 
 def _number(value: Any, kind: type) -> Optional[Any]:

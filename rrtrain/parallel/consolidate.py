@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import types
 import warnings
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rrtrain.core import files
 from rrtrain.core.errors import RunError, UsageError
 from rrtrain.parallel.deepspeed import TAG as DEEPSPEED_TAG
 
@@ -32,6 +34,22 @@ def load_checkpoint_weights(model: nn.Module, state_dir: Path) -> None:
         load_deepspeed(model, state_dir)
     else:
         load_dcp(model, state_dir)
+
+
+def stored_model_elements(state_dir: Path) -> int:
+    """How many of the model's numbers the engine checkpoint under `state_dir` holds, read before a model is built
+    for it: the sizes DCP's metadata lists for the model's tensors; for a DeepSpeed checkpoint, whose files only
+    DeepSpeed reads, at most its files' bytes over two (no weight is stored in fewer than 16 bits)."""
+    from rrtrain.parallel.safe_load import read_metadata
+
+    if (state_dir / DEEPSPEED_TAG).is_dir():
+        try:
+            return sum(files.regular_tree(state_dir).values()) // 2
+        except OSError as err:
+            raise UsageError(f"checkpoint {state_dir.parent} cannot be read ({files.said(err)})") from None
+    sizes = [getattr(v, "size", None) for k, v in read_metadata(state_dir).state_dict_metadata.items()
+             if k.startswith("model.")]
+    return sum(math.prod(size) for size in sizes if size is not None)
 
 
 def load_dcp(model: nn.Module, state_dir: Path) -> None:
