@@ -147,7 +147,7 @@ def judge(line: TransferLine) -> None:
         elif s.cost > MAX_COST:
             failures.append(f"{shape_name(s, line.axis)}: the base's lr costs {100 * s.cost:.2f}% of loss")
     if on_selection:
-        line.notes.append("costs on the selection seeds where no test seed ran (biased upward)")
+        line.notes.append("costs on the selection seeds, where no test seed ran: biased upward")
     line.holds = not failures
     base_name = shape_name(base, line.axis)
     line.verdict = (f"transfers: the base shape's ({base_name}) best lr {base.best:.3g} is within {MAX_STEPS} grid "

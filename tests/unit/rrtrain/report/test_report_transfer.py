@@ -105,3 +105,17 @@ def test_shape_of_a_recorded_config_as_untrusted_data():
     assert read_shape({"model": {"parametrization": ["x"], "d_model": "wide", "n_layers": -3}}, "micro") == (
         "unknown", 48, 2)
     assert read_shape({"model": {"d_model": True}}, "no-such-preset") == ("sp", None, None)
+
+
+def test_with_every_seed_selecting_the_table_shows_the_losses_the_cost_was_taken_on(depth_sweep):
+    """`--select-seeds 2` on two seeds leaves no test seed: the loss columns were empty while the cost column
+    held the selection seeds' figures; they show those figures now, marked, with what they mean."""
+    from rrtrain.report.grid_render import grid_md
+
+    ga = analyze_grid(find_runs(depth_sweep), Options(select_seeds=2))
+    md = grid_md(ga, "transfer")
+    sp8 = next(line for line in md.splitlines() if line.startswith("| review (sp) | tiny | 64 | 8 |"))
+    own, at_base = (loss_at(2e-3, 2e-3, 8, 0) + loss_at(2e-3, 2e-3, 8, 1)) / 2, (loss_at(4e-3, 2e-3, 8, 0) +
+                                                                               loss_at(4e-3, 2e-3, 8, 1)) / 2
+    assert f"| {own:.4f}* | {at_base:.4f}* | {100 * (at_base - own) / own:+.2f}% |" in sp8, sp8
+    assert "\\* the mean of the selection seeds: no test seed ran" in md
