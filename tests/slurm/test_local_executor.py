@@ -34,6 +34,9 @@ from trainutil import env, final, losses, records
 STEPS = 20  # the trainer is held at its first logged step until the warning: what follows the resume is short
 SIGNAL_AFTER_S = 20  # USR2 this long after each attempt starts, on the executor's clock (stopped during start-up)
 EXIT_WITHIN_S = 120  # then the time the task has to save and exit before the executor kills it (not a requeue)
+#: how long the test waits for the warning: the executor's clock counts sleeps of 1/24 s, which a loaded machine
+#: stretches (its 20 s took more than 50 in a full `make test`); a bound, not a wait, while the trainer is held
+SIGNAL_WAIT_S = 300
 
 
 def _task(controller: int, deadline: float, other_than: int | None = None) -> int:
@@ -62,7 +65,7 @@ def test_local_executor_time_limit_requeues_until_done(tmp_path, stories_data, m
     # attempt and keeps its clock
     controller, = (pid for pid in children(os.getpid())
                    if str(tmp_path / "submitit") in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
-    deadline = time.time() + 300
+    deadline = time.time() + 300 + SIGNAL_WAIT_S
     try:
         first = _task(controller, deadline)
         stop([controller])
@@ -73,7 +76,7 @@ def test_local_executor_time_limit_requeues_until_done(tmp_path, stories_data, m
         with held([first]):
             held_at = max(losses(run))
             let_go([controller])
-            wait_signalled([first], signal.SIGUSR2, timeout=SIGNAL_AFTER_S + 30)
+            wait_signalled([first], signal.SIGUSR2, timeout=SIGNAL_WAIT_S)
         second = _task(controller, deadline, other_than=first)  # requeued
         stop([controller])
         while not ended(second):
