@@ -99,28 +99,21 @@ def _transfer_section(ga: GridAnalysis, plot: str | None) -> list[str]:
         return []
     L = ["", "### The best learning rate against the width or depth", ""]
     rows = []
-    on_selection = False
     for t in ga.transfer:
-        base_lr = t.base.best if t.base is not None else None
         for s in t.shapes:
             base = t.base is not None and s is t.base
-            losses = s.tests
-            if s.best is not None and losses.get(s.best) is None:  # no test seed ran: what the cost was taken on
-                losses, on_selection = s.scores, True
-            mark = "*" if losses is s.scores else ""
-            own = losses.get(s.best) if s.best is not None else None
-            at_base = losses.get(base_lr) if base_lr is not None else None
+            mark = "*" if s.on_selection else ""
             rows.append([t.label, s.size, s.width if s.width is not None else "?",
                          s.depth if s.depth is not None else "?", count(s.params),
                          (_lr(s.best) + (" (edge)" if s.edge else "")) if s.best is not None else "failed",
                          "base" if base else (DASH if s.steps is None else str(s.steps)),
-                         fixed(own, 4) + (mark if own is not None else ""),
-                         DASH if base else fixed(at_base, 4) + (mark if at_base is not None else ""),
+                         fixed(s.own_loss, 4) + (mark if s.own_loss is not None else ""),
+                         DASH if base else fixed(s.base_loss, 4) + (mark if s.base_loss is not None else ""),
                          DASH if base or s.cost is None else f"{100 * s.cost:+.2f}%"])
     L += _table(["line", "size", "d_model", "blocks", "parameters", "best lr", "grid steps from the base's",
                  "loss at its best (test seeds)", "at the base's lr", "cost of the base's lr"], rows)
-    if on_selection:
-        L += ["", "\\* the mean of the selection seeds: no test seed ran (`--select-seeds` took them all), so the "
+    if any(s.on_selection for t in ga.transfer for s in t.shapes):
+        L += ["", "\\* the mean of the selection seeds: no test seed ran (or one failed), so the "
               "chosen learning rate's loss is biased low and the base's cost upward."]
     L += [""] + [f"- {t.label}: {t.verdict}" + (f" ({'; '.join(t.notes)})" if t.notes else "") for t in ga.transfer]
     L += ["", "Per line (variant, parametrization, other grid keys) and shape, the learning rate with the lowest "

@@ -43,6 +43,9 @@ class ShapeBest:
     edge: bool = False  # the best is the smallest or largest lr tried at this shape
     steps: int | None = None  # grid steps from the base's best lr
     cost: float | None = None  # relative loss at the base's lr against this shape's own best
+    own_loss: float | None = None  # the loss at its best and at the base's lr that `cost` compares (judge's)
+    base_loss: float | None = None
+    on_selection: bool = False  # those two are the selection seeds' (no test seed ran, or one failed)
 
 
 @dataclass
@@ -120,12 +123,16 @@ def lines(runs: list[Run], k: int, score: Callable[[dict[str, Any], list[Run], i
 def judge(line: TransferLine) -> None:
     """Each shape's grid steps and cost against the base (the first shape with a choice); the line's verdict."""
     chosen = [s for s in line.shapes if s.best is not None]
+    for s in chosen:  # each shape's loss at its best and at the first shape's best (the base, when there are two)
+        s.own_loss, s.base_loss = s.tests.get(s.best), s.tests.get(chosen[0].best)  # type: ignore[arg-type]
+        if s.own_loss is None or s.base_loss is None:  # no test seed ran (or one failed): the selection scores
+            s.own_loss, s.base_loss = s.scores.get(s.best), s.scores.get(chosen[0].best)  # type: ignore[arg-type]
+            s.on_selection = True
     if len(chosen) < 2:
         line.verdict = "one shape with a best learning rate: nothing to transfer to"
         return
     base = line.base = chosen[0]
     index = {lr: i for i, lr in enumerate(line.lrs)}
-    on_selection = False
     failures = []
     for s in line.shapes:
         if s is base:
@@ -134,10 +141,7 @@ def judge(line: TransferLine) -> None:
             failures.append(f"{shape_name(s, line.axis)}: every learning rate failed")
             continue
         s.steps = abs(index[s.best] - index[base.best])  # type: ignore[index]
-        at_base, own = s.tests.get(base.best), s.tests.get(s.best)  # type: ignore[arg-type]
-        if at_base is None or own is None:  # no test seed ran (or one failed): the selection scores
-            at_base, own = s.scores.get(base.best), s.scores.get(s.best)  # type: ignore[arg-type]
-            on_selection = True
+        own, at_base = s.own_loss, s.base_loss
         s.cost = (at_base - own) / own if at_base is not None and own else None
         if s.steps > MAX_STEPS:
             failures.append(f"{shape_name(s, line.axis)}: best lr {s.best:.3g}, {s.steps} grid steps from the "
@@ -146,7 +150,7 @@ def judge(line: TransferLine) -> None:
             failures.append(f"{shape_name(s, line.axis)}: the base's lr {base.best:.3g} failed or was not tried")
         elif s.cost > MAX_COST:
             failures.append(f"{shape_name(s, line.axis)}: the base's lr costs {100 * s.cost:.2f}% of loss")
-    if on_selection:
+    if any(s.on_selection for s in chosen if s is not base):
         line.notes.append("costs on the selection seeds, where no test seed ran: biased upward")
     line.holds = not failures
     base_name = shape_name(base, line.axis)
