@@ -255,10 +255,6 @@ def read_record(directory: Path) -> dict[str, Any]:
     return record
 
 
-def _positive(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < float("inf")
-
-
 def spec_of(record: dict[str, Any], where: Path) -> ModelSpec:
     """The ModelSpec model.json records, its rule found among the registered ones, every field checked as a
     config's would be (the shape's sizes, the rule's knobs typed and checked by the rule, positive numbers)."""
@@ -272,7 +268,7 @@ def spec_of(record: dict[str, Any], where: Path) -> ModelSpec:
     check_keys(model.get("residual", {}), [rule], key=f"{path}: model.residual")
     knobs = rule_knobs(rule, model.get("residual", {}), key=f"{path}: model.residual")
     bad = [f"'model.{k}' is not a positive number" for k in ("norm_eps", "init_std", "rope_base")
-           if not _positive(model.get(k))]
+           if not (_number(model.get(k), float) or 0) > 0]
     if not isinstance(model.get("doc_mask", False), bool):
         bad.append("'model.doc_mask' is not true or false")
     if model.get("doc_positions", "restart") not in DOC_POSITIONS:
