@@ -49,7 +49,9 @@ def stored_model_elements(state_dir: Path) -> int:
             raise UsageError(f"checkpoint {state_dir.parent} cannot be read ({files.said(err)})") from None
     sizes = [getattr(v, "size", None) for k, v in read_metadata(state_dir).state_dict_metadata.items()
              if k.startswith("model.")]
-    return sum(math.prod(size) for size in sizes if size is not None)
+    # metadata is untrusted: a size that is not a sequence of counts is left for load_dcp's shape check to name
+    return sum(math.prod(size) for size in sizes
+               if isinstance(size, (tuple, list)) and all(type(d) is int and d >= 0 for d in size))
 
 
 def load_dcp(model: nn.Module, state_dir: Path) -> None:
