@@ -87,16 +87,20 @@ def resolve_shape(m: ModelConfig, vocab_size: Optional[int] = None) -> ModelShap
         vocab_size=vocab,
         pos=m.pos,
     )
-    for key, value in (("model.d_model", shape.d_model), ("model.n_layers", shape.n_layers),
-                       ("model.n_heads", shape.n_heads), ("model.d_ff", shape.d_ff),
-                       ("model.seq_len", shape.seq_len), ("model.vocab_size", shape.vocab_size)):
-        if value < 1:
-            raise UsageError(f"{key} must be at least 1, got {value}")
-    if shape.d_model % shape.n_heads:
-        raise UsageError(f"model.d_model={shape.d_model} is not divisible by model.n_heads={shape.n_heads}")
-    if shape.pos == "rope" and shape.head_dim % 2:
-        raise UsageError(f"model.pos=rope needs an even head size, got d_model/n_heads={shape.head_dim}")
+    check_shape(shape)
     return shape
+
+
+def check_shape(shape: ModelShape, key: str = "model.") -> None:
+    """What makes a shape a model: every size at least 1, heads that divide the width, an even head size for
+    RoPE. `key` prefixes each field's name in the error (a config's `model.`, or the record that holds it)."""
+    for name in ("d_model", "n_layers", "n_heads", "d_ff", "seq_len", "vocab_size"):
+        if getattr(shape, name) < 1:
+            raise UsageError(f"{key}{name} must be at least 1, got {getattr(shape, name)}")
+    if shape.d_model % shape.n_heads:
+        raise UsageError(f"{key}d_model={shape.d_model} is not divisible by {key}n_heads={shape.n_heads}")
+    if shape.pos == "rope" and shape.head_dim % 2:
+        raise UsageError(f"{key}pos=rope needs an even head size, got d_model/n_heads={shape.head_dim}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -52,6 +53,9 @@ STEP_DIR = re.compile(r"^step_(\d{1,18})$")
 MAX_TOKENIZER_BYTES = files.LIMITS["tokenizer"]
 #: the largest weights file read whole (a 64 GiB fp32 model: 16 B parameters)
 MAX_WEIGHTS_BYTES = 64 << 30
+#: position tables a record may ask for beyond its weights' count (RoPE's, made from the shape, never stored:
+#: a tiny model's long context): 2^26 numbers, 256 MB in fp32
+MAX_TABLE_SLACK = 1 << 26
 
 
 @dataclass
@@ -144,7 +148,12 @@ def checked_shape(raw: Any, what: str) -> ModelShape:
         type(raw[k]) is int and 1 <= raw[k] < 2**31 for k in names - {"pos"})
     if not ok:
         raise UsageError(f"{what} is not a model shape (got {str(raw)[:80]})")
-    return ModelShape(**raw)
+    shape = ModelShape(**raw)
+    try:
+        sizing.check_shape(shape, key="")
+    except UsageError as err:
+        raise UsageError(f"{what}: {err}") from None
+    return shape
 
 
 def recorded_shape(state: dict[str, Any]) -> Optional[ModelShape]:
@@ -153,12 +162,44 @@ def recorded_shape(state: dict[str, Any]) -> Optional[ModelShape]:
     return None if raw is None else checked_shape(raw, "train_state.json: field 'shape'")
 
 
-def check_fits(shape: ModelShape, elements: int, where: Path) -> None:
-    """Refuse, before anything is allocated, a recorded shape whose weights could not be among the `elements`
-    numbers stored (a record that names a model of 10^12 rows would otherwise end in the allocator's traceback)."""
-    need = sizing.backbone_params(shape)
+def check_fits(spec: ModelSpec, stored: int | dict[str, tuple[int, ...]], where: Path) -> None:
+    """Refuse, before anything is allocated, a recorded model that the weights stored are not: a record naming
+    10^12 rows, a rule's 2^17 streams or 2^30 positions would end in the allocator's traceback or fill the
+    machine's memory. `stored` is the stored tensors' shapes by name, or, for a checkpoint (whose tensors are
+    compared with the model's as they load), how many numbers it holds. The shape's weights are counted first
+    (which bounds the model's size), then the model is built on the meta device (nothing allocated): its tensors
+    must be the stored ones, and its position tables (RoPE's, made from the shape and never stored) no larger
+    than the weights justify."""
+    elements = stored if isinstance(stored, int) else sum(math.prod(s) for s in stored.values())
+    need = sizing.backbone_params(spec.shape)
     if need > elements:
         raise UsageError(f"{where}: the recorded shape needs {need:,} weights, more than the {elements:,} stored")
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = Transformer(spec, seed=None)
+    own = model.state_dict()
+    if isinstance(stored, int):
+        held = sum(t.numel() for t in own.values())
+        if held > elements:
+            raise UsageError(f"{where}: the recorded model has {held:,} weights, more than the {elements:,} stored")
+    else:
+        problem = mismatch({k: tuple(t.shape) for k, t in own.items()}, stored)
+        if problem:
+            raise UsageError(f"{where} does not hold this model ({problem})")
+    tables = sum(b.numel() for name, b in model.named_buffers() if name not in own)
+    if tables > max(elements, MAX_TABLE_SLACK):
+        raise UsageError(f"{where}: the recorded shape's position tables ({tables:,} numbers, for seq_len "
+                         f"{spec.shape.seq_len:,}) are larger than its {elements:,} weights justify")
+
+
+def mismatch(own: dict[str, tuple[int, ...]], stored: dict[str, tuple[int, ...]]) -> Optional[str]:
+    """How the stored tensors' shapes differ from the model's, said in a few words; None when they are the same."""
+    missing, extra = sorted(set(own) - set(stored)), sorted(set(stored) - set(own))
+    if missing or extra:
+        return f"no {missing[0]}" if missing else f"an extra {extra[0]}"
+    for name, shape in own.items():
+        if tuple(stored[name]) != shape:
+            return f"{name} is {tuple(stored[name])}, the model has {shape}"
+    return None
 
 
 def read_tokenizer(data_path: str, manifest: dict[str, Any]) -> Tokenizer:
@@ -308,27 +349,15 @@ def read_weights(path: Path, sha256: Optional[str] = None, limit: int = MAX_WEIG
         raise UsageError(f"{path} is not a safetensors file ({str(err).splitlines()[0][:120] if str(err) else type(err).__name__})") from None
 
 
-def load_state(model: nn.Module, state: dict[str, torch.Tensor], where: Path) -> None:
-    """`state` into `model`: exactly its tensors, each of its shape; anything else is one line."""
-    own = model.state_dict()
-    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or extra:
-        raise UsageError(f"{where} does not hold this model ({'no ' + missing[0] if missing else 'an extra ' + extra[0]})")
-    for name, tensor in own.items():
-        if tuple(state[name].shape) != tuple(tensor.shape):
-            raise UsageError(f"{where}: {name} is {tuple(state[name].shape)}, the model has {tuple(tensor.shape)}")
-    model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
-
-
 def load_artifact(directory: Path) -> tuple[Transformer, dict[str, Any], Tokenizer]:
     """An artifact directory's model (fp32, CPU), its record and its tokenizer."""
     record = read_record(directory)
     spec = spec_of(record, directory)
     weights = record["weights"]
     state, _ = read_weights(directory / artifact_out.WEIGHTS, weights["sha256"], weights["bytes"])
-    check_fits(spec.shape, sum(t.numel() for t in state.values()), directory / artifact_out.WEIGHTS)
+    check_fits(spec, {name: tuple(t.shape) for name, t in state.items()}, directory / artifact_out.WEIGHTS)
     model = build_empty(spec)
-    load_state(model, state, directory / artifact_out.WEIGHTS)
+    model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
     try:
         tokenizer = read_tokenizer(str(directory), record["tokenizer"])
     except (KeyError, TypeError, ValueError) as err:
@@ -383,8 +412,9 @@ def load_checkpoint(run_dir: Path, cfg: Config, step: Optional[int], *, dtype: t
     tokenizer = read_tokenizer(data, manifest)
     shape = recorded_shape(state) or resolve(cfg, manifest).shape
     check_vocab(shape, cfg, tokenizer, data)
-    check_fits(shape, stored_model_elements(path / "state"), path)
-    model = build_empty(model_spec(cfg.model, shape=shape))
+    spec = model_spec(cfg.model, shape=shape)
+    check_fits(spec, stored_model_elements(path / "state"), path)
+    model = build_empty(spec)
     load_checkpoint_weights(model, path / "state")
     model.to(device=device, dtype=dtype).eval()
     return LoadedRun(model=model, config=cfg, step=int(state["step"]), tokenizer=tokenizer, checkpoint=path,

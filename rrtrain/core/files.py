@@ -145,6 +145,23 @@ def private_umask() -> Iterator[None]:
         os.umask(old)
 
 
+@contextlib.contextmanager
+def working_in(path: str | os.PathLike[str]) -> Iterator[None]:
+    """`path` as the working directory meanwhile, for a library that reads a settings file from the working
+    directory whatever it is told (W&B's `wandb/settings`, matplotlib's `matplotlibrc`), where a co-tenant of a
+    shared directory could plant one. The directory left is returned to through a descriptor held meanwhile, so
+    it is the same directory even if it was renamed."""
+    before = os.open(".", os.O_PATH | os.O_DIRECTORY)
+    try:
+        os.chdir(path)
+        try:
+            yield
+        finally:
+            os.fchdir(before)
+    finally:
+        os.close(before)
+
+
 def chmod_here(path: str | os.PathLike[str], mode: int) -> None:
     """chmod `path` itself, never what a link at its name leads to (a link is left as it is: glibc's fchmodat
     refuses to change one, which Python reports as NotImplementedError)."""

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rrtrain.config import WandbConfig
+from rrtrain.core import files
 from rrtrain.core.errors import UsageError
 from rrtrain.rundir import layout
 from rrtrain.rundir.outcome import EXIT_CODES
@@ -64,12 +65,19 @@ def setup_in(run_dir: str | os.PathLike[str]) -> None:
     W&B is set up already (a callback of the user's that used it) keeps its settings."""
     import wandb
 
-    before = os.getcwd()
-    os.chdir(run_dir)
-    try:
+    with files.working_in(run_dir):
         wandb.setup()
-    finally:
-        os.chdir(before)
+
+
+def check_wandb_dir() -> None:
+    """WANDB_DIR, when the user set it, holds the run's W&B files and `latest-run` link: like the compile and
+    tiktoken caches, it must be a directory no one else can write (made 0700 when missing), or a co-tenant could
+    rename, replace or remove what W&B keeps there. Refused in one line, before the run writes anything."""
+    where = os.environ.get("WANDB_DIR")
+    why = files.prepare_private_dir(where) if where else None
+    if why is not None:
+        raise UsageError(f"log.wandb: W&B's directory {where} (WANDB_DIR): {why}: set WANDB_DIR to a directory of "
+                         "yours no one else can write, or unset it (the run directory is used)")
 
 
 def new_run_id(run_dir: str | os.PathLike[str]) -> str:
@@ -106,6 +114,7 @@ class WandbLogger(Callback):
         if importlib.util.find_spec("wandb") is None:  # refused before the run writes anything
             raise UsageError("log.wandb is set but the wandb package is not installed: "
                              "pip install 'rrtrain[wandb]' (or unset log.wandb)")
+        check_wandb_dir()
         self.cfg = cfg
         self.run: Any = None  # the wandb Run on rank 0 while it is open
         self.floor = 0  # steps below this are in W&B already (a resumed W&B run)

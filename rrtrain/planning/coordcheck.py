@@ -33,7 +33,6 @@ import torch
 
 from rrtrain.config import Config, load_config
 from rrtrain.core.errors import UsageError
-from rrtrain.core.figures import default_style
 from rrtrain.core.io import atomic_path, atomic_write_json
 from rrtrain.core.dist import DistInfo
 from rrtrain.parallel.build import build_engine
@@ -268,12 +267,14 @@ def delta_summary(records: list[dict], plan: Plan) -> dict[str, Any]:
 
 def plot(records: list[dict], plan: Plan, out: Path) -> list[str]:
     """One PNG per quantity recorded: the last layer's value against the width or depth, a line per step."""
+    from rrtrain.core.figures import default_style
+
     with default_style():
         return _plot(records, plan, out)
 
 
 def _plot(records: list[dict], plan: Plan, out: Path) -> list[str]:
-    from matplotlib.figure import Figure
+    from rrtrain.core.figures import Figure
 
     written = []
     for quantity in QUANTITIES:

@@ -12,10 +12,8 @@ import math
 from pathlib import Path
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 
-from rrtrain.core.figures import default_style
+from rrtrain.core.figures import Figure, Line2D, default_style
 from rrtrain.core.io import atomic_path
 from rrtrain.report.analysis import Analysis
 from rrtrain.report.collect import is_convex

@@ -2,7 +2,8 @@
 runs it, so that what it shows is what is asserted: the monitor stops `review_convex` at 40 sublayers as
 stalled and every other run completes. (A shorter copy with the plateau test from step 40 passed while the
 real demo's monitor stopped a healthy `standard` run still on the unigram plateau at step 90.)
-Budget: about 2 minutes on 2 quiet cores (14 runs of 120-150 steps, two at a time)."""
+Budget: about 2 minutes on 2 quiet cores (14 runs of 120-150 steps, two at a time); ten beside the rest of the
+suite on a slow host, and fifteen with two more users' work on the machine: the timeout only stops a hang."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ CONVEX_STEPS = 120  # configs/sweeps/demo.yaml's budget at tiny-deep
 def test_demo_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     proc = subprocess.run([PY, "-m", "rrtrain", "demo", "--out", str(out), "--parallel", "2", "--interval", "3"],
-                          capture_output=True, text=True, env=env(), cwd=REPO, timeout=900)
+                          capture_output=True, text=True, env=env(), cwd=REPO, timeout=1800)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-6000:]
 

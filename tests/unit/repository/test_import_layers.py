@@ -74,9 +74,10 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_modules(path: Path, modules: set[str]) -> set[str]:
-    """The modules of `modules` that `path` imports anywhere in its body, `if TYPE_CHECKING:` blocks included:
-    a type named from a higher layer is a dependency on it (the trainer circle ran through such imports)."""
+def imported_names(path: Path) -> set[str]:
+    """Every module name that `path` imports anywhere in its body, `if TYPE_CHECKING:` blocks included (a type
+    named from a higher layer is a dependency on it: the trainer circle ran through such imports), relative
+    imports made absolute; `from pkg import name` counts `pkg` and `pkg.name`."""
     names: set[str] = set()
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
 
@@ -91,8 +92,13 @@ def imported_modules(path: Path, modules: set[str]) -> set[str]:
             names.update(f"{module}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
 
     Visitor().visit(ast.parse(path.read_text()))
+    return names
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The modules of `modules` that `path` imports."""
     found = set()
-    for name in names:
+    for name in imported_names(path):
         while name and name not in modules:
             name = name.rpartition(".")[0]
         if name:
@@ -194,6 +200,14 @@ def test_imports_only_go_down_the_layers():
     if bad:
         pytest.fail(f"{len(bad)} imports climb the layers (importer (layer, rank) -> imported):\n" + "\n".join(bad),
                     pytrace=False)
+
+
+def test_matplotlib_is_imported_by_rrtrain_core_figures_alone():
+    """matplotlib reads `./matplotlibrc` as it is first imported (a co-tenant's FIFO there hung `rrtrain report`):
+    rrtrain.core.figures imports it with `/` as the working directory, and every figure comes through it."""
+    importers = sorted(module_name(p) for root in ROOTS for p in (REPO / root).rglob("*.py")
+                       if any(n == "matplotlib" or n.startswith("matplotlib.") for n in imported_names(p)))
+    assert importers == ["rrtrain.core.figures"]
 
 
 def test_no_import_circle_anywhere():

@@ -296,11 +296,12 @@ def test_the_export_has_a_model_card_no_marker_and_its_parent_made(runs: dict[st
         assert fact in card, fact
 
 
-def review_artifact(run_dir: Path) -> tuple[Path, torch.nn.Module]:
+def review_artifact(run_dir: Path, pos: str = "learned") -> tuple[Path, torch.nn.Module]:
     """A small review model's artifact of step 7, as training writes it (a byte tokenizer), and the model."""
     from rrtrain.training import artifact
 
-    model = build_model(ModelConfig(variant="review", d_model=32, n_layers=1, n_heads=2, seq_len=16), 258, seed=0)
+    model = build_model(ModelConfig(variant="review", d_model=32, n_layers=1, n_heads=2, seq_len=16, pos=pos), 258,
+                        seed=0)
 
     class Engine:
         inner = model
@@ -340,6 +341,7 @@ FORGED = {  # a field of model.json another user rewrote (the weights' sha256 st
     "width a float": (("model", "shape", "d_model"), 1e9, "model.shape"),
     "width 10^12": (("model", "shape", "d_model"), 10**12, "model.shape"),
     "width 2^30": (("model", "shape", "d_model"), 2**30, "weights, more than the"),
+    "heads that do not divide the width": (("model", "shape", "n_heads"), 3, "d_model=32 is not divisible by n_heads=3"),
     "blocks past the weights": (("model", "shape", "n_layers"), 4000, "weights, more than the"),
     "a knob of the wrong type": (("model", "residual", "gate_rank"), "x", "gate_rank"),
     "an unknown knob": (("model", "residual", "gate_rnk"), 1, "gate_rnk"),
@@ -368,6 +370,46 @@ def test_a_forged_model_record_is_one_line_before_anything_is_built(field, value
     with pytest.raises(UsageError) as got:
         load_artifact(out)
     assert names in str(got.value) and "\n" not in str(got.value), str(got.value)
+
+
+FORGED_MODELS = {  # model.json rewritten as a whole (weights and sha256 untouched) to name a model that is not them
+    "2^30 positions of a RoPE model": ("rope", {"shape": {"seq_len": 2**30}}, "position tables"),
+    "a rule of 2^17 streams": ("learned", {"variant": "hc", "residual": {"streams": 2**17}},
+                               "does not hold this model"),
+}
+
+
+@pytest.mark.parametrize("pos, model, names", FORGED_MODELS.values(), ids=FORGED_MODELS.keys())
+def test_a_record_of_a_model_the_weights_are_not_is_one_line_before_any_memory_is_taken(pos, model, names,
+                                                                                         tmp_path: Path) -> None:
+    """RoPE's tables (built from the shape, never stored) and a rule's own tensors (HC's n x n mixing per
+    sublayer) are not in the shape's weight count: these asked the allocator for 64 GiB and ended in its
+    traceback (a smaller number would have been granted and filled). The model is built on the meta device and
+    compared with the weights first."""
+    from rrtrain.artifact.run import load_artifact
+
+    out, _ = review_artifact(tmp_path, pos)
+    record = json.loads((out / "model.json").read_text())
+    record["model"]["shape"].update(model.pop("shape", {}))
+    record["model"].update(model)
+    (out / "model.json").write_text(json.dumps(record))
+    with pytest.raises(UsageError) as got:
+        load_artifact(out)
+    assert names in str(got.value) and "\n" not in str(got.value), str(got.value)
+
+
+def test_a_rope_models_tables_are_built_up_to_what_its_weights_justify(tmp_path: Path) -> None:
+    """The bound on the tables is not a bound on context: a genuine RoPE artifact loads, and so does its record
+    asking for 2^16 positions (tables of 2^20 numbers for a model of ~28,000 weights, within the slack)."""
+    from rrtrain.artifact.run import load_artifact
+
+    out, model = review_artifact(tmp_path, "rope")
+    loaded, _, _ = load_artifact(out)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    record = json.loads((out / "model.json").read_text())
+    record["model"]["shape"]["seq_len"] = 2**16
+    (out / "model.json").write_text(json.dumps(record))
+    assert load_artifact(out)[0].spec.shape.seq_len == 2**16
 
 
 # -- the exported model, loaded without rrtrain ---------------------------------------------
