@@ -207,6 +207,7 @@ def test_load_run_checks_the_files_against_the_manifest(runs: dict[str, Path], t
         load_run(run, 3)
 
 
+@pytest.mark.slow  # trains tiny runs (rrtrain.train in a subprocess)
 def test_a_checkpoints_recorded_shape_past_its_weights_is_one_line(runs: dict[str, Path], tmp_path: Path) -> None:
     """train_state.json's shape (another user's run) naming a model far larger than the weights stored: refused
     before the model is built, not the allocator's traceback."""
