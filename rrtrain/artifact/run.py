@@ -53,8 +53,8 @@ STEP_DIR = re.compile(r"^step_(\d{1,18})$")
 MAX_TOKENIZER_BYTES = files.LIMITS["tokenizer"]
 #: the largest weights file read whole (a 64 GiB fp32 model: 16 B parameters)
 MAX_WEIGHTS_BYTES = 64 << 30
-#: position tables a record may ask for beyond its weights' count (RoPE's, made from the shape, never stored:
-#: a tiny model's long context): 2^26 numbers, 256 MB in fp32
+#: the buffers a record's model may build from its shape beyond its weights' count (never stored: RoPE's tables, a
+#: rule's masks; a tiny model's long context): 2^26 numbers, 256 MB in fp32
 MAX_TABLE_SLACK = 1 << 26
 
 
@@ -168,8 +168,8 @@ def check_fits(spec: ModelSpec, stored: int | dict[str, tuple[int, ...]], where:
     machine's memory. `stored` is the stored tensors' shapes by name, or, for a checkpoint (whose tensors are
     compared with the model's as they load), how many numbers it holds. The shape's weights are counted first
     (which bounds the model's size), then the model is built on the meta device (nothing allocated): its tensors
-    must be the stored ones, and its position tables (RoPE's, made from the shape and never stored) no larger
-    than the weights justify."""
+    must be the stored ones, and the buffers it makes from the shape and never stores (RoPE's tables, a rule's
+    masks) no larger than the weights justify."""
     elements = stored if isinstance(stored, int) else sum(math.prod(s) for s in stored.values())
     need = sizing.backbone_params(spec.shape)
     if need > elements:
@@ -187,8 +187,9 @@ def check_fits(spec: ModelSpec, stored: int | dict[str, tuple[int, ...]], where:
             raise UsageError(f"{where} does not hold this model ({problem})")
     tables = sum(b.numel() for name, b in model.named_buffers() if name not in own)
     if tables > max(elements, MAX_TABLE_SLACK):
-        raise UsageError(f"{where}: the recorded shape's position tables ({tables:,} numbers, for seq_len "
-                         f"{spec.shape.seq_len:,}) are larger than its {elements:,} weights justify")
+        raise UsageError(f"{where}: the buffers the recorded model builds from its shape and never stores "
+                         f"({tables:,} numbers; seq_len {spec.shape.seq_len:,}) are more than its {elements:,} "
+                         "weights justify")
 
 
 def mismatch(own: dict[str, tuple[int, ...]], stored: dict[str, tuple[int, ...]]) -> Optional[str]:

@@ -374,7 +374,7 @@ def test_a_forged_model_record_is_one_line_before_anything_is_built(field, value
 
 
 FORGED_MODELS = {  # model.json rewritten as a whole (weights and sha256 untouched) to name a model that is not them
-    "2^30 positions of a RoPE model": ("rope", {"shape": {"seq_len": 2**30}}, "position tables"),
+    "2^30 positions of a RoPE model": ("rope", {"shape": {"seq_len": 2**30}}, "never stores"),
     "a rule of 2^17 streams": ("learned", {"variant": "hc", "residual": {"streams": 2**17}},
                                "does not hold this model"),
 }
