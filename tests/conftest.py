@@ -66,19 +66,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:  # a file with one test on the cluster goes whole: its other tests share its fixtures
         item.add_marker(pytest.mark.xdist_group("slurm" if item.path in on_cluster else Path(item.path).stem))
     first = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    rest = sorted((item for item in items if not in_slurm[item.nodeid]),
-                  key=lambda item: first.get(_under_tests(item), len(first)))  # stable: the rest keep their order
+    rest = sorted((item for item in items if not in_slurm[item.nodeid]),  # stable: a file's tests keep their order
+                  key=lambda item: (first.get(_under_tests(item), len(first)), _rank_of_folder(item)))
     items[:] = [item for item in items if in_slurm[item.nodeid]] + rest
 
 
-#: The files whose tests take minutes of wall time, longest first (measured in a full `make test`): handed out
-#: right after the Slurm group, so that the short tests fill the workers' ends. Started last, the demo alone
-#: (5-6 minutes on a loaded machine) was the suite's tail. Scheduling only: no test depends on it.
-LONGEST_FIRST = ("e2e/test_demo.py", "e2e/test_docs_commands.py", "distributed/test_rules_49_train.py",
-                 "distributed/test_fsdp.py", "distributed/test_deepspeed.py", "e2e/test_external_rule.py",
-                 "e2e/test_dashboard.py", "e2e/test_integrity_chaos.py", "e2e/test_gpu_device_script.py",
-                 "e2e/test_sweep_prune.py", "e2e/test_concurrent_starts.py", "e2e/test_monitor_train.py",
-                 "distributed/test_hsdp.py", "e2e/test_sweep_local.py")
+#: The files whose tests take a minute or more of wall time in a full `make test` (measured: the sum of their
+#: tests' durations), longest first: handed out right after the Slurm group, so that short tests fill the workers'
+#: ends. Started last, the demo alone (5-6 minutes on a loaded machine) was the suite's tail; so were the
+#: training tests of e2e/ after the unit tests, whose folder pytest collects first (a worker ended 100 s after the
+#: others on the one-minute compiled-blocks test). Scheduling only: no test depends on it.
+LONGEST_FIRST = ("e2e/test_demo.py", "e2e/test_external_rule.py", "unit/rrtrain/residuals/test_compile_rules.py",
+                 "e2e/test_docs_commands.py", "e2e/test_gpu_device_script.py", "e2e/test_sweep_local.py",
+                 "distributed/test_rules_49_train.py", "e2e/test_integrity_chaos.py", "e2e/test_train_single.py",
+                 "e2e/test_sweep_prune.py", "e2e/test_dashboard.py", "unit/rrtrain/export/test_export_hf.py",
+                 "distributed/test_fsdp.py", "distributed/test_plan_measured.py", "distributed/test_deepspeed.py",
+                 "e2e/test_eval.py", "e2e/test_concurrent_starts.py")
+#: After those, the other files by folder: those that train in subprocesses before the unit tests, most of which
+#: take a second or less. (tests/slurm's files come first whatever this says: the Slurm group and, after it,
+#: its tests that need no cluster, the LocalExecutor's time limit and the rendezvous among them.)
+FOLDER_ORDER = ("e2e", "distributed", "slurm", "unit")
+
+
+def _rank_of_folder(item: pytest.Item) -> int:
+    folder = _under_tests(item).split("/", 1)[0]
+    return FOLDER_ORDER.index(folder) if folder in FOLDER_ORDER else len(FOLDER_ORDER)
 
 
 def _under_tests(item: pytest.Item) -> str:

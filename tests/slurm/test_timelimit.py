@@ -21,7 +21,7 @@ from slurmutil import (ACTIVE, cancel, elapsed_s, held, job_logs, restarts, rrtr
                        status, submitted_jobs, sweep_file, wait_signalled)
 from trainutil import env, final, losses, records
 
-STEPS = 200  # a few seconds of two ranks: the test holds them at step 5 or soon after
+STEPS = 80  # the test holds the ranks at step 5 or soon after (about 10 steps later on a fast machine)
 DELAY_S = 120  # the warning comes when less than this is left: at the first check after the limit is cut
 
 
