@@ -32,11 +32,12 @@ def env() -> dict[str, str]:
 
 
 def prep_stories(out: Path, num_docs: int = 400, seq_len: int = 64, seed: int = 0, compression: str = "none") -> Path:
-    """A small byte-level dataset from the built-in synthetic stories (zstd: read through each node's cache)."""
+    """A small byte-level dataset from the built-in synthetic stories (zstd: read through each node's cache), by
+    `rrtrain prep` in a process of its own (forked by the fork server where one serves: run_cmd)."""
     cmd = [PY, "-m", "rrtrain", "prep", "--source", "synthetic:stories", "--tokenizer", "byte",
            "--seq-len", str(seq_len), "--num-docs", str(num_docs), "--out", str(out), "--seed", str(seed),
            "--compression", compression]
-    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    proc = run_cmd(cmd, env(), timeout=300, module="rrtrain")
     assert proc.returncode == 0, f"rrtrain prep exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     return out
 

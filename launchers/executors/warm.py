@@ -38,9 +38,13 @@ from typing import Any, Optional
 SWITCH_ENV = "RRTRAIN_WARM_START"  # "0": plain subprocesses
 MODULE = "rrtrain.train"  # what the server's children run
 #: what a training run imports whatever its config: imported once by the server. streaming's submodules through
-#: rrtrain's lazy import (rrtrain.core.lazy_import), which leaves out its package __init__ (transformers, pyarrow)
+#: rrtrain's lazy import (rrtrain.core.lazy_import), which leaves out its package __init__ (transformers, pyarrow);
+#: TensorBoard's record writer and protocol buffers, which every run's event file uses (the writer's package
+#: imports boto3 where it is installed: ~0.5 CPU-s a run, paid here once)
 PRELOAD = ("torch", "torch.distributed.checkpoint", "torch._dynamo", "numpy", "yaml",
            "streaming.base.dataset", "streaming.base.shuffle", "streaming.base.constant", "streaming.base.util",
+           "tensorboard.compat.proto.event_pb2", "tensorboard.compat.proto.summary_pb2",
+           "tensorboard.compat.proto.tensor_pb2", "tensorboard.summary.writer.record_writer",
            "rrtrain.resolve", "rrtrain.core.command", "rrtrain.training.trainer", "rrtrain.training.callbacks",
            "rrtrain.training.console", "rrtrain.training.pause", "rrtrain.monitoring.callback",
            "rrtrain.monitoring.watchdog", "rrtrain.rundir.outcome", "rrtrain.rundir.ranks",
