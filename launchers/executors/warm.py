@@ -40,7 +40,7 @@ MODULE = "rrtrain.train"  # what the server's children run
 #: what a training run imports whatever its config: imported once by the server. streaming's submodules through
 #: rrtrain's lazy import (rrtrain.core.lazy_import), which leaves out its package __init__ (transformers, pyarrow);
 #: TensorBoard's record writer and protocol buffers, which every run's event file uses (the writer's package
-#: imports boto3 where it is installed: ~0.5 CPU-s a run, paid here once)
+#: imports boto3 where it is installed: ~0.3 CPU-s a run, paid here once)
 PRELOAD = ("torch", "torch.distributed.checkpoint", "torch._dynamo", "numpy", "yaml",
            "streaming.base.dataset", "streaming.base.shuffle", "streaming.base.constant", "streaming.base.util",
            "tensorboard.compat.proto.event_pb2", "tensorboard.compat.proto.summary_pb2",
