@@ -38,22 +38,14 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from launchers.executors.warm import preload_modules, run_as_main
+from launchers.executors import warm
 
 ENV_SWITCH = "RRTRAIN_TEST_FORKSERVER"  # "0": every run is a plain subprocess
 # Read by the interpreter, torch or its thread pools when they start: a request that differs here is no fork.
 STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH", "CUDA", "LD_", "MALLOC", "GOMP_")
-# What a run imports anyway (no more: a module a run does not import is not in its child either). streaming's
-# submodules go through rrtrain's own lazy import, which leaves out its package __init__ (transformers, pyarrow).
-PRELOAD = ("torch", "torch.distributed.checkpoint", "torch._dynamo", "numpy", "yaml",
-           "streaming.base.dataset", "streaming.base.shuffle", "streaming.base.constant", "streaming.base.util",
-           "tensorboard.compat.proto.event_pb2", "tensorboard.compat.proto.summary_pb2",
-           "tensorboard.compat.proto.tensor_pb2", "tensorboard.summary.writer.record_writer",
-           "tensorboard.plugins.hparams.plugin_data_pb2",
-           "rrtrain.resolve", "rrtrain.core.command", "rrtrain.training.trainer", "rrtrain.training.callbacks",
-           "rrtrain.training.console", "rrtrain.training.pause", "rrtrain.monitoring.callback",
-           "rrtrain.monitoring.watchdog", "rrtrain.rundir.outcome", "rrtrain.rundir.ranks",
-           "rrtrain.training.checkpoint", "rrtrain.data.loader", "rrtrain.data.shm")
+# What a run imports anyway: the local executor's warm server's list (launchers.executors.warm), without the
+# training module itself, which each child runs as `__main__` (the server also forks `python -m rrtrain ...`).
+PRELOAD = tuple(m for m in warm.PRELOAD if m != warm.MODULE)
 MAX_REQUEST = 1 << 20
 CHILD_CPU = [0.0]  # CPU seconds of the children this process's runs ended (a profile reads it; the server reaps them)
 
@@ -237,13 +229,13 @@ def _child(request: dict, fds: list[int], inherited: list[int], preamble: bytes,
             os.write(2, preamble)
     except BaseException:
         os._exit(127)
-    run_as_main(argv[argv.index("-m") + 1], argv[argv.index("-m") + 2:])  # never returns
+    warm.run_as_main(argv[argv.index("-m") + 1], argv[argv.index("-m") + 2:])  # never returns
 
 
 def serve(path: str, preload: Sequence[str]) -> None:
     """Import `preload`, then accept requests on `path` until stdin closes; fork a child per request; report each
     exit."""
-    preamble = preload_modules(preload)  # what the imports printed, to print again in each child
+    preamble = warm.preload_modules(preload)  # what the imports printed, to print again in each child
     # The imported modules live as long as any child: out of the collector's reach, a child's full collections
     # do not walk them (and write to every page they touch, copying the server's heap page by page).
     gc.collect()
