@@ -134,7 +134,7 @@ def stop_server() -> None:
         _servers.clear()
 
 
-def start_ranks(run_dir: Path, data: Path, *overrides: str, world: int = 2) -> list[Process]:
+def start_ranks(run_dir: Path, data: Path, *overrides: str, world: int = 2, config: str = TINY) -> list[Process]:
     """Start `world` ranks of one run the way srun or submitit start them on one node: one process per rank
     sharing MASTER_ADDR/PORT, RANK and WORLD_SIZE, with no torchrun above them; each in its own session, output
     captured separately, forked by the fork server (see spawn)."""
@@ -145,7 +145,7 @@ def start_ranks(run_dir: Path, data: Path, *overrides: str, world: int = 2) -> l
         # the local rank and size submitit exports (streaming places its shared memory by them)
         e.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                  LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-        procs.append(spawn(train_cmd(run_dir, data, list(overrides)), e, merge_stderr=False))
+        procs.append(spawn(train_cmd(run_dir, data, list(overrides), config=config), e, merge_stderr=False))
     return procs
 
 
@@ -181,17 +181,17 @@ def wait_ranks(procs: list[Process], timeout: float) -> tuple[int, str, str]:
 
 
 def train(run_dir: Path, data: Path, *overrides: str, nproc: int = 1, timeout: float = 600,
-          expect: Optional[int] = 0, fresh: bool = False) -> subprocess.CompletedProcess:
+          expect: Optional[int] = 0, fresh: bool = False, config: str = TINY) -> subprocess.CompletedProcess:
     """Run a training job to its end; check its exit status unless expect is None. One process: forked by the fork
     server unless `fresh` (see spawn). Several: srun-style ranks forked by the fork server (start_ranks), unless
     `fresh` (torchrun): what is tested here is the run's parallelism, and torchrun's start-up costs a new
     interpreter per rank and one for its agent; start() and the tests of launchers keep torchrun."""
     if nproc > 1 and not fresh:
-        cmd = train_cmd(run_dir, data, list(overrides), nproc)
-        status, out, err = wait_ranks(start_ranks(run_dir, data, *overrides, world=nproc), timeout)
+        cmd = train_cmd(run_dir, data, list(overrides), nproc, config)
+        status, out, err = wait_ranks(start_ranks(run_dir, data, *overrides, world=nproc, config=config), timeout)
         result = subprocess.CompletedProcess(cmd, status, out, err)
     else:
-        result = run_cmd(train_cmd(run_dir, data, list(overrides), nproc), env(), timeout, fresh=fresh)
+        result = run_cmd(train_cmd(run_dir, data, list(overrides), nproc, config), env(), timeout, fresh=fresh)
     if expect is not None and result.returncode != expect:
         raise AssertionError(f"exit {result.returncode} (expected {expect})\n{result.stdout[-3000:]}\n"
                              f"{result.stderr[-5000:]}")

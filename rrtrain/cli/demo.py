@@ -28,13 +28,16 @@ import shlex
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from rrtrain.core import files
 from rrtrain.core.args import CommandParser
 from rrtrain.core.child_python import MODULE_AT, child_env, module_argv
 from rrtrain.core.errors import UsageError
 from rrtrain.sizing import configs_dir
+
+if TYPE_CHECKING:
+    from launchers.state.cache import StatusCache
 
 #: run states that mean the run will not train any further in this sweep submission
 ENDED = ("completed", "stalled", "diverged", "failed", "preempted", "unknown")
@@ -64,13 +67,14 @@ def sweep_command(args: argparse.Namespace, out: Path) -> list[str]:
                        *local, *args.overrides)
 
 
-def read_status(out: Path) -> Optional[dict[str, Any]]:
-    """`rrtrain status --json`'s object, or None before the sweep has written sweep.json."""
+def read_status(out: Path, cache: Optional[StatusCache] = None) -> Optional[dict[str, Any]]:
+    """`rrtrain status --json`'s object, or None before the sweep has written sweep.json. `cache`: what earlier
+    polls read (as `rrtrain status --watch` keeps it), so that a poll reads only what changed since."""
     from launchers.state import status as sweep_status
 
     if not (out / "sweep.json").exists():
         return None
-    return sweep_status.collect(out)
+    return sweep_status.collect(out, cache)
 
 
 def step_costs(out: Path) -> dict[str, float]:
@@ -123,12 +127,15 @@ def progress_line(status: dict[str, Any], elapsed: float, costs: dict[str, float
 def follow(proc: subprocess.Popen, out: Path, interval: float, wait_for_runs: bool) -> dict[str, Any]:
     """Print progress until the sweep command has ended and, for Slurm (whose `rrtrain sweep` returns once
     queued), until every run has ended; returns the last status."""
+    from launchers.state.cache import StatusCache
+
     start, last = time.time(), ""
     status: Optional[dict[str, Any]] = None
     costs: dict[str, float] = {}
+    cache = StatusCache()  # every run's config and verdict parsed again only when its files change
     while True:
         ended = proc.poll() is not None
-        status = read_status(out)
+        status = read_status(out, cache)
         if status is not None:
             if not costs:
                 costs = step_costs(out)

@@ -103,3 +103,44 @@ def test_the_project_configs_read_as_plain_yaml_reads_them():
     for path in files:
         assert load_yaml(path.read_text()) == yaml.safe_load(path.read_text()), path
     assert load_yaml("a: &x {b: 1}\nc: *x\nd: {<<: *x, e: 2}\n") == {"a": {"b": 1}, "c": {"b": 1}, "d": {"b": 1, "e": 2}}
+
+
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML built without libyaml")
+def test_libyaml_composes_what_is_within_the_bounds_and_the_python_composer_refuses_the_rest(monkeypatch):
+    """libyaml parses and composes (ten times faster than PyYAML's own composer: `rrtrain status` reads every
+    run's config); the graph is measured against the bounds once, before anything is constructed, and what is
+    outside them is refused by the Python composer in its own words."""
+    from rrtrain.core import files
+
+    measured = []
+    within = files._within_bounds
+    monkeypatch.setattr(files, "_within_bounds", lambda node, *bounds: measured.append(node) or within(node, *bounds))
+    text = Path(TINY).read_text()
+    assert files.load_yaml(text) == yaml.safe_load(text)
+    assert len(measured) == 1 and isinstance(measured[0], yaml.MappingNode)
+    for bad, why in [(bomb(), "expands to more than 100,000 values"), ("a: &a [1, *a]\n", "inside its own anchor"),
+                     ("a: " + "[" * 100 + "]" * 100 + "\n", "nested too deeply")]:
+        with pytest.raises(ValueError, match=why):
+            files.load_yaml(bad)
+    assert len(measured) == 4
+    assert files.load_yaml_tagged("fn: !function utils.f\nn: 1\n", ["!function"]) == {"fn": ("!function", "utils.f"), "n": 1}
+    with pytest.raises(yaml.YAMLError):  # a tag not admitted: refused by the Python loader too
+        files.load_yaml_tagged("fn: !python/object:os.system ls\n", ["!function"])
+
+
+@pytest.mark.parametrize("text", ["a: \ud800\n", "a: \x00\n", "a: \x85b\n", "\ufeffa: 1\n", "a: 1\n---\nb: 2\n", "",
+                                  "# only\n", "a: !!binary aGk=\n", "a: !!python/name:os.system\n", "a: [1, 2\n",
+                                  "x: 2001-12-14t21:59:43.10-05:00\n", "a: &x {b: 1}\nc: *x\nd: {<<: *x, e: 2}\n",
+                                  "a: *nowhere\n", "? [a, b]\n: 1\n"])
+def test_libyaml_and_the_python_composer_read_alike(text):
+    """What either reads, the other reads the same; what either refuses, the other refuses with the same error."""
+    from rrtrain.core import files
+
+    def outcome(load):
+        try:
+            return "value", load()
+        except Exception as err:  # noqa: BLE001 - the kind and words of the refusal are what is compared
+            return type(err).__name__, str(err)
+
+    assert outcome(lambda: files.load_yaml(text)) == \
+        outcome(lambda: yaml.load(text, Loader=files._bounded_yaml_loader()))  # noqa: S506 - the bounded SafeLoader
