@@ -840,7 +840,7 @@ def load_yaml(text: str, max_nodes: int = MAX_YAML_NODES, max_depth: int = MAX_Y
 
 def _load_with(loader_class: type, text: str, max_nodes: int, max_depth: int) -> Any:
     """One document through a loader of `_bounded_yaml_loader`'s family, with its bounds set. Where PyYAML has
-    libyaml, libyaml parses and composes it first (a run's config in ~1.6 ms against ~16: `rrtrain status` and
+    libyaml, libyaml parses and composes it first (a run's config in ~2 ms against ~16: `rrtrain status` and
     `report` read every run's), and the composed graph is measured against the bounds before anything is
     constructed; a document outside them, or one libyaml refuses, goes through the Python composer, which checks
     the bounds as it composes and says what is wrong in its own words."""
