@@ -4,9 +4,8 @@ stopped (exit status, checkpoint, console, TensorBoard, final.json); a resumed r
 The run learns nothing by construction: a learning rate of 1e-7 leaves the model where it started, its loss at
 the uniform guess, far above the unigram entropy, so the plateau test holds from the first step it may look
 (`monitor.min_steps`) and the flag's step follows from the settings alone. What a stall looks like in training
-that does move, the convex gate at 40 sublayers on its plateau (docs/depth.md), is asserted end to end by
-`rrtrain demo` (tests/e2e/test_demo.py): the monitor stops `review_convex` there and no other run. Training it
-again here for the monitor's mechanics cost ten times this file's runs."""
+that does move, the convex gate on its plateau (docs/depth.md), is asserted by the depth study at 20 sublayers
+(tests/unit/rrtrain/planning/test_depth_study.py), and at the demo's 40 sublayers by tests/benchmarks/bench_demo.py."""
 
 from __future__ import annotations
 

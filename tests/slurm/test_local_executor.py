@@ -14,7 +14,8 @@ generous (a loaded machine took over 20 s), and is waited only when taken.
 
 One task: a rank other than 0 waits for rank 0's requeue to end the job (on Slurm it does at once), and the
 LocalExecutor restarts a job only when all its tasks have exited, so with two tasks every attempt would last
-the whole time limit. The two-rank path is tested on the cluster (test_timelimit.py)."""
+the whole time limit. The multi-rank path is tested on the cluster, with four ranks on two nodes
+(test_multinode_2node.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ parity bound (tests/distributed/test_fsdp.py). While each job runs, every TCP so
 on either node, is bound to that node's own address: the stores (torchrun's rendezvous and shared stores,
 rank 0's store under submitit) and gloo's listeners, none on every interface or on loopback.
 
-The time-limit warning of a 2-node submitit job (USR2 to every task on both nodes) makes all four ranks
+Slurm's time-limit warning to a 2-node submitit job (USR2 to every task on both nodes) makes all four ranks
 checkpoint at one step boundary; rank 0 requeues the job through submitit, and the run resumes on both nodes
 and ends with the uninterrupted submitit run's losses, bit for bit, each step recorded once. One sweep config
 serves all four runs."""
@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import signal
 import stat
-import subprocess
 import time
 from pathlib import Path
 
@@ -30,8 +30,9 @@ from launchers.torchrun import rendezvous
 from rrtrain.config import load_config
 from rrtrain.parallel.mesh import mesh_shape
 from rrtrain.rundir import ranks
-from slurmutil import (ACTIVE, NODES, REPO, cancel, job_logs, node_address, node_listening, node_processes,
-                       restarts, rrtrain, sbatch, squeue, submitted_jobs, sweep_file, wait_done)
+from slurmutil import (ACTIVE, NODES, REPO, cancel, elapsed_s, held, job_logs, node_address, node_listening,
+                       node_processes, restarts, rrtrain, sbatch, set_time_limit, squeue, submitted_jobs, sweep_file,
+                       wait_done, wait_signalled)
 from trainutil import PY, env, final, losses, max_rel_diff, prep_stories, records, train
 
 pytestmark = pytest.mark.distributed
@@ -185,9 +186,12 @@ def test_sweep_executor_slurm_two_nodes_two_ranks_each(submitit_run, one_machine
 
 
 def test_time_limit_warning_requeues_the_two_node_submitit_job_and_it_resumes_exactly(two_node_sweep, submitit_run):
-    """Slurm's time-limit warning (submitit's `--signal=USR2@S`) goes to every task of the job's steps, on every
-    node; `scancel --signal=USR2` sends exactly that, at once (Slurm's own warning, which comes at its next
-    time-limit check, is tested on one node in test_timelimit.py)."""
+    """Slurm's own time-limit warning (submitit's `--signal=USR2@S`, S the sweep's `signal_delay_s`, 120 s) goes
+    to every task of the job's steps, on every node. Slurm checks time limits every 30 s and its least limit is a
+    minute, while starting four ranks here takes longer: the job starts with the sweep's 10 minutes, and once it
+    trains the test cuts the limit to 1-2 minutes from now, so that the warning comes at Slurm's next check. The
+    four ranks are held (SIGSTOP; Slurm continues a task it signals) until the warning has reached every one of
+    them, so it falls mid-run however fast the machine trains; once requeued, the limit is given back."""
     out = two_node_sweep / "requeue"
     proc = rrtrain("sweep", str(two_node_sweep / "sweep.yaml"), "--out", str(out), "--executor", "slurm", env=env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -195,23 +199,28 @@ def test_time_limit_warning_requeues_the_two_node_submitit_job_and_it_resumes_ex
     run = out / RUN
     stops: list[dict] = []  # final.json as the first allocation left it
     try:
-        deadline = time.time() + 300
-        while max(losses(run), default=0) < 2:
+        deadline = time.time() + 400
+        while max(losses(run), default=0) < 2 or len(ranks.read(run)) < 4:
             assert time.time() < deadline and squeue(job).get(job) in ACTIVE, (squeue(job), job_logs(out))
             time.sleep(0.1)
-        subprocess.run(["scancel", "--signal=USR2", job], check=True, capture_output=True, timeout=30)
+        pids = [r["pid"] for r in ranks.read(run)]
+        with held(pids):
+            held_at = max(losses(run))
+            set_time_limit(job, elapsed_s(job) // 60 + 2)  # 60-120 s left: less than the warning's 120
+            wait_signalled(pids, signal.SIGUSR2, timeout=90)  # Slurm's next time-limit check, within 30 s
         while not stops:
             assert time.time() < deadline and squeue(job).get(job) in ACTIVE, (squeue(job), job_logs(out))
             if restarts(job) >= 1:
                 stops.append(final(run))
             time.sleep(0.2)
+        set_time_limit(job, 30)  # long enough that a slow second run gets no second warning
         states = wait_done(job, timeout=400)
     finally:
         cancel(job)
     logs = job_logs(out)
     assert states == {job: "COMPLETED"} and restarts(job) == 1, logs
     [stop] = stops
-    assert stop["status"] == "preempted" and stop["signal"] == "SIGUSR2" and 2 <= stop["step"] < STEPS, stop
+    assert stop["status"] == "preempted" and stop["signal"] == "SIGUSR2" and held_at <= stop["step"] < STEPS, stop
     assert stop["world_size"] == 4
     assert f"resumed at step {stop['step']}" in logs, logs
     fin = final(run)
