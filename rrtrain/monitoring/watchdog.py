@@ -9,6 +9,9 @@ main thread is stuck, the thread itself ends the process once a peer has been si
 `grace` once the process is being stopped (`stopping()`: Slurm ending the job of a node it declared down sends
 SIGTERM, then SIGKILL KillWait seconds later, and a stop cannot save collectively without the silent peer).
 Rank 0's process hosts the store when no launcher does: a store that stops answering means rank 0 is gone.
+Silence is counted only over time this process ran: a job suspended whole (SIGSTOP to its tasks: `scontrol
+suspend`, gang scheduling, a debugger) stops every rank's beat, and the first rank to run again must not take
+its peers, not yet resumed, for dead.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class PeerWatch:
         self.seen: dict[int, tuple[str, float]] = {r: ("", now) for r in self.peers}  # value, when it last changed
         self.hosts: dict[int, str] = {}  # peers' hostnames, read once each
         self.store_lost_at: Optional[float] = None
+        self.polled_at: Optional[float] = None  # when this thread's last round ended
         self.beats = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -81,8 +85,26 @@ class PeerWatch:
         except OSError:
             return False
 
+    def paused(self, now: float) -> bool:
+        """Whether this process did not run for a while since its last round (the thread's wait is `interval`):
+        the time in between counts as no peer's silence, since the peers were most likely suspended with it."""
+        if self.polled_at is None or now - self.polled_at <= 1.5 * self.interval + 1.0:
+            return False
+        with self._lock:
+            self.seen = {r: (value, max(at, now)) for r, (value, at) in self.seen.items()}
+            if self.store_lost_at is not None:
+                self.store_lost_at = now
+        return True
+
     def poll(self) -> None:
         """One round: publish this rank's beat, read the others'."""
+        self.paused(time.monotonic())
+        try:
+            self._poll()
+        finally:
+            self.polled_at = time.monotonic()
+
+    def _poll(self) -> None:
         try:
             if not self.store_answers():
                 raise ConnectionError("the store does not answer")

@@ -95,6 +95,55 @@ def test_a_stuck_rank_being_stopped_ends_once_its_peer_is_silent_for_the_grace_n
     assert ended[0].startswith("rank 1 of 2 stopped responding (no heartbeat for 1 s") and "rrnode2" in ended[0]
 
 
+class _Store:
+    """The c10d store's calls the watch makes, on a dict."""
+
+    def __init__(self, values: dict[str, bytes]) -> None:
+        self.values = values
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value.encode()
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.values for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.values[key]
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.values[k] for k in keys]
+
+
+def test_a_job_suspended_whole_does_not_take_its_peers_for_dead(monkeypatch):
+    """SIGSTOP to every rank (a suspended job: `scontrol suspend`, gang scheduling; a test holding its ranks until
+    Slurm's warning comes) stops every beat. The first rank to run again polls before its peers have beaten:
+    the time this process did not run counts as no peer's silence, while a peer silent over rounds this
+    process ran is still named."""
+    import threading
+
+    from rrtrain.monitoring import watchdog
+
+    clock = [1000.0]
+    monkeypatch.setattr(watchdog.time, "monotonic", lambda: clock[0])
+    watch = object.__new__(PeerWatch)
+    watch.info = dist.DistInfo(rank=0, world_size=2, local_rank=0, device=None)
+    watch.interval, watch.timeout_s, watch.hosts, watch.store_lost_at, watch.polled_at = 5.0, 600.0, {}, None, None
+    watch.peers, watch.beats, watch._lock = [1], 0, threading.Lock()
+    watch.store = _Store({"rrtrain/heartbeat/1": b"7", "rrtrain/host/1": b"rrnode2"})
+    watch.store_answers = lambda: True
+    watch.seen = {1: ("", clock[0])}
+    watch.poll()  # rank 1's beat "7", seen now
+    clock[0] += 5
+    watch.poll()
+    clock[0] += 40  # this process stopped for 40 s with its peer; it runs again first
+    watch.poll()
+    assert watch.silent(watch.grace) == [] and watch.silent(watch.timeout_s) == []
+    for _ in range(4):  # rounds this process ran, rank 1 silent through them: 20 s, past the grace of 16
+        clock[0] += 5
+        watch.poll()
+    assert watch.silent(watch.grace) == [1]
+
+
 def test_a_gloo_interface_the_host_lacks_is_one_line_naming_the_setting(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "bogus0")
     err = RuntimeError("[enforce fail at device.cc:84] ifa != nullptr. Unable to find address for: bogus0")
