@@ -8,10 +8,11 @@ parity bound (tests/distributed/test_fsdp.py). While each job runs, every TCP so
 on either node, is bound to that node's own address: the stores (torchrun's rendezvous and shared stores,
 rank 0's store under submitit) and gloo's listeners, none on every interface or on loopback.
 
-Slurm's time-limit warning to a 2-node submitit job (USR2 to every task on both nodes) makes all four ranks
-checkpoint at one step boundary; rank 0 requeues the job through submitit, and the run resumes on both nodes
-and ends with the uninterrupted submitit run's losses, bit for bit, each step recorded once. One sweep config
-serves all four runs."""
+The time-limit path, by both: the sbatch script's batch shell gets the warning and has Slurm deliver TERM to
+the step, and the script requeues the job; Slurm's own warning to a 2-node submitit job (USR2 to every task on
+both nodes) has rank 0 requeue it through submitit. Either way all four ranks checkpoint at one step boundary
+and the run resumes on both nodes, each step recorded once; the submitit run ends with the uninterrupted submitit
+run's losses, bit for bit. One sweep config serves all four runs."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ import json
 import re
 import signal
 import stat
+import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -125,11 +128,32 @@ def check_spans_two_nodes(run: Path, job: str, reference: dict[int, float]) -> N
     assert caches == ["rrnode1", "rrnode2"], f"one loader cache per node, not {caches}"
 
 
+def training_ranks(run: Path, job: str, logs: Callable[[], str], each: Callable[[], None] | None = None) -> list[int]:
+    """The pids of the run's four ranks once it has logged its second step. The run is 16 steps, a few seconds
+    of training on a quiet machine, so the files are read every 50 ms and the slower checks (the job still
+    active, `each`: what the test samples while the job runs) made once a second."""
+    deadline, checked = time.time() + 400, 0.0
+    while max(losses(run), default=0) < 2 or len(ranks.read(run)) < 4:
+        if time.time() - checked >= 1:
+            assert time.time() < deadline and squeue(job).get(job) in ACTIVE, (squeue(job), logs())
+            if each is not None:
+                each()
+            checked = time.time()
+        time.sleep(0.05)
+    return [r["pid"] for r in ranks.read(run)]
+
+
 def test_hsdp_mesh_of_the_sweep_config_is_2_by_2(two_node_sweep):
     assert mesh_shape(load_config(str(config_of(two_node_sweep)), []).parallel, 4) == (2, 2)
 
 
 def test_multinode_sbatch_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep, one_machine):
+    """slurm/multinode.sbatch, and its time-limit path: the warning goes to the batch shell (`--signal=B:USR2`,
+    sent here with `scancel --batch --signal=USR2`), which has Slurm deliver TERM to every process of the step
+    (the agents forward it to their ranks, which get it too). The four ranks checkpoint collectively at one step
+    boundary, the script requeues the 2-node job, and the run resumes on both nodes and ends with every step
+    once, instead of USR2 killing the torchrun agents and losing the run. The ranks are held (SIGSTOP) until
+    the TERM has reached each of them, so that it falls mid-run however fast the machine trains."""
     run, log = two_node_sweep / "sbatch-run", two_node_sweep / "sbatch.log"
     e = env()
     rdzv_dir = two_node_sweep / "rendezvous"  # the script draws the job's rendezvous here, and removes it after
@@ -139,19 +163,27 @@ def test_multinode_sbatch_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep
                  args=(str(config_of(two_node_sweep)), f"run.dir={run}"), env=e)
     listening = Listening("rrtrain.train")  # the torchrun agents and their ranks
     try:
+        pids = training_ranks(run, job, lambda: log.read_text() if log.exists() else "", each=listening)
+        with held(pids):
+            held_at = max(losses(run))
+            listening()  # the first start's sockets, still open while its ranks are held
+            subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True, capture_output=True, timeout=30)
+            wait_signalled(pids, signal.SIGTERM, timeout=60)
         states = wait_done(job, timeout=400, each=listening)
     finally:
         cancel(job)
     text = log.read_text() if log.exists() else ""
-    assert states == {job: "COMPLETED"}, text[-4000:]
-    drawn = re.search(rf"{NODES} nodes x 2, rendezvous rrnode1:(\d+),", text)
-    assert drawn, text[:2000]
-    rdzv_port = int(drawn.group(1))
-    assert rendezvous.PORTS[0] <= rdzv_port <= rendezvous.PORTS[1]
+    assert states == {job: "COMPLETED"} and restarts(job) == 1, text[-4000:]
+    assert "checkpointed" in text and "requeueing" in text, text[-4000:]
+    assert held_at <= int(text.split("resumed at step ")[1].split()[0]) < STEPS, text[-4000:]
+    drawn = [int(port) for port in re.findall(rf"{NODES} nodes x 2, rendezvous rrnode1:(\d+),", text)]
+    assert len(drawn) == 2, text[:2000]  # one rendezvous drawn for each start of the job
+    assert all(rendezvous.PORTS[0] <= port <= rendezvous.PORTS[1] for port in drawn)
     assert rdzv_dir.is_dir() and not any(rdzv_dir.iterdir()), "the drawn rendezvous file stays"
     check_spans_two_nodes(run, job, one_machine)
-    assert len(listening.master_ports) == 1, listening.master_ports  # torchrun's shared store
-    listening.check(rdzv_port)
+    assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, STEPS + 1)), "each step once"
+    assert 1 <= len(listening.master_ports) <= 2, listening.master_ports  # torchrun's shared store, each start
+    listening.check(*drawn)
 
 
 @pytest.fixture(scope="module")
@@ -200,10 +232,7 @@ def test_time_limit_warning_requeues_the_two_node_submitit_job_and_it_resumes_ex
     stops: list[dict] = []  # final.json as the first allocation left it
     try:
         deadline = time.time() + 400
-        while max(losses(run), default=0) < 2 or len(ranks.read(run)) < 4:
-            assert time.time() < deadline and squeue(job).get(job) in ACTIVE, (squeue(job), job_logs(out))
-            time.sleep(0.1)
-        pids = [r["pid"] for r in ranks.read(run)]
+        pids = training_ranks(run, job, lambda: job_logs(out))
         with held(pids):
             held_at = max(losses(run))
             set_time_limit(job, elapsed_s(job) // 60 + 2)  # 60-120 s left: less than the warning's 120
