@@ -85,20 +85,19 @@ class PeerWatch:
         except OSError:
             return False
 
-    def paused(self, now: float) -> bool:
-        """Whether this process did not run for a while since its last round (the thread's wait is `interval`):
-        the time in between counts as no peer's silence, since the peers were most likely suspended with it."""
+    def _forgive_pause(self, now: float) -> None:
+        """When this process did not run for a while since its last round (the thread's wait is `interval`), the
+        time in between counts as no peer's silence: the peers were most likely suspended with it."""
         if self.polled_at is None or now - self.polled_at <= 1.5 * self.interval + 1.0:
-            return False
+            return
         with self._lock:
-            self.seen = {r: (value, max(at, now)) for r, (value, at) in self.seen.items()}
+            self.seen = {r: (value, now) for r, (value, _) in self.seen.items()}
             if self.store_lost_at is not None:
                 self.store_lost_at = now
-        return True
 
     def poll(self) -> None:
         """One round: publish this rank's beat, read the others'."""
-        self.paused(time.monotonic())
+        self._forgive_pause(time.monotonic())
         try:
             self._poll()
         finally:
