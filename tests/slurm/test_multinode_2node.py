@@ -11,8 +11,8 @@ rank 0's store under submitit) and gloo's listeners, none on every interface or 
 The time-limit path, by both: the sbatch script's batch shell gets the warning and has Slurm deliver TERM to
 the step, and the script requeues the job; Slurm's own warning to a 2-node submitit job (USR2 to every task on
 both nodes) has rank 0 requeue it through submitit. Either way all four ranks checkpoint at one step boundary
-and the run resumes on both nodes, each step recorded once; the submitit run ends with the uninterrupted submitit
-run's losses, bit for bit. One sweep config serves all four runs."""
+and the run resumes on both nodes, each step recorded once; the submitit run ends with the 4-rank run's losses
+on one machine bit for bit (the sbatch run within the parity bound). One sweep config serves all three runs."""
 
 from __future__ import annotations
 
@@ -186,26 +186,50 @@ def test_multinode_sbatch_two_nodes_two_ranks_each(slurm_cluster, two_node_sweep
     listening.check(*drawn)
 
 
-@pytest.fixture(scope="module")
-def submitit_run(slurm_cluster, two_node_sweep) -> tuple[Path, str, dict[str, str], Listening]:
-    """The run through `rrtrain sweep --executor slurm`, uninterrupted: its sweep directory, job, end states and
-    what it listened on."""
+def test_sweep_executor_slurm_two_nodes_through_slurms_time_limit_warning(slurm_cluster, two_node_sweep, one_machine):
+    """`rrtrain sweep --executor slurm` (submitit: one srun task per rank) on two nodes, through Slurm's own
+    time-limit warning (submitit's `--signal=USR2@S`, S the sweep's `signal_delay_s`, 120 s), which goes to every
+    task of the job's steps on every node and has rank 0 requeue the job through submitit. Slurm checks time
+    limits every 30 s and its least limit is a minute, while starting four ranks here takes longer: the job starts
+    with the sweep's 10 minutes, and once it trains the test cuts the limit to 1-2 minutes from now, so that the
+    warning comes at Slurm's next check. The four ranks are held (SIGSTOP; Slurm continues a task it signals)
+    until the warning has reached every one of them, so it falls mid-run however fast the machine trains; once
+    requeued, the limit is given back. The run ends with the losses of the 4 ranks on one machine, bit for bit:
+    the requeue lost nothing, and two nodes compute what one does."""
     out = two_node_sweep / "sweep"
     proc = rrtrain("sweep", str(two_node_sweep / "sweep.yaml"), "--out", str(out), "--executor", "slurm", env=env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = submitted_jobs(out)[-1][RUN]
+    run = out / RUN
     listening = Listening("submitit")  # the srun tasks: the ranks
+    stops: list[dict] = []  # final.json as the first allocation left it
     try:
+        deadline = time.time() + 400
+        pids = training_ranks(run, job, lambda: job_logs(out), each=listening)
+        with held(pids):
+            held_at = max(losses(run))
+            listening()  # the first start's sockets, still open while its ranks are held
+            set_time_limit(job, elapsed_s(job) // 60 + 2)  # 60-120 s left: less than the warning's 120
+            wait_signalled(pids, signal.SIGUSR2, timeout=90)  # Slurm's next time-limit check, within 30 s
+        while not stops:
+            assert time.time() < deadline and squeue(job).get(job) in ACTIVE, (squeue(job), job_logs(out))
+            if restarts(job) >= 1:
+                stops.append(final(run))
+            time.sleep(0.2)
+        set_time_limit(job, 30)  # long enough that a slow second run gets no second warning
         states = wait_done(job, timeout=400, each=listening)
     finally:
         cancel(job)
-    return out, job, states, listening
-
-
-def test_sweep_executor_slurm_two_nodes_two_ranks_each(submitit_run, one_machine):
-    out, job, states, listening = submitit_run
-    assert set(states.values()) == {"COMPLETED"}, job_logs(out)
-    check_spans_two_nodes(out / RUN, job, one_machine)
+    logs = job_logs(out)
+    assert states == {job: "COMPLETED"} and restarts(job) == 1, logs
+    [stop] = stops
+    assert stop["status"] == "preempted" and stop["signal"] == "SIGUSR2" and held_at <= stop["step"] < STEPS, stop
+    assert stop["world_size"] == 4
+    assert f"resumed at step {stop['step']}" in logs, logs
+    check_spans_two_nodes(run, job, one_machine)
+    assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, STEPS + 1)), "each step once"
+    assert losses(run) == one_machine, (losses(run), one_machine)
+    assert {r["restart"] for r in ranks.read(run)} == {1}
     # rank 0's store listens at the port drawn at submission (mode 600, beside submitit's files), not submitit's
     # own (random.Random(job id), which anyone who sees the job id can work out); the entry point sets it once
     # the task runs, so it is not in the tasks' environment at start
@@ -215,48 +239,3 @@ def test_sweep_executor_slurm_two_nodes_two_ranks_each(submitit_run, one_machine
     status = rrtrain("status", str(out), "--json", env=env())
     assert status.returncode == 0, status.stderr
     assert [r["nodes"] for r in json.loads(status.stdout)["runs"] if r["id"] == RUN] == [["rrnode1", "rrnode2"]]
-
-
-def test_time_limit_warning_requeues_the_two_node_submitit_job_and_it_resumes_exactly(two_node_sweep, submitit_run):
-    """Slurm's own time-limit warning (submitit's `--signal=USR2@S`, S the sweep's `signal_delay_s`, 120 s) goes
-    to every task of the job's steps, on every node. Slurm checks time limits every 30 s and its least limit is a
-    minute, while starting four ranks here takes longer: the job starts with the sweep's 10 minutes, and once it
-    trains the test cuts the limit to 1-2 minutes from now, so that the warning comes at Slurm's next check. The
-    four ranks are held (SIGSTOP; Slurm continues a task it signals) until the warning has reached every one of
-    them, so it falls mid-run however fast the machine trains; once requeued, the limit is given back."""
-    out = two_node_sweep / "requeue"
-    proc = rrtrain("sweep", str(two_node_sweep / "sweep.yaml"), "--out", str(out), "--executor", "slurm", env=env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    job = submitted_jobs(out)[-1][RUN]
-    run = out / RUN
-    stops: list[dict] = []  # final.json as the first allocation left it
-    try:
-        deadline = time.time() + 400
-        pids = training_ranks(run, job, lambda: job_logs(out))
-        with held(pids):
-            held_at = max(losses(run))
-            set_time_limit(job, elapsed_s(job) // 60 + 2)  # 60-120 s left: less than the warning's 120
-            wait_signalled(pids, signal.SIGUSR2, timeout=90)  # Slurm's next time-limit check, within 30 s
-        while not stops:
-            assert time.time() < deadline and squeue(job).get(job) in ACTIVE, (squeue(job), job_logs(out))
-            if restarts(job) >= 1:
-                stops.append(final(run))
-            time.sleep(0.2)
-        set_time_limit(job, 30)  # long enough that a slow second run gets no second warning
-        states = wait_done(job, timeout=400)
-    finally:
-        cancel(job)
-    logs = job_logs(out)
-    assert states == {job: "COMPLETED"} and restarts(job) == 1, logs
-    [stop] = stops
-    assert stop["status"] == "preempted" and stop["signal"] == "SIGUSR2" and held_at <= stop["step"] < STEPS, stop
-    assert stop["world_size"] == 4
-    assert f"resumed at step {stop['step']}" in logs, logs
-    fin = final(run)
-    assert fin["status"] == "completed" and fin["step"] == STEPS and fin["world_size"] == 4, fin
-    assert [r["step"] for r in records(run) if "loss" in r] == list(range(1, STEPS + 1)), "each step once"
-    uninterrupted = out.parent / "sweep" / RUN
-    assert losses(run) == losses(uninterrupted), (losses(run), losses(uninterrupted))
-    by_rank = {r["rank"]: r for r in ranks.read(run)}
-    assert {k: (v["host"], v["restart"]) for k, v in by_rank.items()} == {
-        0: ("rrnode1", 1), 1: ("rrnode1", 1), 2: ("rrnode2", 1), 3: ("rrnode2", 1)}, by_rank
