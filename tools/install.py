@@ -9,9 +9,9 @@ uv cannot be installed, pip does the whole install.
     python tools/install.py -e '.[test]'
 
 Bytecode is compiled once here for what is installed (a user may run with PYTHONDONTWRITEBYTECODE=1, and every
-process would compile what it imports again), except for packages nothing in rrtrain imports unless a user asks for
-them (`UNCOMPILED`: Oracle Cloud's SDK, which streaming requires for oci:// datasets, is 40% of the Python
-installed, ~30 CPU-s of compiling); Python compiles those on first use.
+process would compile what it imports again), except for code nothing in rrtrain imports unless a user asks for it
+(`UNCOMPILED`: Oracle Cloud's SDK, which streaming requires for oci:// datasets, is 40% of the Python installed;
+transformers' model families and the packages' own test suites another 20%); Python compiles those on first use.
 """
 
 from __future__ import annotations
@@ -26,8 +26,12 @@ from typing import Optional
 #: pip's options that say where packages come from, as uv's flags
 SOURCES = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
            "constraint": "--constraint"}
-#: installed packages left uncompiled (a regular expression on the path, for `compileall -x`)
-UNCOMPILED = r"[/\\]site-packages[/\\]oci[/\\]"
+#: installed code left uncompiled (a regular expression on the path, for `compileall -x`): Oracle Cloud's SDK, pip,
+#: transformers' model families but `auto` (rrtrain's export and eval import its generic classes and `auto`; a family
+#: is compiled when something first imports it), and the installed packages' own test suites (a `test` or `tests`
+#: folder inside a package)
+UNCOMPILED = (r"[/\\]site-packages[/\\](oci[/\\]|pip[/\\]|transformers[/\\]models[/\\](?!auto[/\\])[^/\\]+[/\\]"
+              r"|[^/\\]+[/\\](?:[^/\\]+[/\\])*tests?[/\\])")
 
 
 def pip(*args: str) -> subprocess.CompletedProcess[str]:

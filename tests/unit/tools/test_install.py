@@ -54,12 +54,20 @@ def test_a_pip_variable_replaces_the_files_value(install, monkeypatch):
 
 def test_bytecode_is_compiled_but_for_what_rrtrain_never_imports(install, tmp_path):
     site = tmp_path / "lib" / "site-packages"
-    for module in ("torch/nn.py", "oci/core/models.py", "pkg/template.py"):
+    compiled = ("torch/nn.py", "torch/testing/_internal/common.py", "transformers/models/__init__.py",
+                "transformers/models/auto/modeling_auto.py")
+    left = ("oci/core/models.py", "pip/_internal/main.py", "transformers/models/llama/modeling_llama.py",
+            "numpy/_core/tests/test_umath.py", "scipy/stats/tests/test_stats.py", "pandas/tests/frame/test_api.py",
+            "networkx/algorithms/test/x.py")
+    for module in (*compiled, *left):
         (site / module).parent.mkdir(parents=True, exist_ok=True)
-    (site / "torch" / "nn.py").write_text("X = 1\n")
-    (site / "oci" / "core" / "models.py").write_text("X = 1\n")
+        (site / module).write_text("X = 1\n")
+    (site / "pkg").mkdir()
     (site / "pkg" / "template.py").write_text("def {{ name }}(:\n")  # not Python: left as it is
     assert install.compile_bytecode([str(site)]) == 0
-    assert list((site / "torch" / "__pycache__").glob("nn.*.pyc"))
-    assert not list((site / "oci").rglob("*.pyc"))
+    for module in compiled:
+        path = site / module
+        assert list((path.parent / "__pycache__").glob(f"{path.stem}.*.pyc")), module
+    for module in left:
+        assert not list((site / module).parent.rglob("*.pyc")), module
     assert not list((site / "pkg").rglob("*.pyc"))
