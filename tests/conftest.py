@@ -66,8 +66,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:  # a file with one test on the cluster goes whole: its other tests share its fixtures
         item.add_marker(pytest.mark.xdist_group("slurm" if item.path in on_cluster else Path(item.path).stem))
     first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    starting = {item.path for item in items if item.get_closest_marker("slow")}  # files that start processes
     rest = sorted((item for item in items if not in_slurm[item.nodeid]),  # stable: a file's tests keep their order
-                  key=lambda item: (first.get(_under_tests(item), len(first)), _rank_of_folder(item)))
+                  key=lambda item: (first.get(_under_tests(item), len(first)), _rank_of_folder(item),
+                                    item.path not in starting))
     items[:] = [item for item in items if in_slurm[item.nodeid]] + rest
 
 
@@ -83,8 +85,10 @@ LONGEST_FIRST = ("e2e/test_demo.py", "e2e/test_external_rule.py", "unit/rrtrain/
                  "distributed/test_fsdp.py", "distributed/test_plan_measured.py", "distributed/test_deepspeed.py",
                  "e2e/test_eval.py", "e2e/test_concurrent_starts.py")
 #: After those, the other files by folder: those that train in subprocesses before the unit tests, most of which
-#: take a second or less. (tests/slurm's files come first whatever this says: the Slurm group and, after it,
-#: its tests that need no cluster, the LocalExecutor's time limit and the rendezvous among them.)
+#: take a second or less; within a folder, the files with a test that starts processes (`slow`) first, which
+#: wait on them as much as they compute, so that the suite ends on in-process tests that keep both cores busy.
+#: (tests/slurm's files come first whatever this says: the Slurm group and, after it, its tests that need no
+#: cluster, the LocalExecutor's time limit and the rendezvous among them.)
 FOLDER_ORDER = ("e2e", "distributed", "slurm", "unit")
 
 
